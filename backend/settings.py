@@ -1,0 +1,125 @@
+"""ONNX Runtime session settings, read from a Triton model configuration.
+
+The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written for it keeps
+its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
+`enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage`, any
+`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import onnxruntime as ort
+
+from backend.errors import ModelConfigError
+
+# Triton's onnxruntime backend levels: -1 basic, 1 basic + extended, 2 none, anything else all.
+_GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's total)."""
+    return len(os.sched_getaffinity(0))
+
+
+def cpu_instance_count(model_config: dict) -> int:
+    """How many KIND_CPU instances Triton creates for the model (each a stub process)."""
+    groups = model_config.get("instance_group") or [{"count": 1}]
+    return max(1, sum(int(g.get("count", 1)) for g in groups if g.get("kind", "KIND_CPU") == "KIND_CPU"))
+
+
+def _parameters(model_config: dict) -> dict[str, str]:
+    return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
+
+
+def _as_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ModelConfigError(f"parameter '{key}' must be an integer, got '{value}'") from None
+
+
+def _as_bool(key: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "on", "yes"):
+        return True
+    if lowered in ("0", "false", "off", "no"):
+        return False
+    raise ModelConfigError(f"parameter '{key}' must be 0/1 or true/false, got '{value}'")
+
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """Everything needed to build one instance's ONNX Runtime session."""
+
+    intra_op_threads: int
+    inter_op_threads: int
+    parallel_execution: bool
+    graph_level: ort.GraphOptimizationLevel
+    enable_mem_arena: bool = True
+    enable_mem_pattern: bool = True
+    arena_shrinkage: bool = False
+    session_entries: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_model_config(cls, model_config: dict, cores: int | None = None) -> "SessionSettings":
+        """Read the settings; unset thread counts share the cores evenly between instances.
+
+        Each Triton CPU instance is its own process with its own session: letting every session
+        take all cores (ONNX Runtime's default) oversubscribes the machine as soon as two
+        instances run at once.
+        """
+        params = _parameters(model_config)
+        cores = cores or available_cores()
+        fair_share = max(1, cores // cpu_instance_count(model_config))
+        intra = _as_int("intra_op_thread_count", params.get("intra_op_thread_count", "0")) or fair_share
+        inter = _as_int("inter_op_thread_count", params.get("inter_op_thread_count", "0")) or 1
+        mode = _as_int("execution_mode", params.get("execution_mode", "0"))
+        if mode not in (0, 1):
+            raise ModelConfigError(f"parameter 'execution_mode' must be 0 (sequential) or 1 (parallel), got {mode}")
+        level = int(((model_config.get("optimization") or {}).get("graph") or {}).get("level", 0))
+        return cls(
+            intra_op_threads=intra,
+            inter_op_threads=inter,
+            parallel_execution=mode == 1,
+            graph_level=_GRAPH_LEVELS.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+            enable_mem_arena=_as_bool("enable_mem_arena", params.get("enable_mem_arena", "1")),
+            enable_mem_pattern=_as_bool("enable_mem_pattern", params.get("enable_mem_pattern", "1")),
+            arena_shrinkage=_as_bool(
+                "memory.enable_memory_arena_shrinkage", params.get("memory.enable_memory_arena_shrinkage", "0")
+            ),
+            session_entries={k: v for k, v in params.items() if k.startswith("session.")},
+        )
+
+    def session_options(self) -> ort.SessionOptions:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = self.inter_op_threads
+        options.execution_mode = (
+            ort.ExecutionMode.ORT_PARALLEL if self.parallel_execution else ort.ExecutionMode.ORT_SEQUENTIAL
+        )
+        options.graph_optimization_level = self.graph_level
+        options.enable_cpu_mem_arena = self.enable_mem_arena
+        options.enable_mem_pattern = self.enable_mem_pattern
+        for key, value in self.session_entries.items():
+            options.add_session_config_entry(key, value)
+        return options
+
+    def run_options(self) -> ort.RunOptions:
+        options = ort.RunOptions()
+        if self.arena_shrinkage:
+            options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        return options
+
+    def describe(self) -> str:
+        return (
+            f"intra_op_threads={self.intra_op_threads} inter_op_threads={self.inter_op_threads} "
+            f"execution_mode={'parallel' if self.parallel_execution else 'sequential'} "
+            f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)}"
+        )

@@ -1,0 +1,76 @@
+"""The Triton Python model behind every `model.py` of the model repository.
+
+A `model.py` subclasses `OnnxRuntimeModel` and names its `.onnx` file; everything else comes from
+the graph (inputs, outputs, dtypes, dims: Triton's auto-complete) and from `config.pbtxt`
+(batching, queue policy, instances, ONNX Runtime settings). This module is the only one that
+touches `triton_python_backend_utils`, which exists only inside Triton's Python stub.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import triton_python_backend_utils as pb_utils
+
+from backend.errors import InvalidInputError, ModelConfigError, RequestError
+from backend.runner import OnnxModelRunner, Result, read_io_from_file
+from backend.settings import SessionSettings, cpu_instance_count
+
+
+def _triton_error(error: RequestError) -> "pb_utils.TritonError":
+    code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInputError) else pb_utils.TritonError.INTERNAL
+    return pb_utils.TritonError(str(error), code)
+
+
+class OnnxRuntimeModel:
+    """Serves `onnx_file` with ONNX Runtime on CPU, one session per Triton instance."""
+
+    onnx_file: ClassVar[Path]
+
+    @classmethod
+    def auto_complete_config(cls, auto_complete_model_config):
+        """Fill in inputs and outputs from the ONNX graph; the rest of the config is policy."""
+        config = auto_complete_model_config.as_dict()
+        inputs, outputs = read_io_from_file(cls.onnx_file, config.get("max_batch_size", 0) > 0)
+        for spec in inputs:
+            auto_complete_model_config.add_input(spec.as_config())
+        for spec in outputs:
+            auto_complete_model_config.add_output(spec.as_config())
+        return auto_complete_model_config
+
+    def initialize(self, args: dict) -> None:
+        started = time.perf_counter()
+        config = json.loads(args["model_config"])
+        name = config["name"]
+        settings = SessionSettings.from_model_config(config)
+        ragged = frozenset(i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch"))
+        try:
+            self.runner = OnnxModelRunner.load(
+                self.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn
+            )
+        except ModelConfigError as error:
+            raise pb_utils.TritonModelException(f"model '{name}': {error}") from None
+        pb_utils.Logger.log_info(
+            f"{name} instance {args['model_instance_name']} ready in {time.perf_counter() - started:.2f}s: "
+            f"{settings.describe()} ({cpu_instance_count(config)} CPU instance(s)), "
+            f"max_batch_size={config.get('max_batch_size', 0)}, ragged={sorted(ragged) or 'none'}"
+        )
+
+    def execute(self, requests: list) -> list:
+        feeds = [{tensor.name(): tensor.as_numpy() for tensor in request.inputs()} for request in requests]
+        return [self._response(result) for result in self.runner.infer(feeds)]
+
+    @staticmethod
+    def _response(result: Result) -> "pb_utils.InferenceResponse":
+        if isinstance(result, RequestError):
+            return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(result))
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(name, array) for name, array in result.items()]
+        )
+
+    def finalize(self) -> None:
+        pb_utils.Logger.log_info(f"{self.runner.signature.name}: releasing the ONNX Runtime session")
+        del self.runner

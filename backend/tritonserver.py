@@ -1,0 +1,282 @@
+"""Run a real tritonserver 2.51 from the `nvidia-pytriton` wheel, no container needed.
+
+The wheel carries the server binary, the Python backend and one stub per Python minor version;
+the server wants them assembled as `<backend dir>/python/`. The stub embeds the system
+libpython, so it finds this venv's packages (numpy, onnxruntime) and the `backend` package only
+through PATH and PYTHONPATH, which `environment()` sets.
+
+`python -m backend.tritonserver --help` serves a model repository until Ctrl-C; the tests use
+`TritonServer` the same way with free ports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
+DEFAULT_BACKEND_DIR = PROJECT_ROOT / "build" / "backends"
+
+
+class ServerError(RuntimeError):
+    """tritonserver could not be found, started, or made ready."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the pieces of Triton live inside the installed wheel."""
+
+    root: Path
+
+    @classmethod
+    def find(cls) -> "TritonInstall":
+        # Located, not imported: only the wheel's files are used, and its Python API would
+        # need dependencies this project does not install.
+        spec = importlib.util.find_spec("pytriton")
+        if spec is None or spec.origin is None:
+            raise ServerError("nvidia-pytriton is not installed in this venv: run `make venv`")
+        return cls(Path(spec.origin).resolve().parent / "tritonserver")
+
+    @property
+    def binary(self) -> Path:
+        return self.root / "bin" / "tritonserver"
+
+    @property
+    def library_dir(self) -> Path:
+        return self.root.parent.parent / "nvidia_pytriton.libs"
+
+    def python_backend_files(self) -> list[Path]:
+        minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return [
+            self.root / "backends" / "python" / "libtriton_python.so",
+            self.root / "backends" / "python" / "triton_python_backend_utils.py",
+            self.root / "python_backend_stubs" / minor / "triton_python_backend_stub",
+        ]
+
+
+def assemble_backend_dir(dest: Path, install: TritonInstall) -> Path:
+    """Make `dest/python/` hold the Python backend (symlinks into the wheel); return `dest`."""
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for source in install.python_backend_files():
+        if not source.exists():
+            raise ServerError(f"{source} is missing from the nvidia-pytriton wheel")
+        link = python_dir / source.name
+        if link.is_symlink() or link.exists():
+            if link.resolve() == source.resolve():
+                continue
+            link.unlink()
+        link.symlink_to(source)
+    return dest
+
+
+@dataclass(frozen=True)
+class Ports:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+
+def _get(url: str, timeout: float = 1.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+@dataclass
+class TritonServer:
+    """One tritonserver process on loopback, started in its own process group."""
+
+    model_repository: Path = DEFAULT_REPOSITORY
+    ports: Ports = field(default_factory=Ports)
+    backend_dir: Path = DEFAULT_BACKEND_DIR
+    log_file: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.ports.metrics}/metrics"
+
+    def command(self, install: TritonInstall) -> list[str]:
+        return [
+            str(install.binary),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={self.backend_dir}",
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.ports.grpc}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.ports.metrics}",
+            # Whole batches travel through the stub's shared memory: start big enough for a
+            # 16-image batch of 224x224 FP32 (9.6 MB) so the region does not grow request by request.
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=python,shm-growth-byte-size=16777216",
+            "--exit-timeout-secs=10",
+            *self.extra_args,
+        ]
+
+    @staticmethod
+    def environment(install: TritonInstall) -> dict[str, str]:
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(install.library_dir), env.get("LD_LIBRARY_PATH")]))
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        python_path = [str(PROJECT_ROOT), sysconfig.get_paths()["purelib"], env.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, python_path))
+        return env
+
+    def start(self) -> None:
+        install = TritonInstall.find()
+        assemble_backend_dir(self.backend_dir, install)
+        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        self.process = subprocess.Popen(
+            self.command(install),
+            env=self.environment(install),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() takes the stubs down too
+        )
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until the server answers ready on HTTP; raise if it exits or times out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise ServerError(f"tritonserver exited with code {code} before it was ready{self._log_hint()}")
+            try:
+                if _get(f"http://{self.http_url}/v2/health/ready") == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"tritonserver was not ready after {timeout:.0f}s{self._log_hint()}")
+
+    def model_states(self) -> list[dict]:
+        """The repository index: name, version, state and reason of every model."""
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return json.loads(response.read())
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_file or not self.log_file.exists():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def _log_hint(self) -> str:
+        tail = self.log_tail()
+        return f"; last lines of {self.log_file}:\n{tail}" if tail else ""
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM the server's process group, SIGKILL it if it lingers; return the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        try:  # stubs left behind by a crashed server share its process group
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.process.returncode
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+
+def format_model_states(states: list[dict]) -> str:
+    rows = [(s.get("name", ""), s.get("version", ""), s.get("state", ""), s.get("reason", "")) for s in states]
+    width = max([len("model")] + [len(r[0]) for r in rows])
+    lines = [f"{'model':<{width}}  version  state"]
+    lines += [f"{n:<{width}}  {v:<7}  {st}{'  (' + why + ')' if why else ''}" for n, v, st, why in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m backend.tritonserver",
+        description="Serve a model repository with tritonserver 2.51 on loopback until Ctrl-C.",
+        epilog="Example: python -m backend.tritonserver --model-repository model_repository --log-file build/tritonserver.log",
+    )
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="default: %(default)s")
+    parser.add_argument("--http-port", type=int, default=8000, help="default: %(default)s")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="default: %(default)s")
+    parser.add_argument("--metrics-port", type=int, default=8002, help="default: %(default)s")
+    parser.add_argument("--backend-dir", type=Path, default=DEFAULT_BACKEND_DIR, help="assembled here; default: %(default)s")
+    parser.add_argument("--log-file", type=Path, help="server log (default: this terminal)")
+    parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for READY; default: %(default)s")
+    parser.add_argument("extra", nargs="*", help="more tritonserver flags, after `--`")
+    args = parser.parse_args(argv)
+
+    server = TritonServer(
+        model_repository=args.model_repository.resolve(),
+        ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
+        backend_dir=args.backend_dir.resolve(),
+        log_file=args.log_file,
+        extra_args=args.extra,
+    )
+    stop_requested = False
+
+    def request_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    started = time.monotonic()
+    print(f"starting tritonserver with {server.model_repository} ...", flush=True)
+    server.start()
+    try:
+        server.wait_ready(args.ready_timeout)
+        print(f"tritonserver ready in {time.monotonic() - started:.1f}s", flush=True)
+        print(format_model_states(server.model_states()), flush=True)
+        print(
+            f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}\n"
+            "Ctrl-C stops it.",
+            flush=True,
+        )
+        while not stop_requested and server.process.poll() is None:
+            time.sleep(0.2)
+    except ServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        code = server.stop()
+        print(f"tritonserver stopped (exit code {code})", flush=True)
+    return 0 if stop_requested else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

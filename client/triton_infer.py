@@ -1,0 +1,406 @@
+"""Send inference requests to a model on Triton and show what comes back.
+
+The inputs are built from the model's own metadata, so any model can be tried without writing
+code: random or zero tensors of the right names, datatypes and shapes, or arrays from .npy files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+
+from client.triton_common import (
+    URL_HELP_EPILOG,
+    ServerUnreachable,
+    TritonClient,
+    add_connection_args,
+    describe_error,
+    resolve_url,
+)
+
+GENERATED_SOURCES = ("random", "zeros")
+# How many leading values to show of an output that gets no top-k listing.
+FIRST_VALUES = 8
+# Random integer inputs are usually token or class ids; staying below 1000 keeps them inside any
+# realistic vocabulary or embedding table.
+RANDOM_INT_HIGH = 1000
+
+EPILOG = f"""\
+Input sources (--input for every input, --input-name NAME=SOURCE for one):
+  random    FP16/FP32/FP64: standard normal; integer inputs whose name contains "mask": ones;
+            other integer inputs: uniform ints in [0, 1000); BOOL: random
+  zeros     zeros of the input's datatype
+  PATH.npy  the array as stored, converted to the input's datatype where numpy's "same_kind"
+            casting allows it (float64 -> FP32, int64 -> INT32, not float -> INT); a missing
+            batch dim is added, repeating the array --batch-size times
+
+Dims of -1 take --batch-size (the batch dim of a model with max_batch_size > 0) or --seq-len
+(any other variable dim). Outputs: FP32 outputs of shape [batch, N] with N >= 10 show the top-k
+(index, score) per row, others their first {FIRST_VALUES} values.
+
+Exit codes: 0 success, 1 inference or input error, 2 bad arguments or server unreachable.
+
+Examples:
+  python -m client.triton_infer --model resnet50
+  python -m client.triton_infer --model resnet50 --batch-size 4 --requests 50 --json
+  python -m client.triton_infer --model resnet50 --protocol http --input image.npy
+  python -m client.triton_infer --model bert --seq-len 128 --input-name attention_mask=zeros
+
+{URL_HELP_EPILOG}
+"""
+
+
+class InputError(Exception):
+    """The requested inputs cannot be built for this model (bad file, dtype, rank or name)."""
+
+
+def _source(value: str) -> str:
+    if value in GENERATED_SOURCES or value.endswith(".npy"):
+        return value
+    raise argparse.ArgumentTypeError(f"expected random, zeros or a .npy path, not {value!r}")
+
+
+def _named_source(value: str) -> tuple[str, str]:
+    name, sep, source = value.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=SOURCE, not {value!r}")
+    return name, _source(source)
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, not {number}")
+    return number
+
+
+def _positive_float(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, not {value}")
+    return number
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m client.triton_infer",
+        description="Build inputs from a model's metadata, send inference requests to Triton\n"
+        "(tensors as binary data), and print the outputs and the client-side latency.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="model name in the repository")
+    add_connection_args(parser)
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="batch dim of generated inputs and of .npy files without one (default: 1)",
+    )
+    parser.add_argument(
+        "--input",
+        type=_source,
+        default="random",
+        metavar="random|zeros|PATH.npy",
+        help="source of every input not named by --input-name (default: random)",
+    )
+    parser.add_argument(
+        "--input-name",
+        type=_named_source,
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="NAME=SOURCE",
+        help="source of one input, e.g. attention_mask=zeros or pixels=img.npy (repeatable)",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=_positive_int,
+        default=16,
+        help="size of variable (-1) dims other than the batch dim (default: 16)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for random inputs (default: 0)")
+    parser.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=1,
+        metavar="K",
+        help="send the same request K times, one after another (default: 1)",
+    )
+    parser.add_argument(
+        "--top-k", type=_positive_int, default=5, help="classes shown per row (default: 5)"
+    )
+    parser.add_argument(
+        "--timeout-ms",
+        type=_positive_float,
+        metavar="T",
+        help="client-side limit for each call to the server (default: none)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    names = [name for name, _ in args.input_name]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        parser.error(f"--input-name given more than once for: {', '.join(duplicates)}")
+    return args
+
+
+def concrete_shape(shape: Sequence[int], max_batch_size: int, batch_size: int, seq_len: int) -> list[int]:
+    """The metadata shape with every -1 replaced: the batch dim by batch_size, others by seq_len.
+
+    Triton's metadata includes the batch dim (as -1) exactly when max_batch_size > 0.
+    """
+    resolved = []
+    for position, dim in enumerate(shape):
+        if position == 0 and max_batch_size > 0:
+            resolved.append(batch_size)
+        elif dim < 0:
+            resolved.append(seq_len)
+        else:
+            resolved.append(dim)
+    return resolved
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    np_type = triton_to_np_dtype(datatype)
+    if np_type is None:  # np.dtype(None) would silently mean float64
+        raise InputError(f"unsupported Triton datatype {datatype}")
+    return np.dtype(np_type)
+
+
+def generate_input(
+    name: str, datatype: str, shape: Sequence[int], source: str, rng: np.random.Generator
+) -> np.ndarray:
+    """A `random` or `zeros` tensor for one input (see the --help epilog for the rules)."""
+    if datatype == "BYTES":
+        raise InputError(f"input {name!r} is BYTES: give it a .npy file of strings")
+    dtype = numpy_dtype(datatype)
+    if source == "zeros":
+        return np.zeros(shape, dtype=dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    if "mask" in name.lower():
+        # Attention masks of ones let every token through, as a real unpadded batch would.
+        return np.ones(shape, dtype=dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, size=shape).astype(dtype)
+    high = min(RANDOM_INT_HIGH, int(np.iinfo(dtype).max) + 1)  # INT8/UINT8 cannot hold 999
+    return rng.integers(0, high, size=shape, dtype=dtype)
+
+
+def load_npy(
+    path: str,
+    name: str,
+    datatype: str,
+    model_shape: Sequence[int],
+    max_batch_size: int,
+    batch_size: int,
+) -> np.ndarray:
+    """The array in `path` for one input, with the batch dim added (repeated batch_size times)
+    when the file leaves it out."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"input {name!r}: cannot load {path}: {exc}") from None
+    dtype = numpy_dtype(datatype)
+    if array.dtype != dtype:
+        # np.save of numpy's default float64/int64 is the common case; casts that would change
+        # the values' kind (float -> int) are refused rather than silently truncated.
+        if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+            raise InputError(f"input {name!r}: {path} holds {array.dtype}, the model wants {datatype}")
+        array = array.astype(dtype)
+    rank = len(model_shape)
+    if max_batch_size > 0 and array.ndim == rank - 1:
+        return np.repeat(array[np.newaxis], batch_size, axis=0)
+    if array.ndim != rank:
+        raise InputError(
+            f"input {name!r}: {path} has shape {list(array.shape)}, the model wants {list(model_shape)}"
+        )
+    return array
+
+
+def build_inputs(
+    metadata: dict,
+    max_batch_size: int,
+    default_source: str,
+    named_sources: dict[str, str],
+    batch_size: int,
+    seq_len: int,
+    seed: int,
+) -> dict[str, np.ndarray]:
+    """One array per model input, in metadata order (which also fixes what the seed produces)."""
+    input_names = [spec["name"] for spec in metadata["inputs"]]
+    unknown = sorted(set(named_sources) - set(input_names))
+    if unknown:
+        raise InputError(
+            f"model {metadata['name']!r} has no input {', '.join(unknown)}; "
+            f"its inputs are: {', '.join(input_names)}"
+        )
+    if max_batch_size == 0 and batch_size != 1:
+        raise InputError(f"model {metadata['name']!r} does not batch (max_batch_size 0): drop --batch-size")
+    rng = np.random.default_rng(seed)
+    inputs = {}
+    for spec in metadata["inputs"]:
+        name, datatype, shape = spec["name"], spec["datatype"], spec["shape"]
+        source = named_sources.get(name, default_source)
+        if source in GENERATED_SOURCES:
+            concrete = concrete_shape(shape, max_batch_size, batch_size, seq_len)
+            inputs[name] = generate_input(name, datatype, concrete, source, rng)
+        else:
+            inputs[name] = load_npy(source, name, datatype, shape, max_batch_size, batch_size)
+    return inputs
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready Python value of one array element. float32/float16 go through their own
+    shortest repr, so 0.101 is reported as 0.101 and not as 0.10100000351667404."""
+    if isinstance(value, (np.float32, np.float16)):
+        return float(str(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def top_k(scores: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+    """Per row of a 2-D array, the k highest (index, score) pairs, highest first; ties keep the
+    lower index first so the listing is reproducible."""
+    k = min(k, scores.shape[-1])
+    order = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
+    return [[(int(i), _plain(row[i])) for i in row_order] for row, row_order in zip(scores, order)]
+
+
+def describe_output(name: str, datatype: str, array: np.ndarray, k: int) -> dict:
+    """What is shown of one output: top-k per row for classifier-like outputs (FP32 [batch, N]
+    with N >= 10), the first values otherwise."""
+    described: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if datatype == "FP32" and array.ndim == 2 and array.shape[-1] >= 10:
+        described["top_k"] = [
+            [{"index": index, "score": score} for index, score in row] for row in top_k(array, k)
+        ]
+    else:
+        described["first_values"] = [_plain(v) for v in array.reshape(-1)[:FIRST_VALUES]]
+    return described
+
+
+def latency_stats(latencies_ms: Sequence[float]) -> dict[str, Any]:
+    """Per-request latencies and their p50/p90/p99/mean (percentiles linearly interpolated),
+    rounded to the microsecond: finer digits are timer noise."""
+    values = np.asarray(latencies_ms, dtype=np.float64)
+    p50, p90, p99 = np.percentile(values, [50, 90, 99])
+    return {
+        "per_request": [round(float(v), 3) for v in values],
+        "p50": round(float(p50), 3),
+        "p90": round(float(p90), 3),
+        "p99": round(float(p99), 3),
+        "mean": round(float(values.mean()), 3),
+    }
+
+
+def run(client: TritonClient, args: argparse.Namespace) -> dict[str, Any]:
+    """Fetch the model's metadata and config, send the requests, and return the report."""
+    # First contact goes through the liveness probe, so that a server that cannot be reached (or
+    # never answers) is reported as such (exit 2) rather than as a failed metadata request.
+    client.server_live()
+    metadata = client.model_metadata(args.model)
+    max_batch_size = int(client.model_config(args.model).get("max_batch_size", 0))
+    named_sources = dict(args.input_name)
+    inputs = build_inputs(
+        metadata, max_batch_size, args.input, named_sources, args.batch_size, args.seq_len, args.seed
+    )
+    input_datatypes = {spec["name"]: spec["datatype"] for spec in metadata["inputs"]}
+    output_datatypes = {spec["name"]: spec["datatype"] for spec in metadata["outputs"]}
+
+    latencies_ms = []
+    for _ in range(args.requests):
+        start = time.perf_counter()
+        outputs, model_version = client.infer(args.model, inputs, input_datatypes, list(output_datatypes))
+        latencies_ms.append((time.perf_counter() - start) * 1000.0)
+
+    return {
+        "model": args.model,
+        "model_version": model_version,
+        "url": client.url,
+        "protocol": client.protocol,
+        "inputs": [
+            {
+                "name": spec["name"],
+                "datatype": spec["datatype"],
+                "shape": list(inputs[spec["name"]].shape),
+                "source": named_sources.get(spec["name"], args.input),
+            }
+            for spec in metadata["inputs"]
+        ],
+        # Every request carries the same inputs, so the last response stands for all of them.
+        "outputs": [
+            describe_output(name, datatype, outputs[name], args.top_k)
+            for name, datatype in output_datatypes.items()
+        ],
+        "latency_ms": latency_stats(latencies_ms),
+    }
+
+
+def _value(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def format_report(report: dict[str, Any], seed: int) -> str:
+    version = f" version {report['model_version']}" if report["model_version"] else ""
+    lines = [f"model {report['model']}{version} at {report['url']} ({report['protocol']})", "inputs:"]
+    for spec in report["inputs"]:
+        source = f"random (seed {seed})" if spec["source"] == "random" else spec["source"]
+        lines.append(f"  {spec['name']}: {spec['datatype']} {spec['shape']} <- {source}")
+    lines.append("outputs:")
+    for output in report["outputs"]:
+        lines.append(f"  {output['name']}: {output['datatype']} {output['shape']}")
+        if "top_k" in output:
+            for row_index, row in enumerate(output["top_k"]):
+                pairs = "  ".join(f"{p['index']}: {p['score']:.4f}" for p in row)
+                lines.append(f"    row {row_index} top-{len(row)}: {pairs}")
+        else:
+            total = int(np.prod(output["shape"]))
+            more = f" ... ({total} values)" if total > len(output["first_values"]) else ""
+            lines.append(f"    values: {', '.join(_value(v) for v in output['first_values'])}{more}")
+    latency = report["latency_ms"]
+    if len(latency["per_request"]) == 1:
+        lines.append(f"latency: {latency['mean']:.2f} ms")
+    else:
+        lines.append(
+            f"latency over {len(latency['per_request'])} requests: p50 {latency['p50']:.2f} ms, "
+            f"p90 {latency['p90']:.2f} ms, p99 {latency['p99']:.2f} ms, mean {latency['mean']:.2f} ms"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    timeout_s = args.timeout_ms / 1000.0 if args.timeout_ms else None
+    try:
+        with TritonClient(resolve_url(args), args.protocol, timeout_s) as client:
+            report = run(client, args)
+    except ServerUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except InferenceServerException as exc:
+        print(f"error: {describe_error(exc)}", file=sys.stderr)
+        return 1
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(report, indent=2) if args.json else format_report(report, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

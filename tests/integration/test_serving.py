@@ -1,0 +1,173 @@
+"""The serving path end to end: real tritonserver, real gRPC, outputs checked against ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.grpc import model_config_pb2
+
+from backend.runner import read_io_from_file
+from tests.integration.conftest import MODELS, onnx_file
+from tests.integration.kserve import (
+    assert_close,
+    execution_counts,
+    infer,
+    infer_concurrently,
+    reference_session,
+)
+
+pytestmark = pytest.mark.integration
+VISION = ("resnet50", "mobilenet_v3_small")
+
+
+@pytest.fixture(scope="module")
+def client(triton):
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        yield client
+
+
+def images(count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((count, 3, 224, 224), dtype=np.float32)
+
+
+def token_request(length: int, seed: int) -> dict[str, np.ndarray]:
+    ids = np.random.default_rng(seed).integers(1, 1000, size=(1, length), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def test_every_model_is_ready(triton, client):
+    states = {s["name"]: s["state"] for s in triton.model_states()}
+    assert states == {model: "READY" for model in MODELS}
+    assert all(client.is_model_ready(model) for model in MODELS)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_served_config_has_the_policy_and_the_graph_io(client, model):
+    # The protobuf form: JSON leaves out fields at their default, such as timeout_action REJECT.
+    config = client.get_model_config(model).config
+    assert config.backend == "python"
+    assert config.max_batch_size >= 16
+    policy = config.dynamic_batching.default_queue_policy
+    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
+    assert policy.max_queue_size > 0 and policy.default_timeout_microseconds > 0
+    assert policy.allow_timeout_override
+    assert config.dynamic_batching.max_queue_delay_microseconds > 0
+    assert all(g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU and g.count >= 1 for g in config.instance_group)
+    assert "intra_op_thread_count" in config.parameters
+
+    # Auto-complete filled inputs and outputs from the graph, batch dim removed.
+    inputs, outputs = read_io_from_file(onnx_file(model), batched=True)
+    triton_type = lambda t: "TYPE_" + model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")  # noqa: E731
+    assert [(t.name, triton_type(t), list(t.dims)) for t in config.input] == [
+        (s.name, s.triton_type, list(s.dims)) for s in inputs
+    ]
+    assert [(t.name, triton_type(t), list(t.dims)) for t in config.output] == [
+        (s.name, s.triton_type, list(s.dims)) for s in outputs
+    ]
+
+
+def test_vision_models_take_the_documented_tensors(client):
+    for model in VISION:
+        metadata = client.get_model_metadata(model, as_json=True)
+        assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"]] == [
+            ("input", "FP32", ["-1", "3", "224", "224"])
+        ]
+        assert [(t["name"], t["datatype"], t["shape"]) for t in metadata["outputs"]] == [
+            ("output", "FP32", ["-1", "1000"])
+        ]
+
+
+@pytest.mark.parametrize("model", VISION)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_outputs_equal_onnxruntime_in_process(client, model, batch):
+    data = images(batch, seed=batch)
+    outcome = infer(client, model, {"input": data}, ["output"])
+    assert outcome.error is None, outcome.error
+    expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
+    assert outcome.outputs["output"].shape == (batch, 1000)
+    assert_close(outcome.outputs["output"], expected)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_result(client):
+    model = "mobilenet_v3_small"
+    data = images(64, seed=7)
+    before = execution_counts(client, model)
+    outcomes = infer_concurrently(client, model, [{"input": data[i : i + 1]} for i in range(64)], ["output"])
+    after = execution_counts(client, model)
+
+    assert [o.status for o in outcomes] == ["OK"] * 64
+    expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
+    for index, outcome in enumerate(outcomes):
+        assert_close(outcome.outputs["output"], expected[index : index + 1])
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == 64
+    assert executions < inferences, f"64 concurrent requests ran in {executions} executions: no batching"
+
+
+def test_text_classifier_batches_ragged_requests_like_single_ones(client):
+    lengths = [3, 17, 8, 1, 32, 12, 5, 24] * 3
+    requests = [token_request(length, seed) for seed, length in enumerate(lengths)]
+    alone = [infer(client, "text_classifier", r, ["logits", "embedding"]) for r in requests]
+    before = execution_counts(client, "text_classifier")
+    together = infer_concurrently(client, "text_classifier", requests, ["logits", "embedding"])
+    after = execution_counts(client, "text_classifier")
+
+    assert after[1] - before[1] < len(requests), "ragged requests were not batched together"
+    session = reference_session(onnx_file("text_classifier"))
+    for request, single, batched in zip(requests, alone, together):
+        assert single.error is None and batched.error is None
+        assert batched.outputs["logits"].shape == (1, 2)
+        assert batched.outputs["embedding"].shape == single.outputs["embedding"].shape
+        for name in ("logits", "embedding"):
+            np.testing.assert_allclose(batched.outputs[name], single.outputs[name], rtol=1e-5, atol=1e-5)
+        expected = dict(zip(["logits", "embedding"], session.run(["logits", "embedding"], request)))
+        assert_close(single.outputs["logits"], expected["logits"])
+
+
+def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
+    good = [token_request(length, seed=100 + length) for length in (4, 9, 15, 6)]
+    mismatched = {  # passes Triton's shape check (both [-1]); the backend's validation catches it
+        "input_ids": np.ones((1, 7), np.int64),
+        "attention_mask": np.ones((1, 6), np.int64),
+    }
+    wrong_dtype = {"input_ids": np.ones((1, 5), np.int32), "attention_mask": np.ones((1, 5), np.int64)}
+    requests = [good[0], mismatched, good[1], wrong_dtype, good[2], mismatched, good[3]]
+    outcomes = infer_concurrently(client, "text_classifier", requests, ["logits"])
+
+    assert [o.status for o in outcomes] == [
+        "OK", "StatusCode.INVALID_ARGUMENT", "OK", "StatusCode.INVALID_ARGUMENT", "OK",
+        "StatusCode.INVALID_ARGUMENT", "OK",
+    ]
+    assert "disagree on the size of dim 'sequence' (7 and 6)" in outcomes[1].error.message()
+    assert "input_ids" in outcomes[3].error.message() and "INT32" in outcomes[3].error.message()
+    for index, request in zip((0, 2, 4, 6), good):
+        assert_close(outcomes[index].outputs["logits"], infer(client, "text_classifier", request, ["logits"]).outputs["logits"])
+
+    wrong_shape = infer(client, "resnet50", {"input": np.zeros((1, 3, 224, 225), np.float32)}, ["output"])
+    assert wrong_shape.status == "StatusCode.INVALID_ARGUMENT"
+    assert "unexpected shape for input 'input'" in wrong_shape.error.message()
+    assert client.is_server_live() and client.is_model_ready("resnet50")
+
+
+def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(client):
+    model = "mobilenet_v3_small"
+    config = client.get_model_config(model).config
+    # At most the queue plus one full batch per instance can be accepted at once: send twice that.
+    capacity = config.dynamic_batching.default_queue_policy.max_queue_size + config.max_batch_size * sum(
+        g.count for g in config.instance_group
+    )
+    count = 2 * capacity
+    data = images(count, seed=11)
+    outcomes = infer_concurrently(client, model, [{"input": data[i : i + 1]} for i in range(count)], ["output"])
+
+    rejected = [o for o in outcomes if o.error is not None]
+    accepted = [(i, o) for i, o in enumerate(outcomes) if o.error is None]
+    assert rejected and accepted, f"{len(rejected)} rejected, {len(accepted)} accepted of {count}"
+    assert {o.status for o in rejected} == {"StatusCode.UNAVAILABLE"}
+    assert all("Exceeds maximum queue size" in o.error.message() for o in rejected)
+    # A rejection does not wait for inference: every one ends before the typical accepted request.
+    assert max(o.seconds for o in rejected) < float(np.median([o.seconds for _, o in accepted]))
+    expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
+    for index, outcome in accepted:
+        assert_close(outcome.outputs["output"], expected[index : index + 1])

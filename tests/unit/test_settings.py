@@ -1,0 +1,76 @@
+import onnxruntime as ort
+import pytest
+
+from backend.errors import ModelConfigError
+from backend.settings import SessionSettings, cpu_instance_count
+
+
+def config(instances: int = 1, level: int | None = None, **params: str) -> dict:
+    cfg = {
+        "instance_group": [{"kind": "KIND_CPU", "count": instances}],
+        "parameters": {k.replace("__", "."): {"string_value": v} for k, v in params.items()},
+    }
+    if level is not None:
+        cfg["optimization"] = {"graph": {"level": level}}
+    return cfg
+
+
+@pytest.mark.parametrize(("cores", "instances", "threads"), [(2, 1, 2), (2, 2, 1), (8, 3, 2), (1, 4, 1)])
+def test_unset_threads_share_the_cores_between_instances(cores, instances, threads):
+    settings = SessionSettings.from_model_config(config(instances), cores=cores)
+    assert settings.intra_op_threads == threads
+    assert settings.inter_op_threads == 1
+    assert settings.parallel_execution is False
+
+
+def test_explicit_thread_counts_win():
+    settings = SessionSettings.from_model_config(
+        config(2, intra_op_thread_count="3", inter_op_thread_count="2", execution_mode="1"), cores=2
+    )
+    assert (settings.intra_op_threads, settings.inter_op_threads, settings.parallel_execution) == (3, 2, True)
+    options = settings.session_options()
+    assert options.intra_op_num_threads == 3
+    assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (None, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+        (0, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
+        (-1, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC),
+        (1, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED),
+        (2, ort.GraphOptimizationLevel.ORT_DISABLE_ALL),
+    ],
+)
+def test_graph_level_follows_the_onnxruntime_backend(level, expected):
+    assert SessionSettings.from_model_config(config(level=level), cores=2).graph_level == expected
+
+
+def test_memory_flags_and_session_entries_reach_onnxruntime():
+    settings = SessionSettings.from_model_config(
+        config(enable_mem_arena="0", enable_mem_pattern="false", session__intra_op__allow_spinning="0"), cores=2
+    )
+    options = settings.session_options()
+    assert options.enable_cpu_mem_arena is False
+    assert options.enable_mem_pattern is False
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"intra_op_thread_count": "two"}, "must be an integer"),
+        ({"execution_mode": "2"}, "0 (sequential) or 1 (parallel)"),
+        ({"enable_mem_arena": "maybe"}, "0/1 or true/false"),
+    ],
+)
+def test_bad_parameters_are_named(params, message):
+    with pytest.raises(ModelConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        SessionSettings.from_model_config(config(**params), cores=2)
+
+
+def test_instance_count_adds_cpu_groups():
+    cfg = {"instance_group": [{"kind": "KIND_CPU", "count": 2}, {"kind": "KIND_CPU", "count": 3}]}
+    assert cpu_instance_count(cfg) == 5
+    assert cpu_instance_count({}) == 1
