@@ -36,7 +36,6 @@ $(STAMP): requirements.txt requirements-serving.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used, not its Python API.
 	$(PY) -m pip install --quiet --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
 
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
