@@ -11,14 +11,15 @@ APT_PACKAGES := libpython3.11 libb64-0d
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
+PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
 
-.PHONY: help setup apt venv models serve test unit integration clean
+.PHONY: help setup apt venv proto models serve test unit clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: venv models ## Install everything and generate the models (serve and test do this first)
+setup: venv proto models ## Install everything, generate the protobuf code and the models (serve and test do this first)
 
 apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -32,23 +33,27 @@ venv: apt $(STAMP) ## Create .venv with the pinned Python dependencies and trito
 $(STAMP): requirements.txt requirements-serving.txt pyproject.toml
 	@echo ">> creating $(VENV) with pinned dependencies (first run: a few minutes)"
 	@[ -x $(PY) ] || $(PYTHON_SYSTEM) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used, not its Python API.
 	$(PY) -m pip install --quiet --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
 
+proto: $(PROTO_OUT) ## Generate the Python code of client/proto/inference.proto (a build output, not committed)
+
+$(PROTO_OUT): client/proto/inference.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. client/proto/inference.proto
+
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
 	$(PY) -m backend.demo_models --repository model_repository $(MODELS)
 
-serve: setup ## Serve the model repository: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002)
-	$(PY) -m backend.tritonserver --model-repository model_repository --log-file build/tritonserver.log
+serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000)
+	$(PY) -m client.serve
 
 test: setup ## Run the whole test suite (unit tests, then integration tests against a real tritonserver)
 	$(PY) -m pytest $(PYTEST_ARGS) tests
 
-unit: venv ## Run the fast unit tests only
+unit: venv proto ## Run the fast unit tests only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
 
 clean: ## Remove the venv, build outputs and generated models
-	rm -rf $(VENV) build $(ONNX_FILES)
+	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

@@ -151,7 +151,8 @@ def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
 
 
 def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(client):
-    model = "mobilenet_v3_small"
+    # The slowest model: the client must send faster than the server drains the queue.
+    model = "resnet50"
     config = client.get_model_config(model).config
     # At most the queue plus one full batch per instance can be accepted at once: send twice that.
     capacity = config.dynamic_batching.default_queue_policy.max_queue_size + config.max_batch_size * sum(

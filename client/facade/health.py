@@ -1,0 +1,104 @@
+"""Health from a real inference: Triton 2.51 keeps reporting READY after a Python stub died,
+so the facade is healthy only while the default model answers an actual request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from grpc_health.v1 import health, health_pb2
+from tritonclient.grpc import service_pb2
+
+from client.facade.errors import FacadeError
+from client.facade.translate import NUMPY_DTYPES
+from client.facade.triton import TritonGateway
+
+log = logging.getLogger("tritonnx.facade")
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    serving: bool
+    model: str
+    checked_at: float  # time.monotonic()
+    seconds: float  # how long the probe took
+    detail: str
+
+    def as_json(self) -> dict:
+        return {
+            "status": "SERVING" if self.serving else "NOT_SERVING",
+            "model": self.model,
+            "probe_ms": round(self.seconds * 1000, 2),
+            "checked_ms_ago": round((time.monotonic() - self.checked_at) * 1000, 1),
+            "detail": self.detail,
+        }
+
+
+class HealthMonitor:
+    """Probes the default model with a batch-1 zeros request and publishes the result to
+    grpc.health.v1 (overall and per service) and to /health."""
+
+    def __init__(
+        self, gateway: TritonGateway, model: str, timeout: float, services: list[str], servicer: health.aio.HealthServicer
+    ) -> None:
+        self.gateway = gateway
+        self.model = model
+        self.timeout = timeout
+        self.services = ["", *services]
+        self.servicer = servicer
+        self.draining = False
+        self.report = HealthReport(False, model, time.monotonic(), 0.0, "not probed yet")
+        self._probe_lock = asyncio.Lock()
+
+    async def _probe_request(self) -> service_pb2.ModelInferRequest:
+        info = await self.gateway.model_info(self.model, "", self.timeout)
+        request = service_pb2.ModelInferRequest(model_name=info.name, id="tritonnx-health")
+        for tensor in info.inputs:
+            # -1 dims (batch, sequence) become 1: the smallest real request.
+            shape = [1 if d < 0 else d for d in tensor.shape]
+            request.inputs.append(
+                service_pb2.ModelInferRequest.InferInputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape)
+            )
+            request.raw_input_contents.append(np.zeros(shape, NUMPY_DTYPES[tensor.datatype]).tobytes())
+        return request
+
+    async def probe(self) -> HealthReport:
+        started = time.monotonic()
+        try:
+            await self.gateway.infer(await self._probe_request(), self.timeout)
+            serving, detail = not self.draining, "draining" if self.draining else "real inference answered"
+        except FacadeError as error:
+            serving, detail = False, f"{error.code.name}: {error.message}"
+        report = HealthReport(serving, self.model, time.monotonic(), time.monotonic() - started, detail)
+        if report.serving != self.report.serving:
+            log.log(logging.INFO if report.serving else logging.WARNING, "health: %s (%s)",
+                    "SERVING" if report.serving else "NOT_SERVING", detail)
+        self.report = report
+        await self._publish()
+        return report
+
+    async def current(self, max_age: float) -> HealthReport:
+        """The last report if it is fresh enough, else a new probe (one at a time)."""
+        async with self._probe_lock:
+            if time.monotonic() - self.report.checked_at <= max_age and self.report.detail != "not probed yet":
+                return self.report
+            return await self.probe()
+
+    async def _publish(self) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if self.report.serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in self.services:
+            await self.servicer.set(service, status)
+
+    async def run(self, interval: float) -> None:
+        while not self.draining:
+            await self.current(max_age=interval / 2)
+            await asyncio.sleep(interval)
+
+    async def drain(self) -> None:
+        """NOT_SERVING everywhere from now on: load balancers stop sending before the server stops."""
+        self.draining = True
+        self.report = HealthReport(False, self.model, time.monotonic(), 0.0, "draining")
+        await self.servicer.enter_graceful_shutdown()

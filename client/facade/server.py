@@ -1,0 +1,118 @@
+"""Assemble and run the facade: gRPC (inference, health, reflection) and HTTP (/metrics, /health)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from client.facade.health import HealthMonitor
+from client.facade.metrics import FacadeMetrics
+from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
+from client.facade.settings import FacadeSettings
+from client.facade.triton import TritonGateway
+
+log = logging.getLogger("tritonnx.facade")
+
+
+class StartupError(RuntimeError):
+    """The facade cannot start, e.g. its port is taken."""
+
+
+class Facade:
+    def __init__(self, settings: FacadeSettings) -> None:
+        self.settings = settings
+        self.metrics = FacadeMetrics()
+        self.gateway = TritonGateway(settings.triton_url, settings.max_message_bytes, settings.model_info_ttl)
+        self.health_servicer = health.aio.HealthServicer()
+        self.monitor = HealthMonitor(
+            self.gateway, settings.default_model, settings.health_timeout, [SERVICE_NAME], self.health_servicer
+        )
+        self.servicer = InferenceServicer(
+            Predictor(self.gateway, settings.default_model),
+            Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),
+            self.metrics,
+        )
+        self._grpc: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._monitor_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", s.max_message_bytes),
+                ("grpc.max_send_message_length", s.max_message_bytes),
+                # gRPC shares ports between processes by default: a second facade would silently
+                # split the traffic instead of failing to start.
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self._grpc)
+        reflection.enable_server_reflection(
+            [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
+        )
+        address = f"{s.host}:{s.port}"
+        try:
+            bound = self._grpc.add_insecure_port(address)
+        except RuntimeError as error:
+            raise StartupError(f"cannot listen on {address} for gRPC: {error}") from None
+        if bound == 0:
+            raise StartupError(f"cannot listen on {address} for gRPC (is the port taken?)")
+        await self._grpc.start()
+
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/health", self._health)
+        self._http = web.AppRunner(app, access_log=None)
+        await self._http.setup()
+        try:
+            await web.TCPSite(self._http, s.host, s.http_port, reuse_address=False).start()
+        except OSError as error:
+            await self.stop(0)
+            raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
+        self._monitor_task = asyncio.create_task(self.monitor.run(s.health_interval))
+        log.info(
+            "facade listening: gRPC %s (inference.InferenceService, grpc.health.v1, reflection), HTTP %s:%d "
+            "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
+            address, s.host, s.http_port, s.triton_url, s.default_model, s.max_in_flight,
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        report = await self.monitor.current(max_age=1.0)
+        return web.json_response(report.as_json(), status=200 if report.serving else 503)
+
+    async def stop(self, grace: float) -> None:
+        """Drain: NOT_SERVING first, then let in-flight calls finish within `grace` seconds."""
+        await self.monitor.drain()
+        if self._monitor_task:
+            self._monitor_task.cancel()
+        if self._grpc:
+            await self._grpc.stop(grace)
+        if self._http:
+            await self._http.cleanup()
+        await self.gateway.close()
+
+
+async def run_until_signalled(settings: FacadeSettings) -> None:
+    """Serve until SIGTERM or SIGINT, then drain and return."""
+    facade = Facade(settings)
+    await facade.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("stopping: draining in-flight calls for up to %.1fs", settings.drain_seconds)
+    await facade.stop(settings.drain_seconds)
+    log.info("facade stopped")

@@ -1,0 +1,187 @@
+"""inference.InferenceService: the servicer translates between gRPC and the facade's pieces.
+
+Backpressure lives in `Admission`, deadlines in `Predictor.predict`, error mapping in
+`errors.py`; the servicer only wires them to gRPC (status, trailers, metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import contextmanager
+
+import grpc
+
+from client.facade.errors import FacadeError, InvalidArgument, Overloaded
+from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
+from client.facade.translate import to_infer_request, to_predict_response
+from client.facade.triton import TritonGateway
+from client.facade.wire import DecodedRequest, EncodedResponse, WireError, decode_predict_request, serialize_response
+from client.proto import inference_pb2
+
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+log = logging.getLogger("tritonnx.facade")
+
+
+class Admission:
+    """Backpressure: at most `limit` requests in flight, the rest refused at once, never queued.
+
+    All handlers run on one event loop, so a plain counter is race-free.
+    """
+
+    def __init__(self, limit: int, retry_after_ms: int, metrics: FacadeMetrics) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
+        self._metrics = metrics
+
+    @contextmanager
+    def slot(self):
+        if self.in_flight >= self.limit:
+            raise Overloaded(
+                f"the server is handling its limit of {self.limit} requests: retry after the "
+                f"grpc-retry-pushback-ms hint ({self._retry_hint[0][1]} ms)",
+                self._retry_hint,
+            )
+        self.in_flight += 1
+        self._metrics.in_flight.set(self.in_flight)
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._metrics.in_flight.set(self.in_flight)
+
+
+class Predictor:
+    """One PredictRequest through Triton: model lookup, checks, translation, the call."""
+
+    def __init__(self, gateway: TritonGateway, default_model: str) -> None:
+        self.gateway = gateway
+        self.default_model = default_model
+
+    def model_label(self, decoded: DecodedRequest | WireError) -> str:
+        """The metrics label of a request: its model once Triton confirmed it serves that model."""
+        if isinstance(decoded, WireError):
+            return UNRESOLVED_MODEL
+        name = decoded.message.model_name or self.default_model
+        return name if self.gateway.knows(name, decoded.message.model_version) else UNRESOLVED_MODEL
+
+    async def predict(self, decoded: DecodedRequest, time_remaining: float | None) -> tuple[str, EncodedResponse]:
+        """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
+        message = decoded.message
+        deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        if message.timeout_ms:
+            own = time.monotonic() + message.timeout_ms / 1000
+            deadline = own if deadline is None else min(deadline, own)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        info = await self.gateway.model_info(message.model_name or self.default_model, message.model_version, left())
+        remaining = left()
+        # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
+        request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
+        response = await self.gateway.infer(request, left())
+        return info.name, to_predict_response(message, info, response)
+
+
+def _payload_bytes(decoded: DecodedRequest) -> int:
+    message = decoded.message
+    data = 0 if decoded.data is None else decoded.data.nbytes
+    return data + len(message.raw_data) + sum(len(t.raw_data) for t in message.inputs)
+
+
+def _deserialize(buffer: bytes) -> DecodedRequest | WireError:
+    # A deserializer that raises makes gRPC answer INTERNAL; malformed input is the caller's error.
+    try:
+        return decode_predict_request(buffer)
+    except WireError as error:
+        return error
+
+
+class InferenceServicer:
+    def __init__(self, predictor: Predictor, admission: Admission, metrics: FacadeMetrics) -> None:
+        self.predictor = predictor
+        self.admission = admission
+        self.metrics = metrics
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE_NAME,
+            {
+                "Predict": grpc.unary_unary_rpc_method_handler(
+                    self.predict, request_deserializer=_deserialize, response_serializer=serialize_response
+                ),
+                "PredictStream": grpc.stream_stream_rpc_method_handler(
+                    self.predict_stream, request_deserializer=_deserialize, response_serializer=serialize_response
+                ),
+            },
+        )
+
+    async def _serve(self, decoded: DecodedRequest | WireError, time_remaining: float | None) -> EncodedResponse:
+        """One request, measured; raises FacadeError."""
+        started = time.perf_counter()
+        model = UNRESOLVED_MODEL
+        try:
+            if isinstance(decoded, WireError):
+                raise InvalidArgument(f"malformed PredictRequest: {decoded}")
+            with self.admission.slot():
+                model, response = await self.predictor.predict(decoded, time_remaining)
+        except FacadeError as error:
+            self.metrics.requests.labels(self.predictor.model_label(decoded), error.code.name).inc()
+            self.metrics.rejections.labels(error.reason).inc()
+            raise
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(self.predictor.model_label(decoded), grpc.StatusCode.CANCELLED.name).inc()
+            raise
+        self.metrics.requests.labels(model, grpc.StatusCode.OK.name).inc()
+        self.metrics.latency.labels(model).observe(time.perf_counter() - started)
+        self.metrics.request_bytes.labels(model).observe(_payload_bytes(decoded))
+        outputs = response.message.outputs
+        self.metrics.response_bytes.labels(model).observe(
+            sum(len(t.raw_data) for t in outputs) or (0 if response.predictions is None else response.predictions.nbytes)
+        )
+        return response
+
+    async def predict(self, decoded: DecodedRequest | WireError, context: grpc.aio.ServicerContext) -> EncodedResponse:
+        try:
+            return await self._serve(decoded, context.time_remaining())
+        except FacadeError as error:
+            await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata)
+
+    async def predict_stream(
+        self, requests: AsyncIterator[DecodedRequest | WireError], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[EncodedResponse]:
+        """Serve every request of the stream concurrently; answer each as soon as it is done."""
+        done: asyncio.Queue[EncodedResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def serve_one(decoded: DecodedRequest | WireError) -> None:
+            request_id = "" if isinstance(decoded, WireError) else decoded.message.request_id
+            try:
+                done.put_nowait(await self._serve(decoded, context.time_remaining()))
+            except FacadeError as error:
+                failed = inference_pb2.PredictResponse(
+                    request_id=request_id, error=inference_pb2.Error(code=error.code.value[0], message=error.message)
+                )
+                done.put_nowait(EncodedResponse(failed, None))
+
+        async def read_all() -> None:
+            async for decoded in requests:
+                task = asyncio.create_task(serve_one(decoded))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*tasks)
+            done.put_nowait(None)
+
+        reader = asyncio.create_task(read_all())
+        try:
+            while (response := await done.get()) is not None:
+                yield response
+            await reader
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()

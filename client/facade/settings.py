@@ -1,0 +1,67 @@
+"""The facade's settings: one dataclass, filled from flags, then environment variables, then defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "TRITONNX_"
+
+
+@dataclass(frozen=True)
+class FacadeSettings:
+    host: str = "127.0.0.1"
+    port: int = 50051
+    http_port: int = 3000
+    triton_url: str = "127.0.0.1:8001"
+    default_model: str = "resnet50"
+    max_in_flight: int = 64
+    max_message_bytes: int = 64 * 1024 * 1024
+    retry_after_ms: int = 100
+    health_interval: float = 2.0
+    health_timeout: float = 5.0
+    model_info_ttl: float = 30.0
+    drain_seconds: float = 10.0
+    log_level: str = "INFO"
+
+
+_HELP = {
+    "host": "address to bind the gRPC and HTTP servers to",
+    "port": "gRPC port of inference.InferenceService, grpc.health.v1 and reflection",
+    "http_port": "HTTP port of /metrics (Prometheus) and /health",
+    "triton_url": "Triton's KServe v2 gRPC endpoint",
+    "default_model": "model served when a request names none",
+    "max_in_flight": "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once",
+    "max_message_bytes": "largest request or response message",
+    "retry_after_ms": "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)",
+    "health_interval": "seconds between real-inference health probes",
+    "health_timeout": "seconds a health probe may take before it counts as failed",
+    "model_info_ttl": "seconds model metadata is cached before it is asked of Triton again",
+    "drain_seconds": "grace period for in-flight calls after SIGTERM",
+    "log_level": "DEBUG, INFO, WARNING or ERROR",
+}
+
+
+def env_name(field_name: str) -> str:
+    return ENV_PREFIX + field_name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; its default comes from the environment when set there."""
+    for field in fields(FacadeSettings):
+        flag = "--" + field.name.replace("_", "-")
+        env_value = os.environ.get(env_name(field.name))
+        kind = {"int": int, "float": float, "str": str}[field.type]
+        default = kind(env_value) if env_value is not None else field.default
+        parser.add_argument(
+            flag,
+            type=kind,
+            default=default,
+            dest=field.name,
+            help=f"{_HELP[field.name]} (env {env_name(field.name)}; default: %(default)s)",
+        )
+
+
+def from_arguments(namespace: argparse.Namespace) -> FacadeSettings:
+    return FacadeSettings(**{field.name: getattr(namespace, field.name) for field in fields(FacadeSettings)})

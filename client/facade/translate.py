@@ -1,0 +1,199 @@
+"""Project proto <-> KServe v2, as pure functions: check a PredictRequest against the model,
+build Triton's ModelInferRequest with binary tensor contents, and turn the answer back.
+
+Nothing here does I/O, so every rule is unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from client.facade.errors import InvalidArgument
+from client.facade.wire import DecodedRequest, EncodedResponse
+from client.proto import inference_pb2
+
+# KServe v2 datatype -> little-endian numpy dtype of its raw bytes.
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(code)
+    for name, code in {
+        "FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT8": "i1", "INT16": "<i2", "INT32": "<i4",
+        "INT64": "<i8", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "BOOL": "?",
+    }.items()
+}
+# Triton casts dims (the batch dim among them) to int: never forward anything larger.
+MAX_DIM = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    datatype: str  # KServe v2 name, e.g. FP32
+    shape: tuple[int, ...]  # full shape as Triton's metadata gives it; -1 accepts any size
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the facade needs to know of a served model, from Triton's metadata and config."""
+
+    name: str
+    version: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    max_batch_size: int
+
+    @classmethod
+    def from_triton(
+        cls, metadata: service_pb2.ModelMetadataResponse, config: service_pb2.ModelConfigResponse, version: str
+    ) -> "ModelInfo":
+        def tensors(items) -> tuple[TensorInfo, ...]:
+            return tuple(TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape)) for t in items)
+
+        return cls(metadata.name, version, tensors(metadata.inputs), tensors(metadata.outputs), config.config.max_batch_size)
+
+    def describe_inputs(self) -> str:
+        return ", ".join(f"{t.name} ({t.datatype} {list(t.shape)})" for t in self.inputs)
+
+
+def _datatype_of(dtype: int) -> str:
+    """The KServe name of a proto DataType; unspecified means FP32."""
+    if dtype == inference_pb2.ELEMENT_TYPE_UNSPECIFIED:
+        return "FP32"
+    return inference_pb2.ElementType.Name(dtype)
+
+
+def check_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo) -> None:
+    """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`."""
+    expects = f"model '{info.name}' expects {info.describe_inputs()}"
+    shape = list(shape)
+    if not shape:
+        raise InvalidArgument(f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {expects}")
+    if any(d < 1 for d in shape):
+        raise InvalidArgument(f"input '{name}' has shape {shape}: every dim must be at least 1; {expects}")
+    if any(d > MAX_DIM for d in shape):
+        raise InvalidArgument(f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted")
+    if len(shape) != len(spec.shape):
+        raise InvalidArgument(
+            f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {expects}"
+        )
+    if any(want != -1 and got != want for got, want in zip(shape, spec.shape)):
+        raise InvalidArgument(f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {expects}")
+    if info.max_batch_size > 0 and shape[0] > info.max_batch_size:
+        raise InvalidArgument(
+            f"input '{name}' has batch size {shape[0]}, above the model's max_batch_size {info.max_batch_size}: "
+            "split the request"
+        )
+    if datatype != spec.datatype:
+        raise InvalidArgument(f"input '{name}' is {datatype} but the model wants {spec.datatype}; {expects}")
+    elements = math.prod(shape)
+    itemsize = NUMPY_DTYPES[datatype].itemsize
+    if nbytes != elements * itemsize:
+        raise InvalidArgument(
+            f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}"
+            + ("" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)")
+        )
+
+
+def _input_tensor(name: str, datatype: str, shape: Sequence[int]) -> service_pb2.ModelInferRequest.InferInputTensor:
+    return service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=list(shape))
+
+
+def to_infer_request(
+    decoded: DecodedRequest, info: ModelInfo, timeout_us: int | None
+) -> service_pb2.ModelInferRequest:
+    """Triton's request for one PredictRequest, inputs as raw little-endian bytes."""
+    message = decoded.message
+    forms = [name for name, present in (
+        ("data", decoded.data is not None), ("raw_data", bool(message.raw_data)), ("inputs", len(message.inputs) > 0)
+    ) if present]
+    if len(forms) > 1:
+        raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
+    if not forms:
+        raise InvalidArgument(
+            "the request has no input: set data (floats) with shape, raw_data with dtype and shape, "
+            f"or named inputs; model '{info.name}' expects {info.describe_inputs()}"
+        )
+
+    request = service_pb2.ModelInferRequest(model_name=info.name, model_version=message.model_version, id=message.request_id)
+    if forms[0] in ("data", "raw_data"):
+        if len(info.inputs) != 1:
+            raise InvalidArgument(
+                f"model '{info.name}' takes {len(info.inputs)} inputs ({info.describe_inputs()}): "
+                "send them by name in `inputs`"
+            )
+        spec = info.inputs[0]
+        if forms[0] == "data":
+            datatype, payload = "FP32", decoded.data.tobytes()
+            if message.dtype not in (inference_pb2.ELEMENT_TYPE_UNSPECIFIED, inference_pb2.FP32):
+                raise InvalidArgument("`data` holds FP32 values: send other datatypes as raw_data with dtype")
+        else:
+            datatype, payload = _datatype_of(message.dtype), message.raw_data
+        check_tensor(spec.name, datatype, message.shape, len(payload), spec, info)
+        request.inputs.append(_input_tensor(spec.name, datatype, message.shape))
+        request.raw_input_contents.append(payload)
+    else:
+        specs = {t.name: t for t in info.inputs}
+        given = [t.name for t in message.inputs]
+        unknown = sorted(set(given) - set(specs))
+        missing = [name for name in specs if name not in given]
+        if unknown or missing or len(given) != len(set(given)):
+            raise InvalidArgument(
+                f"inputs {given} do not match the model's: model '{info.name}' expects {info.describe_inputs()}"
+                + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else "")
+            )
+        for tensor in message.inputs:
+            datatype = _datatype_of(tensor.dtype)
+            check_tensor(tensor.name, datatype, tensor.shape, len(tensor.raw_data), specs[tensor.name], info)
+            request.inputs.append(_input_tensor(tensor.name, datatype, tensor.shape))
+            request.raw_input_contents.append(tensor.raw_data)
+
+    outputs = {t.name for t in info.outputs}
+    unknown_outputs = [name for name in message.output_names if name not in outputs]
+    if unknown_outputs:
+        raise InvalidArgument(
+            f"unknown output(s) {unknown_outputs}: model '{info.name}' returns {[t.name for t in info.outputs]}"
+        )
+    for name in message.output_names:
+        request.outputs.append(service_pb2.ModelInferRequest.InferRequestedOutputTensor(name=name))
+    if message.priority:
+        request.parameters["priority"].uint64_param = message.priority
+    if timeout_us is not None:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request
+
+
+def is_extended(message: inference_pb2.PredictRequest) -> bool:
+    """Requests that use the extended contract get every output as named raw tensors."""
+    return bool(message.raw_data) or len(message.inputs) > 0 or len(message.output_names) > 0
+
+
+def to_predict_response(
+    message: inference_pb2.PredictRequest, info: ModelInfo, response: service_pb2.ModelInferResponse
+) -> EncodedResponse:
+    """The PredictResponse: the first output as floats (the simple contract), plus named raw
+    outputs for extended requests."""
+    by_name = {
+        output.name: (output, raw) for output, raw in zip(response.outputs, response.raw_output_contents)
+    }
+    first_name = message.output_names[0] if message.output_names else info.outputs[0].name
+    first, first_raw = by_name[first_name]
+    predictions = np.frombuffer(first_raw, dtype=NUMPY_DTYPES[first.datatype]).astype(np.float32, copy=False)
+    reply = inference_pb2.PredictResponse(
+        shape=list(first.shape),
+        request_id=message.request_id,
+        model_name=response.model_name,
+        model_version=response.model_version,
+    )
+    if is_extended(message):
+        for output, raw in by_name.values():
+            reply.outputs.append(
+                inference_pb2.Tensor(
+                    name=output.name, dtype=inference_pb2.ElementType.Value(output.datatype), shape=list(output.shape),
+                    raw_data=raw,
+                )
+            )
+    return EncodedResponse(reply, predictions)

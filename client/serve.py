@@ -1,0 +1,159 @@
+"""python -m client.serve: tritonserver and the facade together, as `make serve` runs them.
+
+Starts tritonserver (backend/tritonserver.py) with the model repository, waits until it is ready,
+then starts the facade in a process of its own and waits until its /health answers 200 (a real
+inference went through). Ctrl-C or SIGTERM drains the facade first, then stops Triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.tritonserver import (
+    DEFAULT_BACKEND_DIR,
+    DEFAULT_REPOSITORY,
+    PROJECT_ROOT,
+    Ports,
+    ServerError,
+    TritonServer,
+    format_model_states,
+)
+
+
+@dataclass
+class FacadeProcess:
+    """`python -m client.facade` in its own process group, with the given flags."""
+
+    grpc_port: int = 50051
+    http_port: int = 3000
+    triton_url: str = "127.0.0.1:8001"
+    host: str = "127.0.0.1"
+    extra_args: list[str] = field(default_factory=list)
+    log_file: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    def start(self) -> None:
+        command = [
+            sys.executable, "-m", "client.facade", "--host", self.host, "--port", str(self.grpc_port),
+            "--http-port", str(self.http_port), "--triton-url", self.triton_url, *self.extra_args,
+        ]
+        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        self.process = subprocess.Popen(
+            command, cwd=PROJECT_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def health(self) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(f"{self.http_url}/health", timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"{}")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                raise ServerError(f"the facade exited with code {self.process and self.process.returncode}{self._tail()}")
+            try:
+                if self.health()[0] == 200:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise ServerError(f"the facade was not healthy after {timeout:.0f}s{self._tail()}")
+
+    def _tail(self) -> str:
+        if not self.log_file or not self.log_file.exists():
+            return ""
+        return ":\n" + "\n".join(self.log_file.read_text(errors="replace").splitlines()[-30:])
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (the facade drains in-flight calls), SIGKILL if it does not exit in time."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        return self.process.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m client.serve",
+        description="Run tritonserver with the model repository and the gRPC facade in front of it, until Ctrl-C.",
+        epilog="Facade flags (e.g. --max-in-flight, --default-model) go after `--`; see python -m client.facade --help.",
+    )
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="default: %(default)s")
+    parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "build", help="server logs; default: %(default)s")
+    parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
+    args = parser.parse_args(argv)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+
+    triton = TritonServer(
+        model_repository=args.model_repository.resolve(), ports=Ports(), backend_dir=DEFAULT_BACKEND_DIR,
+        log_file=args.log_dir / "tritonserver.log",
+    )
+    facade = FacadeProcess(extra_args=args.facade_args, log_file=args.log_dir / "facade.log")
+    stop_requested = False
+
+    def request_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    started = time.monotonic()
+    try:
+        print(f"starting tritonserver with {triton.model_repository} (log: {triton.log_file}) ...", flush=True)
+        triton.start()
+        triton.wait_ready(timeout=180)
+        print(f"tritonserver ready after {time.monotonic() - started:.1f}s", flush=True)
+        print(format_model_states(triton.model_states()), flush=True)
+        print(f"starting the facade (log: {facade.log_file}) ...", flush=True)
+        facade.start()
+        facade.wait_ready()
+        print(
+            f"ready after {time.monotonic() - started:.1f}s\n"
+            f"  Triton   HTTP {triton.http_url}  gRPC {triton.grpc_url}  metrics {triton.metrics_url}\n"
+            f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
+            f"{facade.http_url}/metrics  {facade.http_url}/health\n"
+            "Ctrl-C stops both.",
+            flush=True,
+        )
+        while not stop_requested and triton.process.poll() is None and facade.process.poll() is None:
+            time.sleep(0.2)
+        if not stop_requested:
+            print("error: a server exited on its own; stopping the other", file=sys.stderr)
+    except ServerError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        print(f"facade stopped (exit code {facade.stop()})", flush=True)
+        print(f"tritonserver stopped (exit code {triton.stop()})", flush=True)
+    return 0 if stop_requested else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

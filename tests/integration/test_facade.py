@@ -1,0 +1,332 @@
+"""The gRPC facade in front of the real tritonserver: contract, translation, errors, limits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from backend.tritonserver import PROJECT_ROOT
+from client.proto import inference_pb2, inference_pb2_grpc
+from tests.integration.conftest import (
+    FACADE_MAX_IN_FLIGHT,
+    FACADE_MAX_MESSAGE_BYTES,
+    free_ports,
+    onnx_file,
+    start_facade,
+)
+from tests.integration.kserve import assert_close, infer, reference_session
+
+pytestmark = pytest.mark.integration
+IMAGE_SHAPE = [1, 3, 224, 224]
+PROTO_DIR = PROJECT_ROOT / "client" / "proto"
+
+
+@pytest.fixture(scope="module")
+def stub(facade):
+    channel = grpc.insecure_channel(facade.grpc_url, options=[("grpc.max_send_message_length", 64 << 20)])
+    yield inference_pb2_grpc.InferenceServiceStub(channel)
+    channel.close()
+
+
+@pytest.fixture(scope="module")
+def triton_client(triton):
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        yield client
+
+
+def image(seed: int, batch: int = 1) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+
+
+def call_error(call, request, **kwargs) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request, **kwargs)
+    return caught.value
+
+
+SNIPPET = """
+import grpc
+import inference_pb2
+import inference_pb2_grpc
+
+stub = inference_pb2_grpc.InferenceServiceStub(grpc.insecure_channel("localhost:PORT"))
+res = stub.Predict(inference_pb2.PredictRequest(data=[0.0] * (1*3*224*224), shape=[1,3,224,224]))
+print(res.shape, res.predictions[:10])   # [1, 1000] and the first 10 scores of resnet50
+"""
+
+
+def test_the_documented_client_snippet_works_unchanged(facade, triton_client, tmp_path):
+    # A client of its own, with stubs generated from the proto file as the snippet's comment says.
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(PROTO_DIR), "--python_out=.", "--grpc_python_out=.",
+         str(PROTO_DIR / "inference.proto")],
+        check=True, cwd=tmp_path,
+    )
+    (tmp_path / "snippet.py").write_text(SNIPPET.replace("PORT", str(facade.grpc_port)))
+    done = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    shape_text, predictions_text = done.stdout.strip().split("] [")
+    assert shape_text == "[1, 1000"
+    printed = np.array([float(v) for v in predictions_text.rstrip("]").split(",")], np.float32)
+    direct = infer(triton_client, "resnet50", {"input": np.zeros(IMAGE_SHAPE, np.float32)}, ["output"])
+    assert_close(printed, direct.outputs["output"][0, :10])
+
+
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v3_small"])
+def test_float_and_raw_requests_equal_direct_triton(stub, triton_client, model):
+    data = image(seed=21, batch=2)
+    direct = infer(triton_client, model, {"input": data}, ["output"]).outputs["output"]
+    floats = stub.Predict(inference_pb2.PredictRequest(data=data.ravel(), shape=data.shape, model_name=model))
+    raw = stub.Predict(
+        inference_pb2.PredictRequest(raw_data=data.tobytes(), dtype=inference_pb2.FP32, shape=data.shape, model_name=model)
+    )
+    for response in (floats, raw):
+        assert list(response.shape) == [2, 1000] and response.model_name == model
+        np.testing.assert_array_equal(np.array(response.predictions, np.float32).reshape(2, 1000), direct)
+    assert np.frombuffer(raw.outputs[0].raw_data, np.float32).reshape(2, 1000).tolist() == direct.tolist()
+
+
+def test_named_inputs_and_outputs_for_the_text_classifier(stub, triton_client):
+    ids = np.random.default_rng(5).integers(1, 1000, size=(1, 11), dtype=np.int64)
+    mask = np.ones_like(ids)
+    response = stub.Predict(
+        inference_pb2.PredictRequest(
+            model_name="text_classifier", request_id="txt-1",
+            inputs=[
+                inference_pb2.Tensor(name=n, dtype=inference_pb2.INT64, shape=list(a.shape), raw_data=a.tobytes())
+                for n, a in (("input_ids", ids), ("attention_mask", mask))
+            ],
+        )
+    )
+    direct = infer(triton_client, "text_classifier", {"input_ids": ids, "attention_mask": mask}, ["logits", "embedding"])
+    assert response.request_id == "txt-1" and list(response.shape) == [1, 2]
+    outputs = {t.name: np.frombuffer(t.raw_data, np.float32).reshape(t.shape) for t in response.outputs}
+    np.testing.assert_array_equal(outputs["logits"], direct.outputs["logits"])
+    np.testing.assert_array_equal(outputs["embedding"], direct.outputs["embedding"])
+    np.testing.assert_array_equal(np.array(response.predictions, np.float32), direct.outputs["logits"].ravel())
+
+
+def zeros(shape, **fields) -> inference_pb2.PredictRequest:
+    count = int(np.prod(shape)) if shape and all(d > 0 for d in shape) and np.prod(shape) < 10**7 else 10
+    return inference_pb2.PredictRequest(data=np.zeros(count, np.float32), shape=shape, **fields)
+
+
+@pytest.mark.parametrize(
+    ("request_", "code", "words"),
+    [
+        (inference_pb2.PredictRequest(data=[0.0] * 10, shape=IMAGE_SHAPE), "INVALID_ARGUMENT", "carries 10 values"),
+        (zeros([1, 3, 224, 0]), "INVALID_ARGUMENT", "at least 1"),
+        (zeros([1, 3, -224, 224]), "INVALID_ARGUMENT", "at least 1"),
+        (zeros([2**33, 3, 224, 224]), "INVALID_ARGUMENT", "dims above 2147483647"),
+        (zeros([3, 224, 224]), "INVALID_ARGUMENT", "wants rank 4"),
+        (zeros([1, 3, 224, 225]), "INVALID_ARGUMENT", "does not fit [-1, 3, 224, 224]"),
+        (zeros([17, 3, 224, 224]), "INVALID_ARGUMENT", "max_batch_size 16"),
+        (inference_pb2.PredictRequest(raw_data=np.zeros(IMAGE_SHAPE, np.int32).tobytes(), dtype=inference_pb2.INT32,
+                                      shape=IMAGE_SHAPE), "INVALID_ARGUMENT", "is INT32 but the model wants FP32"),
+        (zeros(IMAGE_SHAPE, model_name="resnet51"), "NOT_FOUND", "model 'resnet51' is not served; ready models:"),
+        (zeros(IMAGE_SHAPE, model_version="7"), "NOT_FOUND", "version '7' is not served"),
+        (zeros(IMAGE_SHAPE, model_version="latest"), "NOT_FOUND", "version 'latest' is not served"),
+        (inference_pb2.PredictRequest(model_name="text_classifier", inputs=[inference_pb2.Tensor(
+            name="ids", dtype=inference_pb2.INT64, shape=[1, 2], raw_data=bytes(16))]), "INVALID_ARGUMENT",
+         "unknown: ['ids']"),
+    ],
+)
+def test_bad_requests_get_a_clear_status_and_the_server_keeps_serving(stub, request_, code, words):
+    error = call_error(stub.Predict, request_)
+    assert error.code().name == code, error.details()
+    assert words in error.details()
+    assert "/" not in error.details().replace("[-1, 3", "")  # no paths or internals
+    assert list(stub.Predict(zeros(IMAGE_SHAPE, model_name="mobilenet_v3_small")).shape) == [1, 1000]
+
+
+def test_oversized_malformed_and_unknown_calls(facade, stub):
+    too_big = np.zeros(FACADE_MAX_MESSAGE_BYTES // 4 + 1024, np.float32)
+    error = call_error(stub.Predict, inference_pb2.PredictRequest(data=too_big, shape=[too_big.size]))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    channel = grpc.insecure_channel(facade.grpc_url)
+    raw_predict = channel.unary_unary("/inference.InferenceService/Predict")  # bytes in, bytes out
+    error = call_error(raw_predict, b"\x0a\xff\xff\xff\xff\x0f\x00")  # field 1 claims 4 GiB
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed PredictRequest" in error.details()
+    error = call_error(channel.unary_unary("/inference.InferenceService/Explain"), b"")
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    channel.close()
+    # A large valid request and its output still work.
+    batch = image(seed=1, batch=16)
+    response = stub.Predict(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape,
+                                                         model_name="mobilenet_v3_small"))
+    assert list(response.shape) == [16, 1000]
+
+
+def metrics_text(facade) -> str:
+    with urllib.request.urlopen(f"{facade.http_url}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_right(facade, stub):
+    # resnet50: slow enough that accepted calls hold their slots while the flood arrives.
+    model, count = "resnet50", 6 * FACADE_MAX_IN_FLIGHT
+    data = image(seed=9, batch=count)
+    rejected_before = metric_value(metrics_text(facade), "tritonnx_facade_rejections_total", reason="overloaded")
+    calls = []
+    for index in range(count):
+        request = inference_pb2.PredictRequest(raw_data=data[index].tobytes(), shape=IMAGE_SHAPE, model_name=model,
+                                               request_id=str(index))
+        future, finished = stub.Predict.future(request), {}
+        future.add_done_callback(lambda _, f=finished: f.setdefault("at", time.perf_counter()))
+        calls.append((time.perf_counter(), future, finished))
+    outcomes = []
+    for started, future, finished in calls:
+        try:
+            response = future.result(timeout=60)
+            outcomes.append(("OK", response, finished.get("at", time.perf_counter()) - started))
+        except grpc.RpcError as error:
+            outcomes.append((error.code().name, error, finished.get("at", time.perf_counter()) - started))
+
+    rejected = [o for o in outcomes if o[0] != "OK"]
+    accepted = [(i, o) for i, o in enumerate(outcomes) if o[0] == "OK"]
+    assert rejected and len(accepted) >= FACADE_MAX_IN_FLIGHT
+    assert {o[0] for o in rejected} == {"RESOURCE_EXHAUSTED"}
+    for _, error, _ in rejected:
+        assert dict(error.trailing_metadata()).get("grpc-retry-pushback-ms") == "100"
+    expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
+    for index, (_, response, _) in accepted:
+        assert response.request_id == str(index)
+        assert_close(np.array(response.predictions, np.float32), expected[index])
+    # Refused at once: every rejection ends before the typical accepted call.
+    assert max(o[2] for o in rejected) < float(np.median([o[2] for _, o in accepted]))
+    text = metrics_text(facade)
+    assert metric_value(text, "tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(rejected)
+    assert metric_value(text, "tritonnx_facade_in_flight_requests") == 0
+
+
+def busy_triton(stub, batches: int = 4) -> list:
+    """Keep both resnet50 instances busy with full batches (about a second each) so that new
+    requests queue behind them; returns once the batches have reached Triton."""
+    batch = image(seed=2, batch=16).tobytes()
+    load = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch, shape=[16, 3, 224, 224]))
+            for _ in range(batches)]
+    time.sleep(0.5)  # 10 MB each through the facade: let them arrive before the request under test
+    return load
+
+
+def test_the_callers_deadline_ends_the_call_and_frees_its_slot(facade, stub, triton_client):
+    load = busy_triton(stub)
+    started = time.perf_counter()
+    error = call_error(stub.Predict, zeros(IMAGE_SHAPE), timeout=0.3)
+    elapsed = time.perf_counter() - started
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert elapsed < 1.0, f"a 0.3 s deadline took {elapsed:.2f}s"
+    for future in load:
+        assert list(future.result(timeout=120).shape) == [16, 1000]
+    assert metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") == 0
+
+
+def test_a_cancelled_call_frees_its_slot(facade, stub):
+    load = busy_triton(stub)
+    future = stub.Predict.future(zeros(IMAGE_SHAPE))
+    time.sleep(0.2)
+    assert future.cancel()
+    deadline = time.monotonic() + 5
+    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") > len(load):
+        assert time.monotonic() < deadline, "the cancelled call still holds its slot"
+        time.sleep(0.05)
+    for call in load:
+        call.result(timeout=120)
+    text = metrics_text(facade)
+    assert metric_value(text, "tritonnx_facade_requests_total", model="resnet50", code="CANCELLED") >= 1
+
+
+def test_streaming_answers_every_request_by_id_and_survives_bad_ones(stub):
+    data = image(seed=4, batch=6)
+    requests = [
+        inference_pb2.PredictRequest(raw_data=data[i].tobytes(), shape=IMAGE_SHAPE, request_id=f"s{i}",
+                                     model_name="mobilenet_v3_small")
+        for i in range(6)
+    ]
+    requests.insert(3, inference_pb2.PredictRequest(data=[1.0] * 5, shape=IMAGE_SHAPE, request_id="bad",
+                                                    model_name="mobilenet_v3_small"))
+    responses = {r.request_id: r for r in stub.PredictStream(iter(requests), timeout=60)}
+    assert set(responses) == {f"s{i}" for i in range(6)} | {"bad"}
+    assert responses["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert "carries 5 values" in responses["bad"].error.message
+    expected = reference_session(onnx_file("mobilenet_v3_small")).run(["output"], {"input": data})[0]
+    for i in range(6):
+        assert not responses[f"s{i}"].HasField("error")
+        assert_close(np.array(responses[f"s{i}"].predictions, np.float32), expected[i])
+
+
+def test_health_reflection_and_metrics(facade, stub):
+    channel = grpc.insecure_channel(facade.grpc_url)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "inference.InferenceService"):
+        assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+    reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answer = next(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+    services = {s.name for s in answer.list_services_response.service}
+    assert {"inference.InferenceService", "grpc.health.v1.Health"} <= services
+    channel.close()
+
+    status, body = facade.health()
+    assert status == 200 and body["status"] == "SERVING" and body["model"] == "resnet50"
+    stub.Predict(zeros(IMAGE_SHAPE, model_name="mobilenet_v3_small"))
+    text = metrics_text(facade)
+    assert metric_value(text, "tritonnx_facade_requests_total", model="mobilenet_v3_small", code="OK") >= 1
+    assert metric_value(text, "tritonnx_facade_request_duration_seconds_count", model="mobilenet_v3_small") >= 1
+    assert metric_value(text, "tritonnx_facade_request_payload_bytes_sum", model="mobilenet_v3_small") >= 602112
+
+
+def test_a_second_facade_on_a_taken_port_refuses_to_start(facade):
+    done = subprocess.run(
+        [sys.executable, "-m", "client.facade", "--port", str(facade.grpc_port), "--http-port", str(free_ports(1)[0])],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{facade.grpc_port}" in done.stderr
+
+
+def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):
+    own = start_facade(triton, tmp_path, "--drain-seconds", "30")
+    channel = grpc.insecure_channel(own.grpc_url)
+    stub = inference_pb2_grpc.InferenceServiceStub(channel)
+    batch = image(seed=3, batch=16)
+    calls = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape))
+             for _ in range(3)]
+    time.sleep(0.3)
+    health_codes = []
+    watcher = threading.Thread(target=lambda: [health_codes.append(_health_code(own)) or time.sleep(0.05) for _ in range(10)])
+    os.kill(own.process.pid, signal.SIGTERM)
+    watcher.start()
+    for call in calls:
+        assert list(call.result(timeout=120).shape) == [16, 1000]
+    watcher.join()
+    assert own.process.wait(timeout=60) == 0
+    assert 200 not in health_codes
+    channel.close()
+
+
+def _health_code(facade) -> int | None:
+    try:
+        return facade.health()[0]
+    except OSError:
+        return None

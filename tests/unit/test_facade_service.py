@@ -1,0 +1,88 @@
+import subprocess
+import sys
+
+import grpc
+import pytest
+
+from client.facade import errors
+from client.facade.metrics import FacadeMetrics
+from client.facade.service import Admission
+from client.facade.settings import FacadeSettings, add_arguments, from_arguments
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+@pytest.mark.parametrize(
+    ("code", "kind"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
+        (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded),
+        (grpc.StatusCode.CANCELLED, errors.Cancelled),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.TooLarge),
+        (grpc.StatusCode.INTERNAL, errors.Internal),
+        (grpc.StatusCode.UNKNOWN, errors.Internal),
+    ],
+)
+def test_triton_errors_map_by_status_code(code, kind):
+    mapped = errors.from_triton(rpc_error(code, "Exceeds maximum queue size"), "resnet50", "")
+    assert type(mapped) is kind and mapped.code == kind.code
+    # The same code with another message maps the same way: the text never decides.
+    assert type(errors.from_triton(rpc_error(code, "something else"), "resnet50", "")) is kind
+
+
+def test_only_caller_facing_messages_pass_through():
+    invalid = errors.from_triton(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "[request id: 7] input 'x' is wrong"), "m", "2")
+    assert invalid.message == "model 'm' version 2 rejected the request: input 'x' is wrong"
+    internal = errors.from_triton(
+        rpc_error(grpc.StatusCode.INTERNAL, "Failed to open /dev/shm/triton_python_backend_shm_region_1"), "m", ""
+    )
+    assert "/dev/shm" not in internal.message and "server log" in internal.message
+
+
+def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
+    admission = Admission(limit=2, retry_after_ms=150, metrics=FacadeMetrics())
+    with admission.slot(), admission.slot():
+        with pytest.raises(errors.Overloaded) as caught:
+            with admission.slot():
+                pass
+        assert caught.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert caught.value.trailing_metadata == (("grpc-retry-pushback-ms", "150"),)
+        assert admission.in_flight == 2
+    assert admission.in_flight == 0
+    with admission.slot():  # freed slots are usable again
+        assert admission.in_flight == 1
+
+
+def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch):
+    import argparse
+
+    monkeypatch.setenv("TRITONNX_MAX_IN_FLIGHT", "7")
+    monkeypatch.setenv("TRITONNX_DEFAULT_MODEL", "mobilenet_v3_small")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = from_arguments(parser.parse_args(["--default-model", "text_classifier", "--health-interval", "0.5"]))
+    assert settings.max_in_flight == 7 and settings.default_model == "text_classifier"
+    assert settings.health_interval == 0.5 and settings.port == FacadeSettings.port
+
+
+def test_generated_protobuf_code_is_current(tmp_path):
+    """`make proto` output matches client/proto/inference.proto as it is now."""
+    from client.proto import inference_pb2
+
+    subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", "-I", ".", f"--descriptor_set_out={tmp_path / 'set.pb'}",
+         "client/proto/inference.proto"],
+        check=True,
+    )
+    from google.protobuf import descriptor_pb2
+
+    fresh = descriptor_pb2.FileDescriptorSet.FromString((tmp_path / "set.pb").read_bytes()).file[0]
+    for message in fresh.message_type:  # protoc adds json_name to descriptor sets, not to generated code
+        for field in message.field:
+            field.ClearField("json_name")
+    current = descriptor_pb2.FileDescriptorProto.FromString(inference_pb2.DESCRIPTOR.serialized_pb)
+    assert current == fresh, "client/proto/inference_pb2.py is stale: run `make proto`"

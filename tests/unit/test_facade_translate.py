@@ -1,0 +1,142 @@
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2
+
+from client.facade.errors import InvalidArgument
+from client.facade.translate import MAX_DIM, ModelInfo, TensorInfo, to_infer_request, to_predict_response
+from client.facade.wire import DecodedRequest
+from client.proto import inference_pb2
+
+VISION = ModelInfo(
+    "resnet50", "", (TensorInfo("input", "FP32", (-1, 3, 4, 4)),), (TensorInfo("output", "FP32", (-1, 10)),), 16
+)
+TEXT = ModelInfo(
+    "text_classifier",
+    "",
+    (TensorInfo("input_ids", "INT64", (-1, -1)), TensorInfo("attention_mask", "INT64", (-1, -1))),
+    (TensorInfo("logits", "FP32", (-1, 2)), TensorInfo("embedding", "FP32", (-1, 8))),
+    32,
+)
+
+
+def simple(data: np.ndarray | None, shape, **fields) -> DecodedRequest:
+    return DecodedRequest(inference_pb2.PredictRequest(shape=shape, **fields), data)
+
+
+def tensor(name: str, array: np.ndarray, dtype=inference_pb2.INT64) -> inference_pb2.Tensor:
+    return inference_pb2.Tensor(name=name, dtype=dtype, shape=list(array.shape), raw_data=array.tobytes())
+
+
+def test_data_becomes_one_raw_fp32_input():
+    data = np.arange(48, dtype=np.float32)
+    request = to_infer_request(simple(data, [1, 3, 4, 4], request_id="r1", priority=2), VISION, timeout_us=250_000)
+    assert request.model_name == "resnet50" and request.id == "r1"
+    assert [(i.name, i.datatype, list(i.shape)) for i in request.inputs] == [("input", "FP32", [1, 3, 4, 4])]
+    assert request.raw_input_contents == [data.tobytes()]
+    assert request.parameters["timeout"].int64_param == 250_000
+    assert request.parameters["priority"].uint64_param == 2
+    assert not request.outputs  # all outputs
+
+
+def test_raw_data_and_named_inputs_are_passed_as_bytes():
+    raw = np.ones((2, 3, 4, 4), np.float32)
+    request = to_infer_request(
+        DecodedRequest(inference_pb2.PredictRequest(raw_data=raw.tobytes(), shape=[2, 3, 4, 4]), None), VISION, None
+    )
+    assert request.raw_input_contents == [raw.tobytes()] and "timeout" not in request.parameters
+    ids = np.array([[5, 6, 7]], np.int64)
+    message = inference_pb2.PredictRequest(
+        model_name="text_classifier", inputs=[tensor("attention_mask", np.ones_like(ids)), tensor("input_ids", ids)],
+        output_names=["embedding"],
+    )
+    request = to_infer_request(DecodedRequest(message, None), TEXT, None)
+    assert [i.name for i in request.inputs] == ["attention_mask", "input_ids"]
+    assert request.raw_input_contents[1] == ids.tobytes()
+    assert [o.name for o in request.outputs] == ["embedding"]
+
+
+@pytest.mark.parametrize(
+    ("data_len", "shape", "message"),
+    [
+        (48, [], "has no shape"),
+        (48, [1, 3, 4, 0], "every dim must be at least 1"),
+        (48, [1, 3, -4, 4], "every dim must be at least 1"),
+        (48, [2**40, 3, 4, 4], f"dims above {MAX_DIM}"),
+        (48, [3, 4, 4], "wants rank 4"),
+        (48, [1, 3, 4, 5], "does not fit [-1, 3, 4, 4]"),
+        (17 * 48, [17, 3, 4, 4], "above the model's max_batch_size 16"),
+        (47, [1, 3, 4, 4], "carries 47 values but shape [1, 3, 4, 4] needs 48"),
+    ],
+)
+def test_simple_requests_that_do_not_fit_are_refused_with_the_reason(data_len, shape, message):
+    with pytest.raises(InvalidArgument) as caught:
+        to_infer_request(simple(np.zeros(data_len, np.float32), shape), VISION, None)
+    assert message in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        (inference_pb2.PredictRequest(shape=[1, 3, 4, 4]), "the request has no input"),
+        (inference_pb2.PredictRequest(raw_data=b"\0" * 192, dtype=inference_pb2.INT32, shape=[1, 3, 4, 4]),
+         "is INT32 but the model wants FP32"),
+        (inference_pb2.PredictRequest(raw_data=b"\0" * 191, shape=[1, 3, 4, 4]), "191 bytes is not a whole number"),
+        (inference_pb2.PredictRequest(raw_data=b"\0" * 192, shape=[1, 3, 4, 4], output_names=["nope"]),
+         "unknown output(s) ['nope']"),
+    ],
+)
+def test_extended_requests_that_do_not_fit_are_refused(message, text):
+    with pytest.raises(InvalidArgument, match=None) as caught:
+        to_infer_request(DecodedRequest(message, None), VISION, None)
+    assert text in caught.value.message
+
+
+def test_data_and_raw_data_together_are_ambiguous():
+    decoded = DecodedRequest(inference_pb2.PredictRequest(raw_data=b"\0" * 192, shape=[1, 3, 4, 4]), np.zeros(48, np.float32))
+    with pytest.raises(InvalidArgument, match="sets data and raw_data"):
+        to_infer_request(decoded, VISION, None)
+
+
+def test_data_is_fp32_only():
+    with pytest.raises(InvalidArgument, match="`data` holds FP32 values"):
+        to_infer_request(simple(np.zeros(48, np.float32), [1, 3, 4, 4], dtype=inference_pb2.INT64), VISION, None)
+
+
+def test_a_multi_input_model_needs_named_inputs():
+    with pytest.raises(InvalidArgument, match="takes 2 inputs .*send them by name"):
+        to_infer_request(simple(np.zeros(3, np.float32), [1, 3]), TEXT, None)
+    ids = np.ones((1, 3), np.int64)
+    wrong = inference_pb2.PredictRequest(inputs=[tensor("input_ids", ids), tensor("token_type_ids", ids)])
+    with pytest.raises(InvalidArgument) as caught:
+        to_infer_request(DecodedRequest(wrong, None), TEXT, None)
+    assert "unknown: ['token_type_ids']" in caught.value.message and "missing: ['attention_mask']" in caught.value.message
+
+
+def infer_response(*outputs: tuple[str, np.ndarray, str]) -> service_pb2.ModelInferResponse:
+    response = service_pb2.ModelInferResponse(model_name="text_classifier", model_version="1")
+    for name, array, datatype in outputs:
+        response.outputs.append(
+            service_pb2.ModelInferResponse.InferOutputTensor(name=name, datatype=datatype, shape=list(array.shape))
+        )
+        response.raw_output_contents.append(array.tobytes())
+    return response
+
+
+def test_the_response_carries_the_first_output_as_predictions():
+    logits, embedding = np.array([[0.25, -1.5]], np.float32), np.arange(8, dtype=np.float32).reshape(1, 8)
+    response = infer_response(("logits", logits, "FP32"), ("embedding", embedding, "FP32"))
+    encoded = to_predict_response(inference_pb2.PredictRequest(request_id="abc"), TEXT, response)
+    np.testing.assert_array_equal(encoded.predictions, logits.ravel())
+    assert list(encoded.message.shape) == [1, 2] and encoded.message.request_id == "abc"
+    assert encoded.message.model_version == "1" and not encoded.message.outputs
+
+
+def test_extended_requests_also_get_every_output_by_name():
+    logits, embedding = np.array([[0.25, -1.5]], np.float32), np.ones((1, 8), np.float32)
+    response = infer_response(("embedding", embedding, "FP32"), ("logits", logits, "FP32"))
+    request = inference_pb2.PredictRequest(output_names=["embedding", "logits"])
+    encoded = to_predict_response(request, TEXT, response)
+    np.testing.assert_array_equal(encoded.predictions, embedding.ravel())  # the first requested
+    by_name = {t.name: t for t in encoded.message.outputs}
+    assert np.frombuffer(by_name["logits"].raw_data, np.float32).tolist() == [0.25, -1.5]
+    assert by_name["embedding"].dtype == inference_pb2.FP32 and list(by_name["embedding"].shape) == [1, 8]
