@@ -50,7 +50,7 @@ serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 
 	$(PY) -m client.serve
 
 test: setup ## Run the whole test suite (unit tests, then integration tests against a real tritonserver)
-	$(PY) -m pytest $(PYTEST_ARGS) tests
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
 
 unit: venv proto ## Run the fast unit tests only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
