@@ -13,8 +13,9 @@ MODELS := resnet50 mobilenet_v3_small text_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
 PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: help setup apt venv proto models serve test unit clean
+.PHONY: help setup apt venv proto models serve test unit bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -30,10 +31,10 @@ apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's l
 
 venv: apt $(STAMP) ## Create .venv with the pinned Python dependencies and tritonserver 2.51
 
-$(STAMP): requirements.txt requirements-serving.txt pyproject.toml
+$(STAMP): requirements.txt requirements-serving.txt bench/requirements-bench.txt pyproject.toml
 	@echo ">> creating $(VENV) with pinned dependencies (first run: a few minutes)"
 	@[ -x $(PY) ] || $(PYTHON_SYSTEM) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	$(PY) -m pip install --quiet -r requirements.txt -r bench/requirements-bench.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used, not its Python API.
 	$(PY) -m pip install --quiet --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
@@ -54,6 +55,9 @@ test: setup ## Run the whole test suite (unit tests, then integration tests agai
 
 unit: venv proto ## Run the fast unit tests only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
+
+bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH_ARGS="--models mobilenet_v3_small ...")
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean: ## Remove the venv, build outputs and generated models
 	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -80,6 +81,18 @@ def assemble_backend_dir(dest: Path, install: TritonInstall) -> Path:
             link.unlink()
         link.symlink_to(source)
     return dest
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS has just handed out as free, for servers started next to `make serve`."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass(frozen=True)

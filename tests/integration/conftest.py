@@ -6,28 +6,16 @@ and a failing test shows the tail of the server log.
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from backend.demo_models import generate
-from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer
+from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from client.serve import FacadeProcess
 
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier")
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="session")

@@ -17,12 +17,11 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from backend.tritonserver import PROJECT_ROOT
+from backend.tritonserver import PROJECT_ROOT, free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.integration.conftest import (
     FACADE_MAX_IN_FLIGHT,
     FACADE_MAX_MESSAGE_BYTES,
-    free_ports,
     onnx_file,
     start_facade,
 )

@@ -1,0 +1,151 @@
+"""python -m bench: the whole benchmark in one run (make bench).
+
+For each model, interleaved so that the machine's drift shows: the in-process limit, Triton
+direct (perf_analyzer, and the project's load generator), the facade, the FastAPI baseline in
+its two setups, the limit again; then start-up time and memory of each server. Writes
+bench/results/<timestamp>/{report.md,results.json,*.png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
+from bench import loadgen
+from bench.baseline.process import FastApiBaseline
+from bench.limit import measure_limit
+from bench.perf import run_perf_analyzer
+from bench.report import write_report
+from bench.resources import measure_triton_startup, tree_memory
+from client.serve import FacadeProcess
+
+REPOSITORY = PROJECT_ROOT / "model_repository"
+CORES = len(os.sched_getaffinity(0))
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def sweep(label: str, make_target, concurrencies: list[int], duration: float) -> list[dict]:
+    points = []
+    for concurrency in concurrencies:
+        result = loadgen.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
+        point = result.as_dict()
+        points.append(point)
+        say(
+            f"  {label} c={concurrency}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+            f"p99 {point['p99_ms']:.2f} ms, client CPU {point['client_cpu']:.2f}, errors {sum(point['errors'].values())}"
+        )
+    return points
+
+
+def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
+    onnx_file = REPOSITORY / model / "1" / "model.onnx"
+    data: dict = {"servers": {}}
+    say(f"{model}: limit (in-process ONNX Runtime, {CORES} threads) ...")
+    before = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
+    say(f"  best {before.best[1]:.1f} img/s ({before.best[0]}), single image p50 {before.single_p50_ms:.2f} ms")
+
+    triton = TritonServer(model_repository=REPOSITORY, ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
+                          log_file=workdir / f"tritonserver-{model}.log")
+    grpc_port, http_port = free_ports(2)
+    facade = FacadeProcess(
+        grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=workdir / f"facade-{model}.log",
+        # The health probe runs real inferences: keep it rare and on the model under test.
+        extra_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
+    )
+    say(f"{model}: Triton direct and the facade ...")
+    triton.start()
+    try:
+        triton.wait_ready(180)
+        facade.start()
+        facade.wait_ready()
+        data["perf_analyzer"] = []
+        for concurrency in args.concurrency:
+            point = run_perf_analyzer(model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000))
+            data["perf_analyzer"].append(point.as_dict())
+            say(
+                f"  perf_analyzer c={concurrency}: {point.throughput:.1f} img/s, p50 {point.p50_ms:.2f} ms, "
+                f"p99 {point.p99_ms:.2f} ms, queue {point.server_queue_ms:.2f} ms, avg batch {point.avg_batch:.2f}"
+            )
+        data["loadgen_kserve"] = sweep("Triton direct", lambda: loadgen.KServeTarget(triton.grpc_url, model, 1),
+                                       args.concurrency, args.duration)
+        data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),
+                               args.concurrency, args.duration)
+        data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
+        data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
+    finally:
+        facade.stop()
+        triton.stop()
+
+    data["fastapi"] = {}
+    if not args.skip_fastapi:
+        for workers in sorted({1, CORES}):
+            name = f"{workers} worker(s) x {max(1, CORES // workers)} thread(s)"
+            say(f"{model}: FastAPI baseline, {name} ...")
+            with FastApiBaseline(onnx_file, free_ports(1)[0], workers, max(1, CORES // workers),
+                                 log_file=workdir / f"fastapi-{model}-{workers}.log") as server:
+                server.wait_ready(120)
+                memory = tree_memory(server.pid).as_dict()
+                points = sweep(f"FastAPI {workers}w", lambda: loadgen.HttpTarget(server.url, 1), args.concurrency, args.duration)
+            for point in points:
+                point["setup"] = name
+            data["fastapi"][name] = {"points": points}
+            data["servers"][f"FastAPI {name}"] = {"ready_seconds": round(server.startup_seconds, 2), **memory}
+
+    say(f"{model}: limit again ...")
+    after = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
+    say(f"  best {after.best[1]:.1f} img/s ({after.best[0]})")
+    data["limit"] = {
+        "before": before.best[1], "after": after.best[1], "images_per_s": (before.best[1] + after.best[1]) / 2,
+        "layout": before.best[0], "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
+        "single_p99_ms": (before.single_p99_ms + after.single_p99_ms) / 2,
+        "details": [before.as_dict(), after.as_dict()],
+    }
+    say(f"{model}: tritonserver start-up with only this model ...")
+    startup = measure_triton_startup(model, Ports(*free_ports(3)))
+    data["servers"][f"tritonserver ({model} only, idle)"] = startup.as_dict()
+    say(f"  READY after {startup.ready_seconds:.2f}s, PSS {startup.memory.pss_mib:.0f} MiB")
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Benchmark tritonnx against in-process ONNX Runtime and a FastAPI baseline, in one run.",
+        epilog="Example: python -m bench --models mobilenet_v3_small --concurrency 1 4 16 --duration 5",
+    )
+    parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_small"])
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per measured point; default: %(default)s")
+    parser.add_argument("--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s")
+    parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
+    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")
+    args = parser.parse_args(argv)
+
+    started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or PROJECT_ROOT / "bench" / "results" / started
+    workdir = out / "logs"
+    workdir.mkdir(parents=True, exist_ok=True)
+    results = {
+        "started": started,
+        "machine": f"{platform.machine()}, {CORES} cores, {platform.platform()}, Python {platform.python_version()}",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "models": {},
+    }
+    for model in args.models:
+        results["models"][model] = bench_model(model, args, workdir)
+        write_report(out, results)  # a partial report survives an interrupted run
+    say(f"report: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

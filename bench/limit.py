@@ -1,0 +1,90 @@
+"""The limit to compare with: the same .onnx file run in-process by ONNX Runtime, no server.
+
+With the machine's whole thread budget, in the two ways a server could spend it: one session
+with all threads, or one single-thread session per core running side by side (ONNX Runtime
+releases the GIL while it runs). The better of the two is the limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+
+@dataclass
+class LimitResult:
+    model: str
+    threads: int
+    images_per_s: dict[str, float] = field(default_factory=dict)  # "<layout> b<batch>" -> images/s
+    single_p50_ms: float = 0.0
+    single_p99_ms: float = 0.0
+
+    @property
+    def best(self) -> tuple[str, float]:
+        return max(self.images_per_s.items(), key=lambda item: item[1])
+
+    def as_dict(self) -> dict:
+        layout, value = self.best
+        return {**asdict(self), "best_layout": layout, "best_images_per_s": value}
+
+
+def _session(onnx_file: Path, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
+
+
+def _images(batch: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
+
+
+def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> float:
+    """Images per second with every session looping on its own thread for `seconds`."""
+    data = _images(batch)
+    name = sessions[0].get_inputs()[0].name
+    for session in sessions:  # warm up: first runs allocate
+        session.run(None, {name: data})
+    counts = [0] * len(sessions)
+    stop_at = time.perf_counter() + seconds
+
+    def loop(index: int) -> None:
+        while time.perf_counter() < stop_at:
+            sessions[index].run(None, {name: data})
+            counts[index] += 1
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(sessions))]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) * batch / (time.perf_counter() - started)
+
+
+def measure_limit(
+    onnx_file: Path, model: str, threads: int = 2, batches: tuple[int, ...] = (1, 4, 8, 16), seconds: float = 3.0
+) -> LimitResult:
+    result = LimitResult(model=model, threads=threads)
+    whole = _session(onnx_file, threads)
+    per_core = [_session(onnx_file, 1) for _ in range(threads)]
+    for batch in batches:
+        result.images_per_s[f"1x{threads}threads b{batch}"] = _throughput([whole], batch, seconds)
+        result.images_per_s[f"{threads}x1thread b{batch}"] = _throughput(per_core, batch, seconds)
+
+    # Single-image latency of a lone request: the whole thread budget on one image.
+    data, name = _images(1), whole.get_inputs()[0].name
+    latencies = []
+    stop_at = time.perf_counter() + seconds
+    while time.perf_counter() < stop_at or len(latencies) < 20:
+        started = time.perf_counter()
+        whole.run(None, {name: data})
+        latencies.append((time.perf_counter() - started) * 1000)
+    result.single_p50_ms = float(np.percentile(latencies, 50))
+    result.single_p99_ms = float(np.percentile(latencies, 99))
+    return result

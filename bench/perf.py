@@ -1,0 +1,108 @@
+"""perf_analyzer (from the tritonclient 2.51 wheel) against Triton over KServe v2 gRPC.
+
+One run per concurrency, bounded by perf_analyzer's measurement window and trial count; the
+figures come from its verbose CSV (client latencies, server-side queue and compute times) and its
+report of inference and execution counts (the average batch size Triton formed).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+import resource
+import subprocess
+import sysconfig
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+VENV_BIN = Path(sysconfig.get_paths()["scripts"])
+CUDA_RUNTIME_LIB = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cuda_runtime" / "lib"
+
+
+class PerfAnalyzerError(RuntimeError):
+    """perf_analyzer failed or printed something this module cannot read."""
+
+
+@dataclass(frozen=True)
+class PerfPoint:
+    model: str
+    concurrency: int
+    batch: int
+    throughput: float  # inferences (images) per second
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    avg_ms: float
+    server_queue_ms: float
+    server_compute_input_ms: float
+    server_compute_infer_ms: float
+    server_compute_output_ms: float
+    inference_count: int
+    execution_count: int
+    client_cpu: float = 0.0  # perf_analyzer's own CPU seconds per wall second (1.0 = one core)
+
+    @property
+    def avg_batch(self) -> float:
+        return self.inference_count / self.execution_count if self.execution_count else 0.0
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "avg_batch": round(self.avg_batch, 2)}
+
+
+def environment() -> dict[str, str]:
+    """perf_analyzer links libcudart.so.12 even without a GPU; the PyPI runtime package has it."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(CUDA_RUNTIME_LIB), env.get("LD_LIBRARY_PATH")]))
+    return env
+
+
+def run_perf_analyzer(
+    model: str, url: str, concurrency: int, batch: int = 1, measurement_ms: int = 4000, max_trials: int = 5
+) -> PerfPoint:
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "perf.csv"
+        command = [
+            str(VENV_BIN / "perf_analyzer"), "-m", model, "-i", "grpc", "-u", url, "-b", str(batch),
+            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(measurement_ms),
+            "--max-trials", str(max_trials), "--stability-percentage", "15", "-f", str(report), "--verbose-csv",
+        ]
+        before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300, check=False)
+        after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
+        if done.returncode != 0 or not report.exists():
+            raise PerfAnalyzerError(f"perf_analyzer exited with {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        return parse(model, batch, report.read_text(), done.stdout, client_cpu=cpu / wall)
+
+
+def parse(model: str, batch: int, csv_text: str, stdout: str, client_cpu: float = 0.0) -> PerfPoint:
+    rows = list(csv.DictReader(io.StringIO(csv_text)))
+    if not rows:
+        raise PerfAnalyzerError("perf_analyzer wrote no measurement")
+    row = rows[-1]
+    counts = re.findall(r"Inference count: (\d+)\s+Execution count: (\d+)", stdout)
+    if not counts:
+        raise PerfAnalyzerError("perf_analyzer printed no server-side inference/execution counts")
+    inferences, executions = (int(v) for v in counts[-1])
+    us = lambda key: float(row[key]) / 1000.0  # noqa: E731 - microseconds to milliseconds
+    return PerfPoint(
+        model=model,
+        concurrency=int(row["Concurrency"]),
+        batch=batch,
+        throughput=float(row["Inferences/Second"]),
+        p50_ms=us("p50 latency"),
+        p95_ms=us("p95 latency"),
+        p99_ms=us("p99 latency"),
+        avg_ms=us("Avg latency"),
+        server_queue_ms=us("Server Queue"),
+        server_compute_input_ms=us("Server Compute Input"),
+        server_compute_infer_ms=us("Server Compute Infer"),
+        server_compute_output_ms=us("Server Compute Output"),
+        inference_count=inferences,
+        execution_count=executions,
+        client_cpu=client_cpu,
+    )

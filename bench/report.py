@@ -1,0 +1,152 @@
+"""Write a benchmark run's results: results.json, report.md and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _ratio(value: float | None, reference: float | None) -> str:
+    return f"{value / reference:.2f}x" if value and reference else "n/a"
+
+
+def _best(points: list[dict], key: str = "images_per_s") -> dict | None:
+    return max(points, key=lambda p: p[key]) if points else None
+
+
+def summary_rows(model: str, data: dict) -> list[str]:
+    limit = data["limit"]["images_per_s"]
+    direct = _best(data["perf_analyzer"], "throughput")
+    kserve = _best(data["loadgen_kserve"])
+    facade = _best(data["facade"])
+    fastapi = _best([p for setup in data["fastapi"].values() for p in setup["points"]])
+    one = next((p for p in data["perf_analyzer"] if p["concurrency"] == 1), None)
+    facade_at = {p["concurrency"]: p for p in data["facade"]}
+    kserve_at = {p["concurrency"]: p for p in data["loadgen_kserve"]}
+    c16 = 16 if 16 in facade_at and 16 in kserve_at else None
+    rows = [
+        f"| limit: in-process ONNX Runtime ({data['limit']['layout']}) | {limit:.1f} img/s | 1.00x | |",
+        f"| Triton direct, perf_analyzer (best, c={direct['concurrency']}) | {direct['throughput']:.1f} img/s | "
+        f"{_ratio(direct['throughput'], limit)} | {_ratio(direct['throughput'], fastapi and fastapi['images_per_s'])} vs FastAPI |",
+        f"| Triton direct, project load generator (best, c={kserve['concurrency']}) | {kserve['images_per_s']:.1f} img/s | "
+        f"{_ratio(kserve['images_per_s'], limit)} | |",
+        f"| facade (best, c={facade['concurrency']}) | {facade['images_per_s']:.1f} img/s | {_ratio(facade['images_per_s'], limit)} | "
+        f"{_ratio(facade['images_per_s'], kserve['images_per_s'])} vs Triton direct (same generator) |",
+    ]
+    if c16:
+        rows.append(
+            f"| facade vs Triton direct at c=16 | {facade_at[16]['images_per_s']:.1f} vs {kserve_at[16]['images_per_s']:.1f} img/s | "
+            f"{_ratio(facade_at[16]['images_per_s'], kserve_at[16]['images_per_s'])} | p50 +"
+            f"{facade_at[16]['p50_ms'] - kserve_at[16]['p50_ms']:.2f} ms |"
+        )
+    if fastapi:
+        rows.append(
+            f"| FastAPI + uvicorn + ONNX Runtime (best: {fastapi['setup']}, c={fastapi['concurrency']}) | "
+            f"{fastapi['images_per_s']:.1f} img/s | {_ratio(fastapi['images_per_s'], limit)} | |"
+        )
+    if one:
+        rows.append(
+            f"| c=1 p50, Triton direct vs in-process single image | {one['p50_ms']:.2f} vs {data['limit']['single_p50_ms']:.2f} ms | | "
+            f"+{one['p50_ms'] - data['limit']['single_p50_ms']:.2f} ms |"
+        )
+    return rows
+
+
+def write_report(out: Path, results: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"# tritonnx benchmark {results['started']}",
+        "",
+        f"Machine: {results['machine']}. Every figure below comes from this one run; the machine's speed drifts, "
+        "so compare ratios, not absolute numbers. The limit is the mean of the in-process measurement taken before "
+        "and after the servers of each model.",
+        "",
+    ]
+    for model, data in results["models"].items():
+        lines += [
+            f"## {model}",
+            "",
+            "| what | throughput | vs limit | other |",
+            "|---|---|---|---|",
+            *summary_rows(model, data),
+            "",
+            f"Limit before / after the servers: {data['limit']['before']:.1f} / {data['limit']['after']:.1f} img/s "
+            f"(single image p50 {data['limit']['single_p50_ms']:.2f} ms).",
+            "",
+            "### Triton direct (perf_analyzer, KServe gRPC)",
+            "",
+            "| c | img/s | p50 ms | p95 ms | p99 ms | queue ms | compute in/infer/out ms | avg batch | client CPU |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in data["perf_analyzer"]:
+            lines.append(
+                f"| {p['concurrency']} | {p['throughput']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | {p['p99_ms']:.2f} | "
+                f"{p['server_queue_ms']:.2f} | {p['server_compute_input_ms']:.2f} / {p['server_compute_infer_ms']:.2f} / "
+                f"{p['server_compute_output_ms']:.2f} | {p['avg_batch']:.2f} | {p['client_cpu']:.2f} |"
+            )
+        lines += [
+            "",
+            "### Project load generator: Triton direct vs the facade, and the FastAPI baseline",
+            "",
+            "Client CPU is the load generator's own share of one core (it runs on the same 2 cores).",
+            "",
+            "| target | c | img/s | p50 ms | p95 ms | p99 ms | client CPU | errors |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        sweeps = [("Triton direct", data["loadgen_kserve"]), ("facade", data["facade"])]
+        sweeps += [(f"FastAPI {name}", setup["points"]) for name, setup in data["fastapi"].items()]
+        for name, points in sweeps:
+            for p in points:
+                lines.append(
+                    f"| {name} | {p['concurrency']} | {p['images_per_s']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | "
+                    f"{p['p99_ms']:.2f} | {p['client_cpu']:.2f} | {sum(p['errors'].values()) or ''} |"
+                )
+        lines += ["", "### Start-up and memory", "", "| server | ready s | RSS MiB | PSS MiB | processes |", "|---|---|---|---|---|"]
+        for name, item in data["servers"].items():
+            lines.append(
+                f"| {name} | {item.get('ready_seconds', 'n/a')} | {item['rss_mib']} | {item['pss_mib']} | {item['processes']} |"
+            )
+        lines += ["", f"![throughput]({model}_throughput.png)", f"![latency]({model}_latency.png)", ""]
+        plot_model(out, model, data)
+    (out / "report.md").write_text("\n".join(lines))
+
+
+def plot_model(out: Path, model: str, data: dict) -> None:
+    series = {
+        "Triton direct (perf_analyzer)": [(p["concurrency"], p["throughput"], p["p50_ms"], p["p99_ms"]) for p in data["perf_analyzer"]],
+        "Triton direct (project generator)": [
+            (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["loadgen_kserve"]
+        ],
+        "facade": [(p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["facade"]],
+    }
+    for name, setup in data["fastapi"].items():
+        series[f"FastAPI {name}"] = [(p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in setup["points"]]
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name, points in series.items():
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
+    axis.axhline(data["limit"]["images_per_s"], color="black", linestyle="--", label="limit (in-process ORT)")
+    axis.set(xscale="log", xlabel="concurrency", ylabel="images / s", title=f"{model}: throughput")
+    axis.set_xticks([p[0] for p in series["facade"]], [str(p[0]) for p in series["facade"]])
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(out / f"{model}_throughput.png", dpi=110)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(8, 5))
+    for name, points in series.items():
+        line = axis.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=f"{name} p50")[0]
+        axis.plot([p[0] for p in points], [p[3] for p in points], marker="x", linestyle=":", color=line.get_color(),
+                  label=f"{name} p99")
+    axis.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="latency ms", title=f"{model}: latency")
+    axis.set_xticks([p[0] for p in series["facade"]], [str(p[0]) for p in series["facade"]])
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(out / f"{model}_latency.png", dpi=110)
+    plt.close(figure)

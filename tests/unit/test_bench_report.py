@@ -1,0 +1,73 @@
+"""The benchmark's parsing of perf_analyzer output and its report, on recorded/synthetic data."""
+
+import json
+
+import pytest
+
+from bench.perf import PerfAnalyzerError, parse
+from bench.report import write_report
+
+CSV = (
+    "Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+    "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,"
+    "Avg latency,request/response,response wait\n"
+    "16,433.379,77,5062,5180,667,23514,2319,2,35618,55923,63483,78976,36824,79,36684\n"
+)
+STDOUT = """Request concurrency: 16
+  Server:
+    Inference count: 6335
+    Execution count: 1237
+    Successful request count: 6335
+"""
+
+
+def test_perf_analyzer_csv_and_counts_are_read():
+    point = parse("mobilenet_v3_small", 1, CSV, STDOUT, client_cpu=0.4)
+    assert point.concurrency == 16 and point.throughput == pytest.approx(433.379)
+    assert point.p50_ms == pytest.approx(35.618) and point.p99_ms == pytest.approx(78.976)
+    assert point.server_queue_ms == pytest.approx(5.18) and point.server_compute_infer_ms == pytest.approx(23.514)
+    assert point.avg_batch == pytest.approx(6335 / 1237)
+    assert point.as_dict()["avg_batch"] == 5.12 and point.client_cpu == 0.4
+
+
+def test_unreadable_perf_analyzer_output_is_an_error():
+    with pytest.raises(PerfAnalyzerError, match="no measurement"):
+        parse("m", 1, CSV.splitlines()[0] + "\n", STDOUT)
+    with pytest.raises(PerfAnalyzerError, match="inference/execution counts"):
+        parse("m", 1, CSV, "nothing here")
+
+
+def load_point(concurrency: int, images: float, p50: float) -> dict:
+    return {"concurrency": concurrency, "images_per_s": images, "p50_ms": p50, "p95_ms": p50 * 1.5,
+            "p99_ms": p50 * 2, "client_cpu": 0.3, "errors": {}}
+
+
+def test_report_gives_ratios_tables_and_plots(tmp_path):
+    perf = parse("mobilenet_v3_small", 1, CSV, STDOUT).as_dict()
+    perf_c1 = dict(perf, concurrency=1, throughput=120.0, p50_ms=3.0)
+    results = {
+        "started": "20261122T000000Z",
+        "machine": "test",
+        "settings": {},
+        "models": {
+            "mobilenet_v3_small": {
+                "limit": {"images_per_s": 800.0, "before": 790.0, "after": 810.0, "layout": "2x1thread b4",
+                          "single_p50_ms": 2.0, "single_p99_ms": 3.0},
+                "perf_analyzer": [perf_c1, perf],
+                "loadgen_kserve": [load_point(1, 110.0, 3.5), load_point(16, 400.0, 40.0)],
+                "facade": [load_point(1, 100.0, 4.0), load_point(16, 380.0, 42.0)],
+                "fastapi": {"2 worker(s) x 1 thread(s)": {"points": [
+                    dict(load_point(1, 90.0, 5.0), setup="2 worker(s) x 1 thread(s)"),
+                    dict(load_point(16, 300.0, 50.0), setup="2 worker(s) x 1 thread(s)")]}},
+                "servers": {"tritonserver": {"ready_seconds": 1.5, "rss_mib": 200.0, "pss_mib": 150.0, "processes": 3}},
+            }
+        },
+    }
+    write_report(tmp_path, results)
+    report = (tmp_path / "report.md").read_text()
+    assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
+    assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
+    assert "| c=1 p50, Triton direct vs in-process single image | 3.00 vs 2.00 ms | | +1.00 ms |" in report
+    assert json.loads((tmp_path / "results.json").read_text())["models"]["mobilenet_v3_small"]["limit"]["layout"]
+    for name in ("mobilenet_v3_small_throughput.png", "mobilenet_v3_small_latency.png"):
+        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
