@@ -14,8 +14,9 @@ ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
 PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+TUNE_ARGS ?=
 
-.PHONY: help setup apt venv proto models serve test unit bench clean
+.PHONY: help setup apt venv proto models serve test unit bench tune clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -58,6 +59,10 @@ unit: venv proto ## Run the fast unit tests only
 
 bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH_ARGS="--models mobilenet_v3_small ...")
 	$(PY) -m bench $(BENCH_ARGS)
+
+tune: setup ## Tune a model's policy with perf_analyzer and write it into its config.pbtxt (MODEL=..., TUNE_ARGS=...)
+	@[ -n "$(MODEL)" ] || { echo "usage: make tune MODEL=mobilenet_v3_small [TUNE_ARGS='--instances 1 2 3']"; exit 2; }
+	$(PY) -m bench.tune --model $(MODEL) $(TUNE_ARGS)
 
 clean: ## Remove the venv, build outputs and generated models
 	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

@@ -3,7 +3,8 @@
 The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written for it keeps
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
 `enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage`, any
-`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`.
+`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`. When the instances'
+threads add up to more than the cores, intra-op threads do not spin-wait unless the config says so.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ _GRAPH_LEVELS = {
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
+
+
+SPINNING = "session.intra_op.allow_spinning"
 
 
 def available_cores() -> int:
@@ -77,8 +81,15 @@ class SessionSettings:
         """
         params = _parameters(model_config)
         cores = cores or available_cores()
-        fair_share = max(1, cores // cpu_instance_count(model_config))
+        instances = cpu_instance_count(model_config)
+        fair_share = max(1, cores // instances)
         intra = _as_int("intra_op_thread_count", params.get("intra_op_thread_count", "0")) or fair_share
+        entries = {k: v for k, v in params.items() if k.startswith("session.")}
+        if intra * instances > cores:
+            # More threads than cores: a thread that spin-waits for work steals the core another
+            # instance is computing on. Measured on resnet50 (2 instances x 2 threads, 2 cores):
+            # single-request latency 76 ms with spinning, 45 ms without.
+            entries.setdefault(SPINNING, "0")
         inter = _as_int("inter_op_thread_count", params.get("inter_op_thread_count", "0")) or 1
         mode = _as_int("execution_mode", params.get("execution_mode", "0"))
         if mode not in (0, 1):
@@ -94,7 +105,7 @@ class SessionSettings:
             arena_shrinkage=_as_bool(
                 "memory.enable_memory_arena_shrinkage", params.get("memory.enable_memory_arena_shrinkage", "0")
             ),
-            session_entries={k: v for k, v in params.items() if k.startswith("session.")},
+            session_entries=entries,
         )
 
     def session_options(self) -> ort.SessionOptions:
@@ -121,5 +132,6 @@ class SessionSettings:
         return (
             f"intra_op_threads={self.intra_op_threads} inter_op_threads={self.inter_op_threads} "
             f"execution_mode={'parallel' if self.parallel_execution else 'sequential'} "
-            f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)}"
+            f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)} "
+            f"spinning={self.session_entries.get(SPINNING, '1')}"
         )

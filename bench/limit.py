@@ -77,14 +77,19 @@ def measure_limit(
         result.images_per_s[f"1x{threads}threads b{batch}"] = _throughput([whole], batch, seconds)
         result.images_per_s[f"{threads}x1thread b{batch}"] = _throughput(per_core, batch, seconds)
 
-    # Single-image latency of a lone request: the whole thread budget on one image.
+    # Single-image latency of a lone request, with the thread count that serves it fastest
+    # (small models lose more to thread synchronisation than they gain from a second thread).
     data, name = _images(1), whole.get_inputs()[0].name
-    latencies = []
-    stop_at = time.perf_counter() + seconds
-    while time.perf_counter() < stop_at or len(latencies) < 20:
-        started = time.perf_counter()
-        whole.run(None, {name: data})
-        latencies.append((time.perf_counter() - started) * 1000)
-    result.single_p50_ms = float(np.percentile(latencies, 50))
-    result.single_p99_ms = float(np.percentile(latencies, 99))
+    best: list[float] | None = None
+    for session in (whole, per_core[0]):
+        latencies = []
+        stop_at = time.perf_counter() + seconds / 2
+        while time.perf_counter() < stop_at or len(latencies) < 10:
+            started = time.perf_counter()
+            session.run(None, {name: data})
+            latencies.append((time.perf_counter() - started) * 1000)
+        if best is None or np.percentile(latencies, 50) < np.percentile(best, 50):
+            best = latencies
+    result.single_p50_ms = float(np.percentile(best, 50))
+    result.single_p99_ms = float(np.percentile(best, 99))
     return result

@@ -61,14 +61,30 @@ def environment() -> dict[str, str]:
 
 
 def run_perf_analyzer(
-    model: str, url: str, concurrency: int, batch: int = 1, measurement_ms: int = 4000, max_trials: int = 5
+    model: str,
+    url: str,
+    concurrency: int,
+    batch: int = 1,
+    measurement_ms: int = 4000,
+    max_trials: int = 3,
+    shared_memory: bool = False,
+    shapes: tuple[str, ...] = (),
+    input_data: str = "random",
 ) -> PerfPoint:
+    """One perf_analyzer measurement. With `shared_memory`, inputs and outputs travel through
+    system shared memory registered once, as a local client of Triton can do: the client's
+    copies then cost next to nothing on the cores the server runs on. `shapes` are perf_analyzer
+    `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
+    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
             str(VENV_BIN / "perf_analyzer"), "-m", model, "-i", "grpc", "-u", url, "-b", str(batch),
             "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(measurement_ms),
-            "--max-trials", str(max_trials), "--stability-percentage", "15", "-f", str(report), "--verbose-csv",
+            "--max-trials", str(max_trials), "--stability-percentage", "100", "-f", str(report), "--verbose-csv",
+            *(["--shared-memory", "system"] if shared_memory else []),
+            *(arg for shape in shapes for arg in ("--shape", shape)),
+            "--input-data", input_data,
         ]
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300, check=False)

@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2
 from tritonclient.grpc import service_pb2
 
 from client.facade.errors import FacadeError
-from client.facade.translate import NUMPY_DTYPES
+from client.facade.translate import NUMPY_DTYPES, InferCall
 from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
@@ -53,17 +53,17 @@ class HealthMonitor:
         self.report = HealthReport(False, model, time.monotonic(), 0.0, "not probed yet")
         self._probe_lock = asyncio.Lock()
 
-    async def _probe_request(self) -> service_pb2.ModelInferRequest:
+    async def _probe_request(self) -> InferCall:
         info = await self.gateway.model_info(self.model, "", self.timeout)
-        request = service_pb2.ModelInferRequest(model_name=info.name, id="tritonnx-health")
+        call = InferCall(service_pb2.ModelInferRequest(model_name=info.name, id="tritonnx-health"), [])
         for tensor in info.inputs:
             # -1 dims (batch, sequence) become 1: the smallest real request.
             shape = [1 if d < 0 else d for d in tensor.shape]
-            request.inputs.append(
+            call.header.inputs.append(
                 service_pb2.ModelInferRequest.InferInputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape)
             )
-            request.raw_input_contents.append(np.zeros(shape, NUMPY_DTYPES[tensor.datatype]).tobytes())
-        return request
+            call.payloads.append(memoryview(np.zeros(shape, NUMPY_DTYPES[tensor.datatype]).tobytes()))
+        return call
 
     async def probe(self) -> HealthReport:
         started = time.monotonic()

@@ -84,13 +84,14 @@ class Predictor:
         # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
         request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
         response = await self.gateway.infer(request, left())
-        return info.name, to_predict_response(message, info, response)
+        return info.name, to_predict_response(decoded, info, response)
 
 
 def _payload_bytes(decoded: DecodedRequest) -> int:
     message = decoded.message
     data = 0 if decoded.data is None else decoded.data.nbytes
-    return data + len(message.raw_data) + sum(len(t.raw_data) for t in message.inputs)
+    raw = 0 if decoded.raw is None else len(decoded.raw)
+    return data + raw + sum(len(t.raw_data) for t in message.inputs)
 
 
 def _deserialize(buffer: bytes) -> DecodedRequest | WireError:

@@ -14,7 +14,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from client.facade.errors import InvalidArgument
-from client.facade.wire import DecodedRequest, EncodedResponse
+from client.facade.wire import DecodedRequest, EncodedResponse, varint
 from client.proto import inference_pb2
 
 # KServe v2 datatype -> little-endian numpy dtype of its raw bytes.
@@ -27,6 +27,26 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
 }
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
 MAX_DIM = 2**31 - 1
+# ModelInferRequest.raw_input_contents: field 7, length-delimited.
+_RAW_INPUT_TAG = bytes([7 << 3 | 2])
+
+
+@dataclass
+class InferCall:
+    """Triton's ModelInferRequest as a header and the raw input payloads.
+
+    The payloads are views of the caller's request bytes. `serialize` writes them after the
+    header in one join: going through protobuf would copy each of them twice more.
+    """
+
+    header: service_pb2.ModelInferRequest  # raw_input_contents left empty
+    payloads: list[memoryview]  # one per input, in the order of header.inputs
+
+    def serialize(self) -> bytes:
+        parts = [self.header.SerializeToString()]
+        for payload in self.payloads:
+            parts += (_RAW_INPUT_TAG, varint(len(payload)), payload)
+        return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -102,13 +122,15 @@ def _input_tensor(name: str, datatype: str, shape: Sequence[int]) -> service_pb2
     return service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=list(shape))
 
 
-def to_infer_request(
-    decoded: DecodedRequest, info: ModelInfo, timeout_us: int | None
-) -> service_pb2.ModelInferRequest:
+def _bytes_view(buffer) -> memoryview:
+    return memoryview(buffer).cast("B")
+
+
+def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int | None) -> InferCall:
     """Triton's request for one PredictRequest, inputs as raw little-endian bytes."""
     message = decoded.message
     forms = [name for name, present in (
-        ("data", decoded.data is not None), ("raw_data", bool(message.raw_data)), ("inputs", len(message.inputs) > 0)
+        ("data", decoded.data is not None), ("raw_data", decoded.raw is not None), ("inputs", len(message.inputs) > 0)
     ) if present]
     if len(forms) > 1:
         raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
@@ -119,6 +141,7 @@ def to_infer_request(
         )
 
     request = service_pb2.ModelInferRequest(model_name=info.name, model_version=message.model_version, id=message.request_id)
+    payloads: list[memoryview] = []
     if forms[0] in ("data", "raw_data"):
         if len(info.inputs) != 1:
             raise InvalidArgument(
@@ -127,14 +150,14 @@ def to_infer_request(
             )
         spec = info.inputs[0]
         if forms[0] == "data":
-            datatype, payload = "FP32", decoded.data.tobytes()
+            datatype, payload = "FP32", _bytes_view(decoded.data)
             if message.dtype not in (inference_pb2.ELEMENT_TYPE_UNSPECIFIED, inference_pb2.FP32):
                 raise InvalidArgument("`data` holds FP32 values: send other datatypes as raw_data with dtype")
         else:
-            datatype, payload = _datatype_of(message.dtype), message.raw_data
+            datatype, payload = _datatype_of(message.dtype), decoded.raw
         check_tensor(spec.name, datatype, message.shape, len(payload), spec, info)
         request.inputs.append(_input_tensor(spec.name, datatype, message.shape))
-        request.raw_input_contents.append(payload)
+        payloads.append(payload)
     else:
         specs = {t.name: t for t in info.inputs}
         given = [t.name for t in message.inputs]
@@ -147,9 +170,10 @@ def to_infer_request(
             )
         for tensor in message.inputs:
             datatype = _datatype_of(tensor.dtype)
-            check_tensor(tensor.name, datatype, tensor.shape, len(tensor.raw_data), specs[tensor.name], info)
+            raw = tensor.raw_data  # one copy out of protobuf; named inputs are small (token ids)
+            check_tensor(tensor.name, datatype, tensor.shape, len(raw), specs[tensor.name], info)
             request.inputs.append(_input_tensor(tensor.name, datatype, tensor.shape))
-            request.raw_input_contents.append(tensor.raw_data)
+            payloads.append(_bytes_view(raw))
 
     outputs = {t.name for t in info.outputs}
     unknown_outputs = [name for name in message.output_names if name not in outputs]
@@ -163,19 +187,21 @@ def to_infer_request(
         request.parameters["priority"].uint64_param = message.priority
     if timeout_us is not None:
         request.parameters["timeout"].int64_param = timeout_us
-    return request
+    return InferCall(request, payloads)
 
 
-def is_extended(message: inference_pb2.PredictRequest) -> bool:
+def is_extended(decoded: DecodedRequest) -> bool:
     """Requests that use the extended contract get every output as named raw tensors."""
-    return bool(message.raw_data) or len(message.inputs) > 0 or len(message.output_names) > 0
+    message = decoded.message
+    return decoded.raw is not None or len(message.inputs) > 0 or len(message.output_names) > 0
 
 
 def to_predict_response(
-    message: inference_pb2.PredictRequest, info: ModelInfo, response: service_pb2.ModelInferResponse
+    decoded: DecodedRequest, info: ModelInfo, response: service_pb2.ModelInferResponse
 ) -> EncodedResponse:
     """The PredictResponse: the first output as floats (the simple contract), plus named raw
     outputs for extended requests."""
+    message = decoded.message
     by_name = {
         output.name: (output, raw) for output, raw in zip(response.outputs, response.raw_output_contents)
     }
@@ -188,7 +214,7 @@ def to_predict_response(
         model_name=response.model_name,
         model_version=response.model_version,
     )
-    if is_extended(message):
+    if is_extended(decoded):
         for output, raw in by_name.values():
             reply.outputs.append(
                 inference_pb2.Tensor(

@@ -9,7 +9,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client.facade.errors import NotFound, from_triton
-from client.facade.translate import ModelInfo
+from client.facade.translate import InferCall, ModelInfo
 
 
 class TritonGateway:
@@ -28,6 +28,12 @@ class TritonGateway:
             ],
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        # ModelInfer takes the request already serialised (InferCall.serialize).
+        self._model_infer = self._channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=None,
+            response_deserializer=service_pb2.ModelInferResponse.FromString,
+        )
         self._ttl = model_info_ttl
         self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}
 
@@ -63,13 +69,14 @@ class TritonGateway:
         except grpc.aio.AioRpcError:
             return f"{target} is not served"
 
-    async def infer(self, request: service_pb2.ModelInferRequest, timeout: float | None) -> service_pb2.ModelInferResponse:
+    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
         try:
-            return await self._stub.ModelInfer(request, timeout=timeout)
+            return await self._model_infer(call.serialize(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
+            model, version = call.header.model_name, call.header.model_version
             if error.code() == grpc.StatusCode.NOT_FOUND:
-                self._models.pop((request.model_name, request.model_version), None)
-            raise from_triton(error, request.model_name, request.model_version) from None
+                self._models.pop((model, version), None)
+            raise from_triton(error, model, version) from None
 
     async def server_ready(self, timeout: float) -> bool:
         try:

@@ -4,7 +4,9 @@ A resnet50 request carries 150,528 floats in `PredictRequest.data` (field 1). Pa
 Python protobuf and then `np.array(request.data)` creates one Python float per element, which
 costs milliseconds per request. The packed wire bytes of a `repeated float` field already are
 little-endian float32, so this module walks only the top-level fields of the message, takes
-field 1 as a numpy view of the original buffer and leaves every other field to protobuf. The
+field 1 as a numpy view of the original buffer and leaves every other field to protobuf.
+`raw_data` (field 8) is taken the same way, as a view: Python protobuf would copy its bytes on
+every access. The
 response goes the other way: `predictions` (field 1) is written straight from a numpy array and
 prepended to the protobuf serialisation of the rest (parsers accept fields in any order).
 
@@ -21,8 +23,9 @@ from google.protobuf.message import DecodeError
 
 from client.proto import inference_pb2
 
-# Field 1 (data / predictions) of both messages.
+# Field 1 (data / predictions) of both messages, and field 8 (raw_data) of PredictRequest.
 _FLOAT_FIELD = 1
+_RAW_FIELD = 8
 # Tag of field 1 with wire type 2 (length-delimited, i.e. packed): (1 << 3) | 2.
 _PACKED_FLOAT_TAG = b"\x0a"
 _FLOAT32_LE = np.dtype("<f4")
@@ -40,8 +43,9 @@ class WireError(ValueError):
 class DecodedRequest:
     """A `PredictRequest` split in two: every field but `data`, and `data` as float32."""
 
-    message: inference_pb2.PredictRequest  # field 1 (`data`) is always empty here
+    message: inference_pb2.PredictRequest  # fields 1 (`data`) and 8 (`raw_data`) are always empty here
     data: np.ndarray | None  # 1-D float32, possibly a read-only view of the request bytes; None if absent
+    raw: memoryview | None = None  # `raw_data`, a view of the request bytes; None if absent or empty
 
 
 @dataclass
@@ -90,6 +94,7 @@ def decode_predict_request(buffer: bytes) -> DecodedRequest:
     size = len(view)
     # Spans of field 1's float bytes, in wire order (packed chunks and single unpacked elements).
     float_spans: list[memoryview] = []
+    raw: memoryview | None = None
     # Spans of every other field, in wire order; consecutive fields stay one span.
     other_spans: list[memoryview] = []
     other_start = 0
@@ -114,9 +119,11 @@ def decode_predict_request(buffer: bytes) -> DecodedRequest:
             raise WireError(f"field {field} has unsupported wire type {wire_type} at byte {field_start}")
         if pos > size:
             raise WireError(f"field {field} at byte {field_start} runs past the end of the {size}-byte message")
-        if field != _FLOAT_FIELD:
+        if field == _RAW_FIELD and wire_type == _WIRE_LEN:
+            raw = view[value_start:pos]  # a singular field: the last occurrence wins, as in protobuf
+        elif field != _FLOAT_FIELD:
             continue
-        if wire_type == _WIRE_LEN:
+        elif wire_type == _WIRE_LEN:
             if length % 4:
                 raise WireError(f"packed float field 1 has a length of {length} bytes, not a multiple of 4")
             float_spans.append(view[value_start:pos])
@@ -131,22 +138,24 @@ def decode_predict_request(buffer: bytes) -> DecodedRequest:
     if other_start < size:
         other_spans.append(view[other_start:])
 
-    # Without field 1 the buffer is the message as it is: no need to copy it (FromString wants bytes).
-    rest = buffer if not float_spans and isinstance(buffer, bytes) else b"".join(other_spans)
+    # Without fields 1 and 8 the buffer is the message as it is: no need to copy it (FromString wants bytes).
+    taken = float_spans or raw is not None
+    rest = buffer if not taken and isinstance(buffer, bytes) else b"".join(other_spans)
     try:
         message = inference_pb2.PredictRequest.FromString(rest)
     except DecodeError as err:
         raise WireError(f"malformed PredictRequest: {err}") from err
 
+    raw = raw if raw is not None and len(raw) else None
     if not float_spans:
-        return DecodedRequest(message=message, data=None)
+        return DecodedRequest(message=message, data=None, raw=raw)
     if len(float_spans) == 1:
         data = np.frombuffer(float_spans[0], dtype=_FLOAT32_LE)  # zero-copy view
     else:
         # A split field (legal in protobuf): one copy to make the chunks contiguous.
         data = np.frombuffer(b"".join(float_spans), dtype=_FLOAT32_LE)
     # Empty packed chunks only: the same as no data at all.
-    return DecodedRequest(message=message, data=data if data.size else None)
+    return DecodedRequest(message=message, data=data if data.size else None, raw=raw)
 
 
 def encode_predict_response(message: inference_pb2.PredictResponse, predictions: np.ndarray | None) -> bytes:

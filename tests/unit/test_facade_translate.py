@@ -4,7 +4,7 @@ from tritonclient.grpc import service_pb2
 
 from client.facade.errors import InvalidArgument
 from client.facade.translate import MAX_DIM, ModelInfo, TensorInfo, to_infer_request, to_predict_response
-from client.facade.wire import DecodedRequest
+from client.facade.wire import DecodedRequest, decode_predict_request
 from client.proto import inference_pb2
 
 VISION = ModelInfo(
@@ -19,8 +19,18 @@ TEXT = ModelInfo(
 )
 
 
-def simple(data: np.ndarray | None, shape, **fields) -> DecodedRequest:
-    return DecodedRequest(inference_pb2.PredictRequest(shape=shape, **fields), data)
+def decoded(**fields) -> DecodedRequest:
+    """A request as the server receives it: serialised, then split by the wire decoder."""
+    return decode_predict_request(inference_pb2.PredictRequest(**fields).SerializeToString())
+
+
+def simple(data: np.ndarray, shape, **fields) -> DecodedRequest:
+    return decoded(data=data, shape=shape, **fields)
+
+
+def translated(request: DecodedRequest, info: ModelInfo, timeout_us=None) -> service_pb2.ModelInferRequest:
+    """What Triton receives: the InferCall's bytes parsed as a ModelInferRequest."""
+    return service_pb2.ModelInferRequest.FromString(to_infer_request(request, info, timeout_us).serialize())
 
 
 def tensor(name: str, array: np.ndarray, dtype=inference_pb2.INT64) -> inference_pb2.Tensor:
@@ -29,7 +39,7 @@ def tensor(name: str, array: np.ndarray, dtype=inference_pb2.INT64) -> inference
 
 def test_data_becomes_one_raw_fp32_input():
     data = np.arange(48, dtype=np.float32)
-    request = to_infer_request(simple(data, [1, 3, 4, 4], request_id="r1", priority=2), VISION, timeout_us=250_000)
+    request = translated(simple(data, [1, 3, 4, 4], request_id="r1", priority=2), VISION, timeout_us=250_000)
     assert request.model_name == "resnet50" and request.id == "r1"
     assert [(i.name, i.datatype, list(i.shape)) for i in request.inputs] == [("input", "FP32", [1, 3, 4, 4])]
     assert request.raw_input_contents == [data.tobytes()]
@@ -40,16 +50,14 @@ def test_data_becomes_one_raw_fp32_input():
 
 def test_raw_data_and_named_inputs_are_passed_as_bytes():
     raw = np.ones((2, 3, 4, 4), np.float32)
-    request = to_infer_request(
-        DecodedRequest(inference_pb2.PredictRequest(raw_data=raw.tobytes(), shape=[2, 3, 4, 4]), None), VISION, None
-    )
+    request = translated(decoded(raw_data=raw.tobytes(), shape=[2, 3, 4, 4]), VISION)
     assert request.raw_input_contents == [raw.tobytes()] and "timeout" not in request.parameters
     ids = np.array([[5, 6, 7]], np.int64)
     message = inference_pb2.PredictRequest(
         model_name="text_classifier", inputs=[tensor("attention_mask", np.ones_like(ids)), tensor("input_ids", ids)],
         output_names=["embedding"],
     )
-    request = to_infer_request(DecodedRequest(message, None), TEXT, None)
+    request = translated(decode_predict_request(message.SerializeToString()), TEXT)
     assert [i.name for i in request.inputs] == ["attention_mask", "input_ids"]
     assert request.raw_input_contents[1] == ids.tobytes()
     assert [o.name for o in request.outputs] == ["embedding"]
@@ -87,14 +95,14 @@ def test_simple_requests_that_do_not_fit_are_refused_with_the_reason(data_len, s
 )
 def test_extended_requests_that_do_not_fit_are_refused(message, text):
     with pytest.raises(InvalidArgument, match=None) as caught:
-        to_infer_request(DecodedRequest(message, None), VISION, None)
+        to_infer_request(decode_predict_request(message.SerializeToString()), VISION, None)
     assert text in caught.value.message
 
 
 def test_data_and_raw_data_together_are_ambiguous():
-    decoded = DecodedRequest(inference_pb2.PredictRequest(raw_data=b"\0" * 192, shape=[1, 3, 4, 4]), np.zeros(48, np.float32))
+    both = decoded(raw_data=b"\0" * 192, data=np.zeros(48, np.float32), shape=[1, 3, 4, 4])
     with pytest.raises(InvalidArgument, match="sets data and raw_data"):
-        to_infer_request(decoded, VISION, None)
+        to_infer_request(both, VISION, None)
 
 
 def test_data_is_fp32_only():
@@ -108,7 +116,7 @@ def test_a_multi_input_model_needs_named_inputs():
     ids = np.ones((1, 3), np.int64)
     wrong = inference_pb2.PredictRequest(inputs=[tensor("input_ids", ids), tensor("token_type_ids", ids)])
     with pytest.raises(InvalidArgument) as caught:
-        to_infer_request(DecodedRequest(wrong, None), TEXT, None)
+        to_infer_request(decode_predict_request(wrong.SerializeToString()), TEXT, None)
     assert "unknown: ['token_type_ids']" in caught.value.message and "missing: ['attention_mask']" in caught.value.message
 
 
@@ -125,7 +133,7 @@ def infer_response(*outputs: tuple[str, np.ndarray, str]) -> service_pb2.ModelIn
 def test_the_response_carries_the_first_output_as_predictions():
     logits, embedding = np.array([[0.25, -1.5]], np.float32), np.arange(8, dtype=np.float32).reshape(1, 8)
     response = infer_response(("logits", logits, "FP32"), ("embedding", embedding, "FP32"))
-    encoded = to_predict_response(inference_pb2.PredictRequest(request_id="abc"), TEXT, response)
+    encoded = to_predict_response(decoded(request_id="abc", data=[1.0], shape=[1]), TEXT, response)
     np.testing.assert_array_equal(encoded.predictions, logits.ravel())
     assert list(encoded.message.shape) == [1, 2] and encoded.message.request_id == "abc"
     assert encoded.message.model_version == "1" and not encoded.message.outputs
@@ -134,8 +142,7 @@ def test_the_response_carries_the_first_output_as_predictions():
 def test_extended_requests_also_get_every_output_by_name():
     logits, embedding = np.array([[0.25, -1.5]], np.float32), np.ones((1, 8), np.float32)
     response = infer_response(("embedding", embedding, "FP32"), ("logits", logits, "FP32"))
-    request = inference_pb2.PredictRequest(output_names=["embedding", "logits"])
-    encoded = to_predict_response(request, TEXT, response)
+    encoded = to_predict_response(decoded(output_names=["embedding", "logits"]), TEXT, response)
     np.testing.assert_array_equal(encoded.predictions, embedding.ravel())  # the first requested
     by_name = {t.name: t for t in encoded.message.outputs}
     assert np.frombuffer(by_name["logits"].raw_data, np.float32).tolist() == [0.25, -1.5]

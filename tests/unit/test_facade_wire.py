@@ -64,10 +64,13 @@ def assert_decodes_like_protobuf(buffer: bytes) -> DecodedRequest:
     decoded = decode_predict_request(buffer)
     full = PredictRequest.FromString(buffer)
     expected_data = np.array(full.data, np.float32)
+    expected_raw = full.raw_data
     full.ClearField("data")
+    full.ClearField("raw_data")
     assert isinstance(decoded.message, PredictRequest)
     assert decoded.message == full
-    assert len(decoded.message.data) == 0
+    assert len(decoded.message.data) == 0 and not decoded.message.raw_data
+    assert (bytes(decoded.raw) if decoded.raw is not None else b"") == expected_raw
     if expected_data.size == 0:
         assert decoded.data is None
     else:
@@ -170,6 +173,7 @@ def test_decode_matches_protobuf(msg):
     expected = PredictRequest()
     expected.CopyFrom(msg)
     expected.ClearField("data")
+    expected.ClearField("raw_data")
     assert decoded.message == expected
 
 
@@ -435,3 +439,13 @@ def test_varint_matches_protobuf(value):
 def test_varint_refuses_negative_numbers():
     with pytest.raises(ValueError):
         varint(-1)
+
+
+def test_raw_data_is_a_view_of_the_buffer_and_the_last_occurrence_wins():
+    payload = np.arange(1000, dtype=np.float32).tobytes()
+    buffer = PredictRequest(raw_data=payload, shape=[1000], request_id="r").SerializeToString()
+    decoded = decode_predict_request(buffer)
+    assert bytes(decoded.raw) == payload and decoded.message.request_id == "r"
+    assert np.shares_memory(np.frombuffer(decoded.raw, np.uint8), np.frombuffer(buffer, np.uint8))
+    twice = PredictRequest(raw_data=b"old").SerializeToString() + buffer
+    assert bytes(decode_predict_request(twice).raw) == payload

@@ -74,3 +74,14 @@ def test_instance_count_adds_cpu_groups():
     cfg = {"instance_group": [{"kind": "KIND_CPU", "count": 2}, {"kind": "KIND_CPU", "count": 3}]}
     assert cpu_instance_count(cfg) == 5
     assert cpu_instance_count({}) == 1
+
+
+def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
+    busy = SessionSettings.from_model_config(config(2, intra_op_thread_count="2"), cores=2)
+    assert busy.session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    fair = SessionSettings.from_model_config(config(2), cores=2)
+    assert "session.intra_op.allow_spinning" not in fair.session_entries
+    explicit = SessionSettings.from_model_config(
+        config(2, intra_op_thread_count="2", session__intra_op__allow_spinning="1"), cores=2
+    )
+    assert explicit.session_entries["session.intra_op.allow_spinning"] == "1"

@@ -1,0 +1,163 @@
+"""python -m bench.tune: sweep a model's serving policy with perf_analyzer and keep the best.
+
+Each candidate (CPU instances x intra-op threads x max_queue_delay_microseconds x preferred
+batch sizes) is served alone by a fresh tritonserver from a temporary repository that links the
+model's files and carries the candidate's config.pbtxt. perf_analyzer drives it with system shared
+memory (so the client's copies do not eat the 2 cores the server is measured on) at each
+concurrency. The winner has the highest throughput whose p99 stays within the budget; its values
+are written into model_repository/<model>/config.pbtxt with a comment naming the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from backend.tritonserver import DEFAULT_REPOSITORY, Ports, TritonServer, free_ports
+from bench.perf import PerfAnalyzerError, run_perf_analyzer
+
+
+@dataclass(frozen=True)
+class Candidate:
+    instances: int
+    threads: int
+    delay_us: int
+    preferred: tuple[int, ...]
+
+    def describe(self) -> str:
+        preferred = ",".join(map(str, self.preferred)) or "none"
+        return f"instances={self.instances} threads={self.threads} delay={self.delay_us}us preferred={preferred}"
+
+
+def apply(config: str, candidate: Candidate) -> str:
+    """The config text with the candidate's values in place of the current ones."""
+    def replace(pattern: str, value: str, text: str) -> str:
+        updated, count = re.subn(pattern, value, text, count=1)
+        if count != 1:
+            raise ValueError(f"config.pbtxt has no field matching {pattern!r}")
+        return updated
+
+    config = replace(r"(instance_group\s*\[\s*\{[^}]*count:\s*)\d+", rf"\g<1>{candidate.instances}", config)
+    config = replace(
+        r'(key:\s*"intra_op_thread_count"\s*value:\s*\{\s*string_value:\s*")\d+', rf"\g<1>{candidate.threads}", config
+    )
+    config = replace(r"(max_queue_delay_microseconds:\s*)\d+", rf"\g<1>{candidate.delay_us}", config)
+    config = re.sub(r"\n\s*preferred_batch_size:\s*\[[^\]]*\]", "", config)
+    if candidate.preferred:
+        config = replace(
+            r"(\n(\s*)max_queue_delay_microseconds:[^\n]*)",
+            rf"\1\n\2preferred_batch_size: [ {', '.join(map(str, candidate.preferred))} ]",
+            config,
+        )
+    return config
+
+
+def measure(
+    model: str,
+    repository: Path,
+    candidate: Candidate,
+    concurrencies: list[int],
+    seconds: float,
+    shapes: tuple[str, ...],
+    input_data: str,
+) -> dict:
+    workdir = Path(tempfile.mkdtemp(prefix="tritonnx-tune-"))
+    try:
+        source = repository / model
+        (workdir / "repo" / model / "1").mkdir(parents=True)
+        for item in (source / "1").iterdir():
+            (workdir / "repo" / model / "1" / item.name).symlink_to(item.resolve())
+        (workdir / "repo" / model / "config.pbtxt").write_text(apply((source / "config.pbtxt").read_text(), candidate))
+        server = TritonServer(
+            model_repository=workdir / "repo", ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
+            log_file=workdir / "tritonserver.log",
+        )
+        with server:
+            server.wait_ready(180)
+            points = {}
+            for concurrency in concurrencies:
+                point = run_perf_analyzer(
+                    model, server.grpc_url, concurrency, measurement_ms=int(seconds * 1000), shared_memory=True,
+                    shapes=shapes, input_data=input_data,
+                )
+                points[concurrency] = point.as_dict()
+            return points
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_choice(config_file: Path, candidate: Candidate, note: str) -> None:
+    text = apply(config_file.read_text(), candidate)
+    text = re.sub(r"# Tuned by `make tune`[^\n]*\n(#[^\n]*\n)*", "", text)
+    config_file.write_text(f"# Tuned by `make tune` on {note}\n" + text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.tune",
+        description="Sweep instances x threads x queue delay x preferred batch sizes for one model with perf_analyzer, "
+        "and write the best policy under a p99 budget into its config.pbtxt.",
+        epilog="Example: python -m bench.tune --model mobilenet_v3_small --instances 1 2 3 --delays 0 1000",
+    )
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    parser.add_argument("--instances", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--threads", nargs="+", type=int, default=[0], help="intra-op threads; 0 = cores / instances")
+    parser.add_argument("--delays", nargs="+", type=int, default=[0, 500, 2000], help="max_queue_delay_microseconds")
+    parser.add_argument("--preferred", nargs="*", default=["none"], help="preferred batch size lists, e.g. none 4,8")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--seconds", type=float, default=4.0, help="perf_analyzer measurement window")
+    parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="at the highest concurrency")
+    parser.add_argument("--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16")
+    parser.add_argument("--input-data", default="random", help='perf_analyzer --input-data; "zero" for token ids')
+    parser.add_argument("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
+    args = parser.parse_args(argv)
+
+    preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
+    candidates = [Candidate(*values) for values in itertools.product(args.instances, args.threads, args.delays, preferred)]
+    top = max(args.concurrency)
+    results = []
+    for index, candidate in enumerate(candidates, 1):
+        started = time.monotonic()
+        print(f"[{index}/{len(candidates)}] {candidate.describe()} ...", flush=True)
+        try:
+            points = measure(args.model, args.repository, candidate, args.concurrency, args.seconds, tuple(args.shape), args.input_data)
+        except PerfAnalyzerError as error:
+            print(f"  failed: {error}", flush=True)
+            continue
+        results.append((candidate, points))
+        print(
+            "  " + "; ".join(
+                f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
+                for c, p in points.items()
+            ) + f" ({time.monotonic() - started:.0f}s)",
+            flush=True,
+        )
+    within = [(c, p) for c, p in results if p[top]["p99_ms"] <= args.p99_budget_ms]
+    if not within:
+        print(f"no candidate kept p99 within {args.p99_budget_ms} ms at c={top}", file=sys.stderr)
+        return 1
+    best, points = max(within, key=lambda item: item[1][top]["throughput"])
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    note = (
+        f"{stamp}: {best.describe()} gave {points[top]['throughput']:.1f} infer/s at c={top} "
+        f"(p99 {points[top]['p99_ms']:.1f} ms, budget {args.p99_budget_ms:.0f} ms); c=1 p50 "
+        f"{points[min(points)]['p50_ms']:.2f} ms. perf_analyzer, gRPC, system shared memory, {len(results)} candidates."
+    )
+    print(f"best: {note}", flush=True)
+    if not args.dry_run:
+        write_choice(args.repository / args.model / "config.pbtxt", best, note)
+        print(f"wrote {args.repository / args.model / 'config.pbtxt'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

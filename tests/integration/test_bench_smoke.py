@@ -1,0 +1,37 @@
+"""`make bench` end to end at the smallest size: every stage runs and the report is written.
+
+Speed is not asserted here (the figures come from `make bench` on a quiet machine); this only
+keeps the benchmark runnable from a clean clone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
+    out = tmp_path / "bench"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--models", "mobilenet_v3_small", "--concurrency", "2", "--duration", "1",
+         "--limit-seconds", "0.3", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())["models"]["mobilenet_v3_small"]
+    assert data["limit"]["images_per_s"] > 0 and data["limit"]["single_p50_ms"] > 0
+    assert data["perf_analyzer"][0]["throughput"] > 0 and data["perf_analyzer"][0]["avg_batch"] >= 1
+    for sweep in ("loadgen_kserve", "facade"):
+        point = data[sweep][0]
+        assert point["images_per_s"] > 0 and not point["errors"], (sweep, point)
+    assert len(data["fastapi"]) == 2 and all(s["points"][0]["images_per_s"] > 0 for s in data["fastapi"].values())
+    assert any(name.startswith("tritonserver (mobilenet_v3_small only") for name in data["servers"])
+    report = (out / "report.md").read_text()
+    assert "| limit: in-process ONNX Runtime" in report and "vs Triton direct (same generator)" in report
+    assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000
+    assert (out / "mobilenet_v3_small_latency.png").stat().st_size > 1000
