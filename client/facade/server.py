@@ -29,7 +29,13 @@ class Facade:
     def __init__(self, settings: FacadeSettings) -> None:
         self.settings = settings
         self.metrics = FacadeMetrics()
-        self.gateway = TritonGateway(settings.triton_url, settings.max_message_bytes, settings.model_info_ttl)
+        self.gateway = TritonGateway(
+            settings.triton_url,
+            settings.max_message_bytes,
+            settings.model_info_ttl,
+            shm_slots=settings.shm_slots,
+            shm_slot_bytes=settings.shm_slot_bytes,
+        )
         self.health_servicer = health.aio.HealthServicer()
         self.monitor = HealthMonitor(
             self.gateway, settings.default_model, settings.health_timeout, [SERVICE_NAME], self.health_servicer
@@ -52,6 +58,9 @@ class Facade:
                 # gRPC shares ports between processes by default: a second facade would silently
                 # split the traffic instead of failing to start.
                 ("grpc.so_reuseport", 0),
+                # Images arrive as ~600 KB messages: read them in large pieces, not 16 KB frames.
+                ("grpc.http2.max_frame_size", 4 * 1024 * 1024),
+                ("grpc.experimental.tcp_min_read_chunk_size", 256 * 1024),
             ]
         )
         self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
@@ -62,9 +71,10 @@ class Facade:
         address = f"{s.host}:{s.port}"
         try:
             bound = self._grpc.add_insecure_port(address)
-        except RuntimeError as error:
-            raise StartupError(f"cannot listen on {address} for gRPC: {error}") from None
+        except RuntimeError:
+            bound = 0
         if bound == 0:
+            await self.gateway.close()  # removes the shared-memory region it created
             raise StartupError(f"cannot listen on {address} for gRPC (is the port taken?)")
         await self._grpc.start()
 

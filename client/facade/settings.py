@@ -18,6 +18,8 @@ class FacadeSettings:
     default_model: str = "resnet50"
     max_in_flight: int = 64
     max_message_bytes: int = 64 * 1024 * 1024
+    shm_slots: int = 64
+    shm_slot_bytes: int = 1024 * 1024
     retry_after_ms: int = 100
     health_interval: float = 2.0
     health_timeout: float = 5.0
@@ -34,6 +36,8 @@ _HELP = {
     "default_model": "model served when a request names none",
     "max_in_flight": "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once",
     "max_message_bytes": "largest request or response message",
+    "shm_slots": "requests whose inputs can be in shared memory with Triton at once (0: none; the rest use the socket)",
+    "shm_slot_bytes": "inputs up to this size go to Triton through shared memory (larger ones use the socket)",
     "retry_after_ms": "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)",
     "health_interval": "seconds between real-inference health probes",
     "health_timeout": "seconds a health probe may take before it counts as failed",

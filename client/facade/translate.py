@@ -88,34 +88,42 @@ def _datatype_of(dtype: int) -> str:
 
 def check_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo) -> None:
     """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`."""
-    expects = f"model '{info.name}' expects {info.describe_inputs()}"
     shape = list(shape)
+    problem = _tensor_problem(name, datatype, shape, nbytes, spec, info)
+    if problem:
+        raise InvalidArgument(problem.replace("{expects}", f"model '{info.name}' expects {info.describe_inputs()}"))
+
+
+def _tensor_problem(
+    name: str, datatype: str, shape: list[int], nbytes: int, spec: TensorInfo, info: ModelInfo
+) -> str | None:
+    """What is wrong with the tensor, or None; `{expects}` stands for the model's inputs (built
+    only when needed: this runs for every request)."""
     if not shape:
-        raise InvalidArgument(f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {expects}")
+        return f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {{expects}}"
     if any(d < 1 for d in shape):
-        raise InvalidArgument(f"input '{name}' has shape {shape}: every dim must be at least 1; {expects}")
+        return f"input '{name}' has shape {shape}: every dim must be at least 1; {{expects}}"
     if any(d > MAX_DIM for d in shape):
-        raise InvalidArgument(f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted")
+        return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted"
     if len(shape) != len(spec.shape):
-        raise InvalidArgument(
-            f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {expects}"
-        )
+        return f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
     if any(want != -1 and got != want for got, want in zip(shape, spec.shape)):
-        raise InvalidArgument(f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {expects}")
+        return f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {{expects}}"
     if info.max_batch_size > 0 and shape[0] > info.max_batch_size:
-        raise InvalidArgument(
+        return (
             f"input '{name}' has batch size {shape[0]}, above the model's max_batch_size {info.max_batch_size}: "
             "split the request"
         )
     if datatype != spec.datatype:
-        raise InvalidArgument(f"input '{name}' is {datatype} but the model wants {spec.datatype}; {expects}")
+        return f"input '{name}' is {datatype} but the model wants {spec.datatype}; {{expects}}"
     elements = math.prod(shape)
     itemsize = NUMPY_DTYPES[datatype].itemsize
     if nbytes != elements * itemsize:
-        raise InvalidArgument(
+        return (
             f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}"
             + ("" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)")
         )
+    return None
 
 
 def _input_tensor(name: str, datatype: str, shape: Sequence[int]) -> service_pb2.ModelInferRequest.InferInputTensor:

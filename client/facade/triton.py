@@ -1,22 +1,34 @@
-"""The facade's one long-lived async gRPC channel to Triton, and its model-metadata cache."""
+"""The facade's one long-lived async gRPC channel to Triton, its model-metadata cache, and the
+shared-memory slots its inputs travel in (see shm.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from client.facade.errors import NotFound, from_triton
+from client.facade.errors import NotFound, Unavailable, from_triton
+from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
+
+log = logging.getLogger("tritonnx.facade")
+# After a failed registration (Triton down, or on another machine), wait before asking again.
+_REGISTRATION_RETRY_SECONDS = 5.0
 
 
 class TritonGateway:
     """Calls Triton's KServe v2 gRPC API; every failure comes out as a `FacadeError`."""
 
-    def __init__(self, url: str, max_message_bytes: int, model_info_ttl: float) -> None:
+    def __init__(
+        self, url: str, max_message_bytes: int, model_info_ttl: float, shm_slots: int = 0, shm_slot_bytes: int = 0
+    ) -> None:
         self.url = url
+        self._pool = SharedInputPool(shm_slots, shm_slot_bytes) if shm_slots and shm_slot_bytes else None
+        self._registered = False
+        self._next_registration = 0.0
         self._channel = grpc.aio.insecure_channel(
             url,
             options=[
@@ -69,14 +81,74 @@ class TritonGateway:
         except grpc.aio.AioRpcError:
             return f"{target} is not served"
 
-    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
+    async def _shared_memory_ready(self) -> bool:
+        """Whether Triton knows the pool's region; registers it when needed (at most every few seconds)."""
+        if self._pool is None:
+            return False
+        if self._registered or time.monotonic() < self._next_registration:
+            return self._registered
+        pool = self._pool
         try:
-            return await self._model_infer(call.serialize(), timeout=timeout)
+            # A region of the same name left from before a Triton restart would refuse the new one.
+            await self._stub.SystemSharedMemoryUnregister(
+                service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region), timeout=2.0
+            )
+            await self._stub.SystemSharedMemoryRegister(
+                service_pb2.SystemSharedMemoryRegisterRequest(
+                    name=pool.region, key=pool.key, offset=0, byte_size=pool.byte_size
+                ),
+                timeout=2.0,
+            )
         except grpc.aio.AioRpcError as error:
-            model, version = call.header.model_name, call.header.model_version
+            self._next_registration = time.monotonic() + _REGISTRATION_RETRY_SECONDS
+            log.warning("inputs go over the socket: Triton did not register shared memory (%s)", error.code().name)
+            return False
+        self._registered = True
+        log.info("inputs go to Triton through shared memory (%d MiB region)", pool.byte_size >> 20)
+        return True
+
+    async def _region_lost(self) -> bool:
+        """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""
+        try:
+            await self._stub.SystemSharedMemoryStatus(
+                service_pb2.SystemSharedMemoryStatusRequest(name=self._pool.region), timeout=2.0
+            )
+            return False
+        except grpc.aio.AioRpcError:
+            self._registered = False
+            return True
+
+    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
+        slot = None
+        if await self._shared_memory_ready():
+            slot = self._pool.acquire(sum(len(p) for p in call.payloads))
+        if slot is None:
+            body = call.serialize()
+        else:
+            offset = 0
+            for tensor, payload in zip(call.header.inputs, call.payloads):
+                self._pool.write(slot, offset, payload)
+                tensor.parameters["shared_memory_region"].string_param = self._pool.region
+                tensor.parameters["shared_memory_byte_size"].int64_param = len(payload)
+                tensor.parameters["shared_memory_offset"].int64_param = slot.offset + offset
+                offset += len(payload)
+            body = call.header.SerializeToString()
+        model, version = call.header.model_name, call.header.model_version
+        try:
+            return await self._model_infer(body, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 self._models.pop((model, version), None)
+            gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+            if slot is not None and gone and await self._region_lost():
+                # Never Triton's message: it names the region.
+                raise Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry") from None
             raise from_triton(error, model, version) from None
+        finally:
+            # A call that ended early may still be queued in Triton and read this slot later: its
+            # answer goes nowhere, and the next request's bytes are its own.
+            if slot is not None:
+                self._pool.release(slot)
 
     async def server_ready(self, timeout: float) -> bool:
         try:
@@ -85,5 +157,14 @@ class TritonGateway:
             return False
 
     async def close(self) -> None:
+        if self._pool is not None:
+            if self._registered:
+                try:
+                    await self._stub.SystemSharedMemoryUnregister(
+                        service_pb2.SystemSharedMemoryUnregisterRequest(name=self._pool.region), timeout=2.0
+                    )
+                except grpc.aio.AioRpcError:
+                    pass  # Triton is gone, and the region with it
+            self._pool.close()
         await self._channel.close()
 

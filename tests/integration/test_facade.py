@@ -295,13 +295,47 @@ def test_health_reflection_and_metrics(facade, stub):
     assert metric_value(text, "tritonnx_facade_request_payload_bytes_sum", model="mobilenet_v3_small") >= 602112
 
 
+def facade_regions(triton_client, facade) -> list[str]:
+    regions = triton_client.get_system_shared_memory_status(as_json=True).get("regions", {})
+    return [name for name in regions if name == f"tritonnx_facade_{facade.process.pid}"]
+
+
+def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade, stub, triton_client):
+    assert len(facade_regions(triton_client, facade)) == 1
+    # As after a Triton restart: the region is gone from Triton, the facade does not know yet.
+    triton_client.unregister_system_shared_memory(facade_regions(triton_client, facade)[0])
+    data = image(seed=12)
+    outcomes = []
+    for _ in range(5):
+        try:
+            outcomes.append(stub.Predict(inference_pb2.PredictRequest(raw_data=data.tobytes(), shape=IMAGE_SHAPE,
+                                                                      model_name="mobilenet_v3_small")))
+        except grpc.RpcError as error:
+            outcomes.append(error)
+    failures = [o for o in outcomes if isinstance(o, grpc.RpcError)]
+    assert len(failures) <= 1  # at most the call that found the region gone (or the health probe did)
+    for error in failures:
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "restarted" in error.details()
+        assert "tritonnx_facade" not in error.details() and "shared memory" not in error.details()
+    assert isinstance(outcomes[-1], inference_pb2.PredictResponse)
+    expected = reference_session(onnx_file("mobilenet_v3_small")).run(["output"], {"input": data})[0]
+    assert_close(np.array(outcomes[-1].predictions, np.float32), expected[0])
+    assert len(facade_regions(triton_client, facade)) == 1
+    deadline = time.monotonic() + 10
+    while facade.health()[0] != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
 def test_a_second_facade_on_a_taken_port_refuses_to_start(facade):
-    done = subprocess.run(
+    refused = subprocess.Popen(
         [sys.executable, "-m", "client.facade", "--port", str(facade.grpc_port), "--http-port", str(free_ports(1)[0])],
-        capture_output=True, text=True, timeout=60,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    assert done.returncode == 1
-    assert f"cannot listen on 127.0.0.1:{facade.grpc_port}" in done.stderr
+    _, stderr = refused.communicate(timeout=60)
+    assert refused.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{facade.grpc_port}" in stderr
+    assert not os.path.exists(f"/dev/shm/tritonnx_facade_{refused.pid}"), "the refused facade left its shared memory"
 
 
 def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):

@@ -52,7 +52,6 @@ def test_served_config_has_the_policy_and_the_graph_io(client, model):
     assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
     assert policy.max_queue_size > 0 and policy.default_timeout_microseconds > 0
     assert policy.allow_timeout_override
-    assert config.dynamic_batching.max_queue_delay_microseconds > 0
     assert all(g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU and g.count >= 1 for g in config.instance_group)
     assert "intra_op_thread_count" in config.parameters
 
@@ -90,7 +89,9 @@ def test_outputs_equal_onnxruntime_in_process(client, model, batch):
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_result(client):
-    model = "mobilenet_v3_small"
+    # resnet50: slow enough (tens of ms per image) that requests queue while instances are busy;
+    # a fast model with several instances may keep up with the client and never need to batch.
+    model = "resnet50"
     data = images(64, seed=7)
     before = execution_counts(client, model)
     outcomes = infer_concurrently(client, model, [{"input": data[i : i + 1]} for i in range(64)], ["output"])

@@ -1,0 +1,43 @@
+import os
+
+import numpy as np
+import pytest
+
+from client.facade.shm import SharedInputPool
+
+
+@pytest.fixture
+def pool():
+    pool = SharedInputPool(slots=3, slot_bytes=1024)
+    yield pool
+    pool.close()
+
+
+def test_slots_hold_what_fits_and_come_back(pool):
+    slots = [pool.acquire(1024), pool.acquire(10), pool.acquire(1)]
+    assert all(slots) and len({s.offset for s in slots}) == 3
+    assert pool.acquire(1) is None  # all in use: the caller uses the socket
+    pool.release(slots[1])
+    assert pool.acquire(1024).offset == slots[1].offset
+    assert pool.acquire(1025) is None  # too big for any slot
+
+
+def test_bytes_written_are_what_another_process_maps(pool):
+    slot = pool.acquire(800)
+    payload = np.arange(200, dtype=np.float32)
+    pool.write(slot, 0, memoryview(payload).cast("B"))
+    pool.write(slot, 800 - 4, memoryview(np.float32([7.0])).cast("B"))
+    with open(f"/dev/shm{pool.key}", "rb") as mapped:  # what Triton opens by the registered key
+        mapped.seek(slot.offset)
+        seen = np.frombuffer(mapped.read(800), np.float32)
+    np.testing.assert_array_equal(seen[:199], payload[:199])
+    assert seen[-1] == 7.0
+    assert pool.byte_size == 3 * 1024 and os.path.getsize(f"/dev/shm{pool.key}") == 3 * 1024
+
+
+def test_close_removes_the_region():
+    pool = SharedInputPool(slots=1, slot_bytes=64)
+    path = f"/dev/shm{pool.key}"
+    assert os.path.exists(path)
+    pool.close()
+    assert not os.path.exists(path)
