@@ -102,7 +102,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result(client):
     for index, outcome in enumerate(outcomes):
         assert_close(outcome.outputs["output"], expected[index : index + 1])
     inferences, executions = after[0] - before[0], after[1] - before[1]
-    assert inferences == 64
+    assert inferences >= 64  # more when the facade's health probe ran meanwhile
     assert executions < inferences, f"64 concurrent requests ran in {executions} executions: no batching"
 
 
