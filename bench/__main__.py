@@ -69,7 +69,9 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         facade.wait_ready()
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
-            point = run_perf_analyzer(model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000))
+            point = run_perf_analyzer(
+                model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True
+            )
             data["perf_analyzer"].append(point.as_dict())
             say(
                 f"  perf_analyzer c={concurrency}: {point.throughput:.1f} img/s, p50 {point.p50_ms:.2f} ms, "
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_small"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument("--duration", type=float, default=8.0, help="seconds per measured point; default: %(default)s")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured point; default: %(default)s")
     parser.add_argument("--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s")
     parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")

@@ -79,7 +79,7 @@ def write_report(out: Path, results: dict) -> None:
             f"Limit before / after the servers: {data['limit']['before']:.1f} / {data['limit']['after']:.1f} img/s "
             f"(single image p50 {data['limit']['single_p50_ms']:.2f} ms).",
             "",
-            "### Triton direct (perf_analyzer, KServe gRPC)",
+            "### Triton direct (perf_analyzer, KServe gRPC, inputs in system shared memory)",
             "",
             "| c | img/s | p50 ms | p95 ms | p99 ms | queue ms | compute in/infer/out ms | avg batch | client CPU |",
             "|---|---|---|---|---|---|---|---|---|",
@@ -119,7 +119,7 @@ def write_report(out: Path, results: dict) -> None:
 
 def plot_model(out: Path, model: str, data: dict) -> None:
     series = {
-        "Triton direct (perf_analyzer)": [(p["concurrency"], p["throughput"], p["p50_ms"], p["p99_ms"]) for p in data["perf_analyzer"]],
+        "Triton direct (perf_analyzer, shm)": [(p["concurrency"], p["throughput"], p["p50_ms"], p["p99_ms"]) for p in data["perf_analyzer"]],
         "Triton direct (project generator)": [
             (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["loadgen_kserve"]
         ],
