@@ -17,7 +17,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import sysconfig
 import time
@@ -26,13 +25,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backend.process import ManagedProcess, ServerError
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_BACKEND_DIR = PROJECT_ROOT / "build" / "backends"
-
-
-class ServerError(RuntimeError):
-    """tritonserver could not be found, started, or made ready."""
 
 
 @dataclass(frozen=True)
@@ -111,16 +108,14 @@ def _get(url: str, timeout: float = 1.0) -> int:
 
 
 @dataclass
-class TritonServer:
+class TritonServer(ManagedProcess):
     """One tritonserver process on loopback, started in its own process group."""
 
     model_repository: Path = DEFAULT_REPOSITORY
     ports: Ports = field(default_factory=Ports)
     backend_dir: Path = DEFAULT_BACKEND_DIR
-    log_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
-    process: subprocess.Popen | None = None
 
     @property
     def http_url(self) -> str:
@@ -165,61 +160,17 @@ class TritonServer:
     def start(self) -> None:
         install = TritonInstall.find()
         assemble_backend_dir(self.backend_dir, install)
-        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(
-            self.command(install),
-            env=self.environment(install),
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() takes the stubs down too
-        )
+        self.spawn(self.command(install), env=self.environment(install))
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until the server answers ready on HTTP; raise if it exits or times out."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                code = None if self.process is None else self.process.returncode
-                raise ServerError(f"tritonserver exited with code {code} before it was ready{self._log_hint()}")
-            try:
-                if _get(f"http://{self.http_url}/v2/health/ready") == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise ServerError(f"tritonserver was not ready after {timeout:.0f}s{self._log_hint()}")
+        self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/ready") == 200, "tritonserver", timeout)
 
     def model_states(self) -> list[dict]:
         """The repository index: name, version, state and reason of every model."""
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
-
-    def log_tail(self, lines: int = 60) -> str:
-        if not self.log_file or not self.log_file.exists():
-            return ""
-        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-
-    def _log_hint(self) -> str:
-        tail = self.log_tail()
-        return f"; last lines of {self.log_file}:\n{tail}" if tail else ""
-
-    def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM the server's process group, SIGKILL it if it lingers; return the exit code."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        try:  # stubs left behind by a crashed server share its process group
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return self.process.returncode
 
     def __enter__(self) -> "TritonServer":
         self.start()

@@ -65,8 +65,6 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     triton.start()
     try:
         triton.wait_ready(180)
-        facade.start()
-        facade.wait_ready()
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
             point = run_perf_analyzer(
@@ -77,6 +75,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
                 f"  perf_analyzer c={concurrency}: {point.throughput:.1f} img/s, p50 {point.p50_ms:.2f} ms, "
                 f"p99 {point.p99_ms:.2f} ms, queue {point.server_queue_ms:.2f} ms, avg batch {point.avg_batch:.2f}"
             )
+        # Only now: perf_analyzer unregisters every shared-memory region when it exits, the
+        # facade's among them.
+        facade.start()
+        facade.wait_ready()
         data["loadgen_kserve"] = sweep("Triton direct", lambda: loadgen.KServeTarget(triton.grpc_url, model, 1),
                                        args.concurrency, args.duration)
         data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),

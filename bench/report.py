@@ -41,8 +41,8 @@ def summary_rows(model: str, data: dict) -> list[str]:
     if c16:
         rows.append(
             f"| facade vs Triton direct at c=16 | {facade_at[16]['images_per_s']:.1f} vs {kserve_at[16]['images_per_s']:.1f} img/s | "
-            f"{_ratio(facade_at[16]['images_per_s'], kserve_at[16]['images_per_s'])} | p50 +"
-            f"{facade_at[16]['p50_ms'] - kserve_at[16]['p50_ms']:.2f} ms |"
+            f"{_ratio(facade_at[16]['images_per_s'], kserve_at[16]['images_per_s'])} | p50 "
+            f"{facade_at[16]['p50_ms'] - kserve_at[16]['p50_ms']:+.2f} ms |"
         )
     if fastapi:
         rows.append(
@@ -52,7 +52,7 @@ def summary_rows(model: str, data: dict) -> list[str]:
     if one:
         rows.append(
             f"| c=1 p50, Triton direct vs in-process single image | {one['p50_ms']:.2f} vs {data['limit']['single_p50_ms']:.2f} ms | | "
-            f"+{one['p50_ms'] - data['limit']['single_p50_ms']:.2f} ms |"
+            f"{one['p50_ms'] - data['limit']['single_p50_ms']:+.2f} ms |"
         )
     return rows
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
@@ -19,19 +17,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.tritonserver import (
-    DEFAULT_BACKEND_DIR,
-    DEFAULT_REPOSITORY,
-    PROJECT_ROOT,
-    Ports,
-    ServerError,
-    TritonServer,
-    format_model_states,
-)
+from backend.process import ManagedProcess, ServerError
+from backend.tritonserver import DEFAULT_BACKEND_DIR, DEFAULT_REPOSITORY, PROJECT_ROOT, Ports, TritonServer, format_model_states
 
 
 @dataclass
-class FacadeProcess:
+class FacadeProcess(ManagedProcess):
     """`python -m client.facade` in its own process group, with the given flags."""
 
     grpc_port: int = 50051
@@ -39,8 +30,6 @@ class FacadeProcess:
     triton_url: str = "127.0.0.1:8001"
     host: str = "127.0.0.1"
     extra_args: list[str] = field(default_factory=list)
-    log_file: Path | None = None
-    process: subprocess.Popen | None = None
 
     @property
     def grpc_url(self) -> str:
@@ -55,10 +44,7 @@ class FacadeProcess:
             sys.executable, "-m", "client.facade", "--host", self.host, "--port", str(self.grpc_port),
             "--http-port", str(self.http_port), "--triton-url", self.triton_url, *self.extra_args,
         ]
-        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(
-            command, cwd=PROJECT_ROOT, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.spawn(command, cwd=PROJECT_ROOT)
 
     def health(self) -> tuple[int, dict]:
         try:
@@ -68,35 +54,12 @@ class FacadeProcess:
             return error.code, json.loads(error.read() or b"{}")
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process is None or self.process.poll() is not None:
-                raise ServerError(f"the facade exited with code {self.process and self.process.returncode}{self._tail()}")
-            try:
-                if self.health()[0] == 200:
-                    return
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.1)
-        raise ServerError(f"the facade was not healthy after {timeout:.0f}s{self._tail()}")
-
-    def _tail(self) -> str:
-        if not self.log_file or not self.log_file.exists():
-            return ""
-        return ":\n" + "\n".join(self.log_file.read_text(errors="replace").splitlines()[-30:])
+        """Block until /health answers 200: a real inference went through Triton."""
+        self.wait_until(lambda: self.health()[0] == 200, "the facade", timeout)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """SIGTERM (the facade drains in-flight calls), SIGKILL if it does not exit in time."""
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
-        return self.process.returncode
+        """SIGTERM: the facade drains in-flight calls first."""
+        return super().stop(timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,72 @@
+"""A server started as a child process in its own process group, with its output in a log file.
+
+Both tritonserver (with its Python stub processes) and the facade are run this way by `make
+serve`, the tests and the benchmark; stopping the group stops everything the server started.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerError(RuntimeError):
+    """A server could not be found, started, or made ready."""
+
+
+@dataclass
+class ManagedProcess:
+    log_file: Path | None = None
+    process: subprocess.Popen | None = None
+
+    def spawn(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
+        self.process = subprocess.Popen(
+            command, env=env, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
+        """Poll `ready` until it answers True; raise with the log tail if the process exits or time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise ServerError(f"{what} exited with code {code} before it was ready{self.log_hint()}")
+            try:
+                if ready():
+                    return
+            except (OSError, ValueError):
+                pass  # not listening yet, or half-started
+            time.sleep(0.1)
+        raise ServerError(f"{what} was not ready after {timeout:.0f}s{self.log_hint()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        if not self.log_file or not self.log_file.exists():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_hint(self) -> str:
+        tail = self.log_tail()
+        return f"; last lines of {self.log_file}:\n{tail}" if tail else ""
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        """SIGTERM the process group, SIGKILL it if it lingers; return the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        try:  # children left behind by a crashed parent share its process group
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.process.returncode
