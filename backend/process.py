@@ -70,3 +70,21 @@ class ManagedProcess:
         except ProcessLookupError:
             pass
         return self.process.returncode
+
+
+class StopRequest:
+    """Set by SIGTERM or SIGINT (Ctrl-C): a foreground command then stops its servers and exits."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGTERM, self._request)
+        signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        self.requested = True
+
+    def wait(self, *servers: ManagedProcess) -> bool:
+        """Block until a stop is requested (True) or one of `servers` exits on its own (False)."""
+        while not self.requested and all(s.process is not None and s.process.poll() is None for s in servers):
+            time.sleep(0.2)
+        return self.requested

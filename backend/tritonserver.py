@@ -15,7 +15,6 @@ import argparse
 import importlib.util
 import json
 import os
-import signal
 import socket
 import sys
 import sysconfig
@@ -25,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.process import ManagedProcess, ServerError
+from backend.process import ManagedProcess, ServerError, StopRequest
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -211,14 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file=args.log_file,
         extra_args=args.extra,
     )
-    stop_requested = False
-
-    def request_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = StopRequest()
     started = time.monotonic()
     print(f"starting tritonserver with {server.model_repository} ...", flush=True)
     server.start()
@@ -231,15 +223,15 @@ def main(argv: list[str] | None = None) -> int:
             "Ctrl-C stops it.",
             flush=True,
         )
-        while not stop_requested and server.process.poll() is None:
-            time.sleep(0.2)
+        if not stop.wait(server):
+            print("error: tritonserver exited on its own", file=sys.stderr)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
         code = server.stop()
         print(f"tritonserver stopped (exit code {code})", flush=True)
-    return 0 if stop_requested else 1
+    return 0 if stop.requested else 1
 
 
 if __name__ == "__main__":

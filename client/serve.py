@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
 import urllib.error
@@ -17,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.process import ManagedProcess, ServerError
+from backend.process import ManagedProcess, ServerError, StopRequest
 from backend.tritonserver import DEFAULT_BACKEND_DIR, DEFAULT_REPOSITORY, PROJECT_ROOT, Ports, TritonServer, format_model_states
 
 
@@ -79,14 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file=args.log_dir / "tritonserver.log",
     )
     facade = FacadeProcess(extra_args=args.facade_args, log_file=args.log_dir / "facade.log")
-    stop_requested = False
-
-    def request_stop(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-        nonlocal stop_requested
-        stop_requested = True
-
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
+    stop = StopRequest()
     started = time.monotonic()
     try:
         print(f"starting tritonserver with {triton.model_repository} (log: {triton.log_file}) ...", flush=True)
@@ -105,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             "Ctrl-C stops both.",
             flush=True,
         )
-        while not stop_requested and triton.process.poll() is None and facade.process.poll() is None:
-            time.sleep(0.2)
-        if not stop_requested:
+        if not stop.wait(triton, facade):
             print("error: a server exited on its own; stopping the other", file=sys.stderr)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -115,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         print(f"facade stopped (exit code {facade.stop()})", flush=True)
         print(f"tritonserver stopped (exit code {triton.stop()})", flush=True)
-    return 0 if stop_requested else 1
+    return 0 if stop.requested else 1
 
 
 if __name__ == "__main__":
