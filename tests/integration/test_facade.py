@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 
@@ -346,15 +345,17 @@ def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):
     calls = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape))
              for _ in range(3)]
     time.sleep(0.3)
-    health_codes = []
-    watcher = threading.Thread(target=lambda: [health_codes.append(_health_code(own)) or time.sleep(0.05) for _ in range(10)])
     os.kill(own.process.pid, signal.SIGTERM)
-    watcher.start()
+    # Health goes off while the calls are still running, and stays off.
+    deadline, codes = time.monotonic() + 10, []
+    while not codes or codes[-1] == 200:
+        assert time.monotonic() < deadline, f"health still answers {codes[-1:]} after SIGTERM"
+        codes.append(_health_code(own))
+        time.sleep(0.05)
+    assert not all(call.done() for call in calls), "the calls ended before health went off: nothing was drained"
     for call in calls:
         assert list(call.result(timeout=120).shape) == [16, 1000]
-    watcher.join()
     assert own.process.wait(timeout=60) == 0
-    assert 200 not in health_codes
     channel.close()
 
 
