@@ -40,15 +40,6 @@ def read_io(session: ort.InferenceSession, batched: bool) -> tuple[tuple[TensorS
     return inputs, outputs
 
 
-def read_io_from_file(onnx_file: Path, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """Like `read_io`, for Triton's auto-complete: no graph optimisation, one thread."""
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
-    return read_io(session, batched)
-
-
 class OnnxModelRunner:
     """Serves batches of requests with one session; `infer` never raises for a request's fault."""
 

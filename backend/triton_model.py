@@ -16,8 +16,7 @@ from typing import ClassVar
 import triton_python_backend_utils as pb_utils
 
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
-from backend.runner import OnnxModelRunner, Result, read_io_from_file
-from backend.settings import SessionSettings, cpu_instance_count
+from backend.onnx_io import read_file_io
 
 
 def _triton_error(error: RequestError) -> "pb_utils.TritonError":
@@ -34,7 +33,7 @@ class OnnxRuntimeModel:
     def auto_complete_config(cls, auto_complete_model_config):
         """Fill in inputs and outputs from the ONNX graph; the rest of the config is policy."""
         config = auto_complete_model_config.as_dict()
-        inputs, outputs = read_io_from_file(cls.onnx_file, config.get("max_batch_size", 0) > 0)
+        inputs, outputs = read_file_io(cls.onnx_file, config.get("max_batch_size", 0) > 0)
         for spec in inputs:
             auto_complete_model_config.add_input(spec.as_config())
         for spec in outputs:
@@ -42,6 +41,11 @@ class OnnxRuntimeModel:
         return auto_complete_model_config
 
     def initialize(self, args: dict) -> None:
+        # Imported here, not at the top: auto-complete runs in a stub process of its own that
+        # needs none of ONNX Runtime, and loading it there (and tearing it down) slows start-up.
+        from backend.runner import OnnxModelRunner
+        from backend.settings import SessionSettings, cpu_instance_count
+
         started = time.perf_counter()
         config = json.loads(args["model_config"])
         name = config["name"]
@@ -64,7 +68,7 @@ class OnnxRuntimeModel:
         return [self._response(result) for result in self.runner.infer(feeds)]
 
     @staticmethod
-    def _response(result: Result) -> "pb_utils.InferenceResponse":
+    def _response(result: dict | RequestError) -> "pb_utils.InferenceResponse":
         if isinstance(result, RequestError):
             return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(result))
         return pb_utils.InferenceResponse(

@@ -7,7 +7,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 
-from backend.runner import read_io_from_file
+from backend.onnx_io import read_file_io
 from tests.integration.conftest import MODELS, onnx_file
 from tests.integration.kserve import (
     assert_close,
@@ -56,7 +56,7 @@ def test_served_config_has_the_policy_and_the_graph_io(client, model):
     assert "intra_op_thread_count" in config.parameters
 
     # Auto-complete filled inputs and outputs from the graph, batch dim removed.
-    inputs, outputs = read_io_from_file(onnx_file(model), batched=True)
+    inputs, outputs = read_file_io(onnx_file(model), batched=True)
     triton_type = lambda t: "TYPE_" + model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")  # noqa: E731
     assert [(t.name, triton_type(t), list(t.dims)) for t in config.input] == [
         (s.name, s.triton_type, list(s.dims)) for s in inputs

@@ -3,7 +3,8 @@ import onnxruntime as ort
 import pytest
 
 from backend.errors import InvalidInputError, ModelExecutionError
-from backend.runner import OnnxModelRunner, read_io_from_file
+from backend.onnx_io import read_file_io
+from backend.runner import OnnxModelRunner
 from backend.settings import SessionSettings
 
 SETTINGS = SessionSettings.from_model_config({}, cores=1)
@@ -20,10 +21,10 @@ def masked_sum(masked_sum_onnx):
 
 
 def test_signature_comes_from_the_graph(double_onnx):
-    inputs, outputs = read_io_from_file(double_onnx, batched=True)
+    inputs, outputs = read_file_io(double_onnx, batched=True)
     assert [(s.name, s.triton_type, s.dims) for s in inputs] == [("x", "TYPE_FP32", (4,))]
     assert [(s.name, s.triton_type, s.dims) for s in outputs] == [("y", "TYPE_FP32", (4,))]
-    inputs, _ = read_io_from_file(double_onnx, batched=False)
+    inputs, _ = read_file_io(double_onnx, batched=False)
     assert inputs[0].dims == (-1, 4)
 
 
