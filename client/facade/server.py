@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -12,6 +13,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from client.facade.auth import BearerTokenInterceptor
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
@@ -52,6 +54,7 @@ class Facade:
     async def start(self) -> None:
         s = self.settings
         self._grpc = grpc.aio.server(
+            interceptors=[BearerTokenInterceptor(s.auth_token)] if s.auth_token else [],
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.max_send_message_length", s.max_message_bytes),
@@ -65,12 +68,22 @@ class Facade:
         )
         self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self._grpc)
-        reflection.enable_server_reflection(
-            [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
-        )
+        if s.reflection:
+            reflection.enable_server_reflection(
+                [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], self._grpc
+            )
         address = f"{s.host}:{s.port}"
+        credentials = None
+        if s.tls_cert or s.tls_key:
+            try:
+                credentials = grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+            except OSError as error:
+                await self.gateway.close()
+                raise StartupError(f"cannot read the TLS key and certificate: {error}") from None
         try:
-            bound = self._grpc.add_insecure_port(address)
+            bound = (
+                self._grpc.add_secure_port(address, credentials) if credentials else self._grpc.add_insecure_port(address)
+            )
         except RuntimeError:
             bound = 0
         if bound == 0:
@@ -90,9 +103,11 @@ class Facade:
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
         self._monitor_task = asyncio.create_task(self.monitor.run(s.health_interval))
         log.info(
-            "facade listening: gRPC %s (inference.InferenceService, grpc.health.v1, reflection), HTTP %s:%d "
+            "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
-            address, s.host, s.http_port, s.triton_url, s.default_model, s.max_in_flight,
+            address, "TLS" if s.tls_cert else "plaintext", " with bearer token" if s.auth_token else "",
+            ", reflection" if s.reflection else "", s.host, s.http_port, s.triton_url, s.default_model,
+            s.max_in_flight,
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -25,6 +25,10 @@ class FacadeSettings:
     health_timeout: float = 5.0
     model_info_ttl: float = 30.0
     drain_seconds: float = 10.0
+    auth_token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    reflection: bool = True
     log_level: str = "INFO"
 
 
@@ -43,6 +47,11 @@ _HELP = {
     "health_timeout": "seconds a health probe may take before it counts as failed",
     "model_info_ttl": "seconds model metadata is cached before it is asked of Triton again",
     "drain_seconds": "grace period for in-flight calls after SIGTERM",
+    "auth_token": "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); "
+    "prefer the environment variable, flags show in `ps`",
+    "tls_cert": "PEM certificate chain: serve gRPC over TLS (with --tls-key)",
+    "tls_key": "PEM private key of --tls-cert",
+    "reflection": "serve gRPC server reflection (turn off in production: 0)",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
 }
 
@@ -51,19 +60,29 @@ def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
 
 
+def _boolean(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "on", "yes"):
+        return True
+    if lowered in ("0", "false", "off", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected 1/0 or true/false, got {value!r}")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; its default comes from the environment when set there."""
     for field in fields(FacadeSettings):
         flag = "--" + field.name.replace("_", "-")
         env_value = os.environ.get(env_name(field.name))
-        kind = {"int": int, "float": float, "str": str}[field.type]
+        kind = {"int": int, "float": float, "str": str, "bool": _boolean}[field.type]
         default = kind(env_value) if env_value is not None else field.default
         parser.add_argument(
             flag,
             type=kind,
             default=default,
             dest=field.name,
-            help=f"{_HELP[field.name]} (env {env_name(field.name)}; default: %(default)s)",
+            help=f"{_HELP[field.name]} (env {env_name(field.name)}"
+            + ("; never shown)" if field.name == "auth_token" else "; default: %(default)s)"),
         )
 
 

@@ -86,3 +86,18 @@ def test_generated_protobuf_code_is_current(tmp_path):
             field.ClearField("json_name")
     current = descriptor_pb2.FileDescriptorProto.FromString(inference_pb2.DESCRIPTOR.serialized_pb)
     assert current == fresh, "client/proto/inference_pb2.py is stale: run `make proto`"
+
+
+def test_boolean_settings_and_a_token_that_help_never_prints(monkeypatch):
+    import argparse
+
+    monkeypatch.setenv("TRITONNX_AUTH_TOKEN", "hunter2")
+    monkeypatch.setenv("TRITONNX_REFLECTION", "off")
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    settings = from_arguments(parser.parse_args([]))
+    assert settings.auth_token == "hunter2" and settings.reflection is False
+    assert from_arguments(parser.parse_args(["--reflection", "1"])).reflection is True
+    assert "hunter2" not in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--reflection", "maybe"])

@@ -1,0 +1,45 @@
+"""Token authentication of the inference service, as a gRPC server interceptor.
+
+Only inference.InferenceService needs the token: health checks come from load balancers and
+orchestrators that carry none, and reflection is switched off separately.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+
+from client.facade.service import SERVICE_NAME
+
+_PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
+
+
+def _refuse(message: str) -> grpc.RpcMethodHandler:
+    async def unary(request, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def stream(requests, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # an async generator, as stream handlers are
+
+    return grpc.unary_unary_rpc_method_handler(unary), grpc.stream_stream_rpc_method_handler(stream)
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Calls to the inference service need `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+        self._missing = _refuse("this server needs `authorization: Bearer <token>` metadata")
+        self._wrong = _refuse("the bearer token is not valid")
+
+    async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
+        method = handler_call_details.method
+        if not method.startswith(_PROTECTED_PREFIX):
+            return await continuation(handler_call_details)
+        given = next((value for key, value in handler_call_details.invocation_metadata or () if key == "authorization"), None)
+        if given is not None and hmac.compare_digest(given.encode(), self._expected):
+            return await continuation(handler_call_details)
+        unary, stream = self._missing if given is None else self._wrong
+        return stream if method.endswith("/PredictStream") else unary
