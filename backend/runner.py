@@ -55,6 +55,10 @@ class OnnxModelRunner:
         self.run_options = run_options
         self._log = log
         self._output_names = [spec.name for spec in signature.outputs]
+        # Once the model has run (warm-up included), a lone request that passed validation but
+        # fails is blamed on its input (a sequence longer than the model's position table, an id
+        # outside its vocabulary). A batch whose requests all fail alone is the model's failure.
+        self._has_run = False
 
     @classmethod
     def load(
@@ -71,7 +75,22 @@ class OnnxModelRunner:
         )
         inputs, outputs = read_io(session, max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
-        return cls(session, signature, settings.run_options(), log)
+        runner = cls(session, signature, settings.run_options(), log)
+        runner.warm_up()
+        return runner
+
+    def warm_up(self) -> None:
+        """Run the smallest request (zeros, every free dim 1) once: ONNX Runtime allocates on its
+        first run, which would otherwise land on the first caller."""
+        batch = (1,) if self.signature.batched else ()
+        feeds = {
+            spec.name: np.zeros(batch + tuple(1 if d < 0 else d for d in spec.dims), spec.dtype)
+            for spec in self.signature.inputs
+        }
+        try:
+            self._run(feeds)
+        except Exception as error:  # noqa: BLE001 - zeros are not valid input for every model
+            self._log(f"model '{self.signature.name}': warm-up with zeros failed ({error}); serving anyway")
 
     def infer(self, requests: Sequence[Tensors]) -> list[Result]:
         """One result per request, in order: its outputs, or the error that ended it alone."""
@@ -98,7 +117,7 @@ class OnnxModelRunner:
             outputs = self._run(stack([requests[i] for i in group], self.signature))
         except Exception as error:  # noqa: BLE001 - ONNX Runtime raises many unrelated types
             if len(group) == 1:
-                results[group[0]] = self._request_error(error, blamed_alone=False)
+                results[group[0]] = self._request_error(error, blamed_alone=self._has_run)
                 return
             # Someone in the batch broke the shared run: retry each request alone so that only
             # the request at fault fails.
@@ -121,10 +140,11 @@ class OnnxModelRunner:
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = self.session.run(self._output_names, feeds, self.run_options)
+        self._has_run = True
         return dict(zip(self._output_names, arrays))
 
     def _request_error(self, error: Exception, blamed_alone: bool) -> RequestError:
-        """Invalid input when ONNX Runtime says so, or when the same batch ran fine for others."""
+        """Invalid input when ONNX Runtime says so, or when the model has run fine for other requests."""
         if blamed_alone or isinstance(error, InvalidArgument):
             return InvalidInputError(f"model '{self.signature.name}' cannot run on this input: {_caller_message(error)}")
         self._log(f"model '{self.signature.name}' failed: {error}")

@@ -114,3 +114,10 @@ def test_the_session_uses_the_configured_threads(double_onnx):
     runner = OnnxModelRunner.load(double_onnx, "double", settings, 8)
     assert isinstance(runner.session, ort.InferenceSession)
     assert runner.signature.max_batch_size == 8 and runner.signature.batched
+
+
+def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
+    assert "y" in double.infer([{"x": np.ones((1, 4), np.float32)}])[0]
+    double.session = FailsOnNegative(double.session)
+    result = double.infer([{"x": -np.ones((1, 4), np.float32)}])[0]
+    assert isinstance(result, InvalidInputError) and "cannot take negative values" in str(result)
