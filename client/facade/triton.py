@@ -150,12 +150,6 @@ class TritonGateway:
             if slot is not None:
                 self._pool.release(slot)
 
-    async def server_ready(self, timeout: float) -> bool:
-        try:
-            return (await self._stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=timeout)).ready
-        except grpc.aio.AioRpcError:
-            return False
-
     async def close(self) -> None:
         if self._pool is not None:
             if self._registered:
