@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 import os
+import secrets
 import socket
 import sys
 import sysconfig
@@ -29,6 +30,13 @@ from backend.process import ManagedProcess, ServerError, StopRequest
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPOSITORY = PROJECT_ROOT / "model_repository"
 DEFAULT_BACKEND_DIR = PROJECT_ROOT / "build" / "backends"
+# Triton's administrative APIs answer only requests carrying this header with the server's key
+# (its restricted-protocol options); inference, health and metadata stay open.
+ADMIN_HEADER = "tritonnx-admin-key"
+GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # Triton's gRPC server adds the prefix
+ADMIN_KEY_ENV = "TRITONNX_ADMIN_KEY"
+ADMIN_KEY_FILE = PROJECT_ROOT / "build" / "admin-key"  # written by `make serve` when it made the key up
+RESTRICTED_PROTOCOLS = "model-repository,model-config,shared-memory,statistics,trace,logging"
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,24 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def known_admin_key() -> str:
+    """The restricted-API key for local tools: $TRITONNX_ADMIN_KEY, else the one `make serve` wrote, else ""."""
+    if os.environ.get(ADMIN_KEY_ENV):
+        return os.environ[ADMIN_KEY_ENV]
+    try:
+        return ADMIN_KEY_FILE.read_text().strip()
+    except OSError:
+        return ""
+
+
+def write_admin_key(key: str, path: Path = ADMIN_KEY_FILE) -> None:
+    """Store the key readable by this user only, for `perf_analyzer -H` and the client scripts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(key + "\n")
+
+
 @dataclass(frozen=True)
 class Ports:
     http: int = 8000
@@ -115,6 +141,17 @@ class TritonServer(ManagedProcess):
     backend_dir: Path = DEFAULT_BACKEND_DIR
     extra_args: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
+    admin_key: str = field(default_factory=lambda: os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24))
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """gRPC metadata that opens the restricted APIs: model control, config, shared memory, statistics."""
+        return {GRPC_ADMIN_HEADER: self.admin_key}
+
+    @property
+    def http_admin_headers(self) -> dict[str, str]:
+        """The same for HTTP requests."""
+        return {ADMIN_HEADER: self.admin_key}
 
     @property
     def http_url(self) -> str:
@@ -144,6 +181,12 @@ class TritonServer(ManagedProcess):
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=python,shm-growth-byte-size=16777216",
             "--exit-timeout-secs=10",
+            # Explicit model control, behind the admin key: the supervisor reloads a model whose
+            # stub died; clients cannot load or unload models.
+            "--model-control-mode=explicit",
+            "--load-model=*",
+            f"--grpc-restricted-protocol={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
+            f"--http-restricted-api={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
 
@@ -167,7 +210,9 @@ class TritonServer(ManagedProcess):
 
     def model_states(self) -> list[dict]:
         """The repository index: name, version, state and reason of every model."""
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST")
+        request = urllib.request.Request(
+            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=self.http_admin_headers
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             return json.loads(response.read())
 
@@ -190,7 +235,8 @@ def format_model_states(states: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m backend.tritonserver",
-        description="Serve a model repository with tritonserver 2.51 on loopback until Ctrl-C.",
+        description="Serve a model repository with tritonserver 2.51 on loopback until Ctrl-C (no supervisor and no "
+        "facade: `python -m client.serve` runs all three).",
         epilog="Example: python -m backend.tritonserver --model-repository model_repository --log-file build/tritonserver.log",
     )
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="default: %(default)s")
@@ -210,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         log_file=args.log_file,
         extra_args=args.extra,
     )
+    if not os.environ.get(ADMIN_KEY_ENV):
+        write_admin_key(server.admin_key)
     stop = StopRequest()
     started = time.monotonic()
     print(f"starting tritonserver with {server.model_repository} ...", flush=True)
@@ -220,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_model_states(server.model_states()), flush=True)
         print(
             f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}\n"
+            f"restricted APIs: header {GRPC_ADMIN_HEADER} (gRPC) or {ADMIN_HEADER} (HTTP), key in "
+            f"{'$' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else ADMIN_KEY_FILE}\n"
             "Ctrl-C stops it.",
             flush=True,
         )

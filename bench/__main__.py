@@ -58,6 +58,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     grpc_port, http_port = free_ports(2)
     facade = FacadeProcess(
         grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=workdir / f"facade-{model}.log",
+        admin_key=triton.admin_key,
         # The health probe runs real inferences: keep it rare and on the model under test.
         extra_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
     )
@@ -68,7 +69,8 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
             point = run_perf_analyzer(
-                model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True
+                model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True,
+                headers=triton.admin_headers,
             )
             data["perf_analyzer"].append(point.as_dict())
             say(

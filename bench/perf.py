@@ -70,12 +70,14 @@ def run_perf_analyzer(
     shared_memory: bool = False,
     shapes: tuple[str, ...] = (),
     input_data: str = "random",
+    headers: dict[str, str] | None = None,
 ) -> PerfPoint:
     """One perf_analyzer measurement. With `shared_memory`, inputs and outputs travel through
     system shared memory registered once, as a local client of Triton can do: the client's
     copies then cost next to nothing on the cores the server runs on. `shapes` are perf_analyzer
     `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
-    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary)."""
+    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary).
+    `headers` go with every call (Triton's restricted APIs need `TritonServer.admin_headers`)."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
@@ -85,6 +87,7 @@ def run_perf_analyzer(
             *(["--shared-memory", "system"] if shared_memory else []),
             *(arg for shape in shapes for arg in ("--shape", shape)),
             "--input-data", input_data,
+            *(arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")),
         ]
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300, check=False)

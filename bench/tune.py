@@ -86,7 +86,7 @@ def measure(
             for concurrency in concurrencies:
                 point = run_perf_analyzer(
                     model, server.grpc_url, concurrency, measurement_ms=int(seconds * 1000), shared_memory=True,
-                    shapes=shapes, input_data=input_data,
+                    shapes=shapes, input_data=input_data, headers=server.admin_headers,
                 )
                 points[concurrency] = point.as_dict()
             return points

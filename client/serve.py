@@ -2,13 +2,20 @@
 
 Starts tritonserver (backend/tritonserver.py) with the model repository, waits until it is ready,
 then starts the facade in a process of its own and waits until its /health answers 200 (a real
-inference went through). Ctrl-C or SIGTERM drains the facade first, then stops Triton.
+inference went through). A supervisor (backend/supervisor.py) reloads a model whose stub process
+died and restarts tritonserver if it exits. Ctrl-C or SIGTERM drains the facade first, then stops
+Triton.
+
+Triton's restricted APIs (model control, configs, shared memory, statistics) need the admin key:
+$TRITONNX_ADMIN_KEY when set, else a new random key written to build/admin-key (mode 600).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import sys
 import time
 import urllib.error
@@ -17,7 +24,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.process import ManagedProcess, ServerError, StopRequest
-from backend.tritonserver import DEFAULT_BACKEND_DIR, DEFAULT_REPOSITORY, PROJECT_ROOT, Ports, TritonServer, format_model_states
+from backend.supervisor import TritonSupervisor
+from backend.tritonserver import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_FILE,
+    DEFAULT_BACKEND_DIR,
+    DEFAULT_REPOSITORY,
+    GRPC_ADMIN_HEADER,
+    PROJECT_ROOT,
+    Ports,
+    TritonServer,
+    format_model_states,
+    write_admin_key,
+)
 
 
 @dataclass
@@ -29,6 +48,7 @@ class FacadeProcess(ManagedProcess):
     triton_url: str = "127.0.0.1:8001"
     host: str = "127.0.0.1"
     extra_args: list[str] = field(default_factory=list)
+    admin_key: str = ""  # Triton's restricted-API key, handed over in the environment (flags show in `ps`)
 
     @property
     def grpc_url(self) -> str:
@@ -43,7 +63,10 @@ class FacadeProcess(ManagedProcess):
             sys.executable, "-m", "client.facade", "--host", self.host, "--port", str(self.grpc_port),
             "--http-port", str(self.http_port), "--triton-url", self.triton_url, *self.extra_args,
         ]
-        self.spawn(command, cwd=PROJECT_ROOT)
+        env = dict(os.environ)
+        if self.admin_key:
+            env[ADMIN_KEY_ENV] = self.admin_key
+        self.spawn(command, env=env, cwd=PROJECT_ROOT)
 
     def health(self) -> tuple[int, dict]:
         try:
@@ -72,12 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
     args = parser.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     triton = TritonServer(
         model_repository=args.model_repository.resolve(), ports=Ports(), backend_dir=DEFAULT_BACKEND_DIR,
         log_file=args.log_dir / "tritonserver.log",
     )
-    facade = FacadeProcess(extra_args=args.facade_args, log_file=args.log_dir / "facade.log")
+    if not os.environ.get(ADMIN_KEY_ENV):
+        write_admin_key(triton.admin_key)
+    supervisor = TritonSupervisor(triton)
+    facade = FacadeProcess(extra_args=args.facade_args, log_file=args.log_dir / "facade.log", admin_key=triton.admin_key)
     stop = StopRequest()
     started = time.monotonic()
     try:
@@ -86,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         triton.wait_ready(timeout=180)
         print(f"tritonserver ready after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states()), flush=True)
+        supervisor.start()
         print(f"starting the facade (log: {facade.log_file}) ...", flush=True)
         facade.start()
         facade.wait_ready()
@@ -94,15 +122,19 @@ def main(argv: list[str] | None = None) -> int:
             f"  Triton   HTTP {triton.http_url}  gRPC {triton.grpc_url}  metrics {triton.metrics_url}\n"
             f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
             f"{facade.http_url}/metrics  {facade.http_url}/health\n"
+            f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key "
+            f"{'in $' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'in ' + str(ADMIN_KEY_FILE)}\n"
             "Ctrl-C stops both.",
             flush=True,
         )
-        if not stop.wait(triton, facade):
-            print("error: a server exited on its own; stopping the other", file=sys.stderr)
+        # tritonserver exiting is the supervisor's to heal; the facade exiting ends the run.
+        if not stop.wait(facade):
+            print("error: the facade exited on its own; stopping tritonserver", file=sys.stderr)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
+        supervisor.stop()
         print(f"facade stopped (exit code {facade.stop()})", flush=True)
         print(f"tritonserver stopped (exit code {triton.stop()})", flush=True)
     return 0 if stop.requested else 1

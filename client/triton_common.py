@@ -18,6 +18,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from backend.tritonserver import ADMIN_HEADER, GRPC_ADMIN_HEADER, known_admin_key
+
 PROTOCOLS = ("grpc", "http")
 
 # protocol -> (environment variable, fallback); the ports are tritonserver's defaults.
@@ -28,7 +30,8 @@ _URL_DEFAULTS = {
 
 URL_HELP_EPILOG = (
     "Without --url the address comes from $TRITON_GRPC_URL (gRPC, default 127.0.0.1:8001) or\n"
-    "$TRITON_HTTP_URL (HTTP, default 127.0.0.1:8000)."
+    "$TRITON_HTTP_URL (HTTP, default 127.0.0.1:8000). Model configs and the repository index are\n"
+    "restricted APIs: their key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key (written by make serve)."
 )
 
 
@@ -108,12 +111,16 @@ class TritonClient:
     InferenceServerException with status DEADLINE_EXCEEDED.
     """
 
-    def __init__(self, url: str, protocol: str, timeout_s: float | None = None) -> None:
+    def __init__(self, url: str, protocol: str, timeout_s: float | None = None, admin_key: str | None = None) -> None:
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
         self.url = url
         self.protocol = protocol
         self._timeout_s = timeout_s
+        # The repository index and model configs are restricted APIs behind tritonserver's key.
+        key = known_admin_key() if admin_key is None else admin_key
+        header = GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER
+        self._admin = {header: key} if key else None
         if protocol == "grpc":
             self._client = grpcclient.InferenceServerClient(url)
         elif timeout_s is None:
@@ -149,11 +156,11 @@ class TritonClient:
         except OSError as exc:  # HTTP only: refused, unresolvable, reset
             raise ServerUnreachable(self.url, self.protocol, str(exc)) from None
 
-    def _json(self, method: str, *args: Any) -> Any:
+    def _json(self, method: str, *args: Any, **kwargs: Any) -> Any:
         # The gRPC client returns protobuf messages unless asked for JSON; HTTP always returns JSON.
         if self.protocol == "grpc":
-            return self._call(method, *args, as_json=True)
-        return self._call(method, *args)
+            return self._call(method, *args, as_json=True, **kwargs)
+        return self._call(method, *args, **kwargs)
 
     def server_live(self) -> bool:
         """Liveness; also the reachability probe, so a timeout here means unreachable."""
@@ -175,14 +182,14 @@ class TritonClient:
 
     def repository_index(self) -> list[dict]:
         """One entry per model version known to the repository: name, version, state, reason."""
-        index = self._json("get_model_repository_index")
+        index = self._json("get_model_repository_index", headers=self._admin)
         return index.get("models", []) if self.protocol == "grpc" else index
 
     def model_metadata(self, model: str) -> dict:
         return normalize_metadata(self._json("get_model_metadata", model))
 
     def model_config(self, model: str) -> dict:
-        config = self._json("get_model_config", model)
+        config = self._json("get_model_config", model, headers=self._admin)
         return config.get("config", {}) if self.protocol == "grpc" else config
 
     def infer(

@@ -1,5 +1,7 @@
 """Health from a real inference: Triton 2.51 keeps reporting READY after a Python stub died,
-so the facade is healthy only while the default model answers an actual request."""
+so the facade is healthy only while the default model answers an actual request and no request
+failed on Triton's side lately (a dead stub fails only the requests sent to its instance, which
+a single probe may miss). While unhealthy it probes often, to report recovery quickly."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from client.facade.translate import NUMPY_DTYPES, InferCall
 from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
+_RECOVERY_PROBE_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -42,11 +45,19 @@ class HealthMonitor:
     grpc.health.v1 (overall and per service) and to /health."""
 
     def __init__(
-        self, gateway: TritonGateway, model: str, timeout: float, services: list[str], servicer: health.aio.HealthServicer
+        self,
+        gateway: TritonGateway,
+        model: str,
+        timeout: float,
+        interval: float,
+        services: list[str],
+        servicer: health.aio.HealthServicer,
     ) -> None:
         self.gateway = gateway
         self.model = model
         self.timeout = timeout
+        self.interval = interval
+        self.failure_window = 2 * interval  # unhealthy until two intervals pass without a failure
         self.services = ["", *services]
         self.servicer = servicer
         self.draining = False
@@ -72,6 +83,9 @@ class HealthMonitor:
             serving, detail = not self.draining, "draining" if self.draining else "real inference answered"
         except FacadeError as error:
             serving, detail = False, f"{error.code.name}: {error.message}"
+        failure = self.gateway.last_failure
+        if serving and failure is not None and time.monotonic() - failure[0] < self.failure_window:
+            serving, detail = False, f"a request failed in Triton {time.monotonic() - failure[0]:.1f}s ago ({failure[1]})"
         report = HealthReport(serving, self.model, time.monotonic(), time.monotonic() - started, detail)
         if report.serving != self.report.serving:
             log.log(logging.INFO if report.serving else logging.WARNING, "health: %s (%s)",
@@ -92,10 +106,10 @@ class HealthMonitor:
         for service in self.services:
             await self.servicer.set(service, status)
 
-    async def run(self, interval: float) -> None:
+    async def run(self) -> None:
         while not self.draining:
-            await self.current(max_age=interval / 2)
-            await asyncio.sleep(interval)
+            await self.current(max_age=self.interval / 2)
+            await asyncio.sleep(self.interval if self.report.serving else min(self.interval, _RECOVERY_PROBE_SECONDS))
 
     async def drain(self) -> None:
         """NOT_SERVING everywhere from now on: load balancers stop sending before the server stops."""

@@ -37,10 +37,16 @@ class Facade:
             settings.model_info_ttl,
             shm_slots=settings.shm_slots,
             shm_slot_bytes=settings.shm_slot_bytes,
+            admin_key=settings.admin_key,
         )
         self.health_servicer = health.aio.HealthServicer()
         self.monitor = HealthMonitor(
-            self.gateway, settings.default_model, settings.health_timeout, [SERVICE_NAME], self.health_servicer
+            self.gateway,
+            settings.default_model,
+            settings.health_timeout,
+            settings.health_interval,
+            [SERVICE_NAME],
+            self.health_servicer,
         )
         self.servicer = InferenceServicer(
             Predictor(self.gateway, settings.default_model),
@@ -101,7 +107,7 @@ class Facade:
         except OSError as error:
             await self.stop(0)
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
-        self._monitor_task = asyncio.create_task(self.monitor.run(s.health_interval))
+        self._monitor_task = asyncio.create_task(self.monitor.run())
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d",

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, fields
 
 ENV_PREFIX = "TRITONNX_"
+SECRETS = ("auth_token", "admin_key")
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class FacadeSettings:
     model_info_ttl: float = 30.0
     drain_seconds: float = 10.0
     auth_token: str = ""
+    admin_key: str = ""
     tls_cert: str = ""
     tls_key: str = ""
     reflection: bool = True
@@ -49,6 +51,8 @@ _HELP = {
     "drain_seconds": "grace period for in-flight calls after SIGTERM",
     "auth_token": "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); "
     "prefer the environment variable, flags show in `ps`",
+    "admin_key": "key of Triton's restricted APIs (model config, shared memory, repository index), as given to "
+    "tritonserver's restricted-protocol option; prefer the environment variable",
     "tls_cert": "PEM certificate chain: serve gRPC over TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",
     "reflection": "serve gRPC server reflection (turn off in production: 0)",
@@ -82,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=default,
             dest=field.name,
             help=f"{_HELP[field.name]} (env {env_name(field.name)}"
-            + ("; never shown)" if field.name == "auth_token" else "; default: %(default)s)"),
+            + ("; never shown)" if field.name in SECRETS else "; default: %(default)s)"),
         )
 
 

@@ -10,22 +10,32 @@ import time
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from client.facade.errors import NotFound, Unavailable, from_triton
+from backend.tritonserver import GRPC_ADMIN_HEADER
+from client.facade.errors import Internal, NotFound, Unavailable, from_triton
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
-# After a failed registration (Triton down, or on another machine), wait before asking again.
-_REGISTRATION_RETRY_SECONDS = 5.0
+# After a failed registration (Triton down, or on another machine), wait before asking again;
+# inputs use the socket meanwhile.
+_REGISTRATION_RETRY_SECONDS = 1.0
 
 
 class TritonGateway:
     """Calls Triton's KServe v2 gRPC API; every failure comes out as a `FacadeError`."""
 
     def __init__(
-        self, url: str, max_message_bytes: int, model_info_ttl: float, shm_slots: int = 0, shm_slot_bytes: int = 0
+        self,
+        url: str,
+        max_message_bytes: int,
+        model_info_ttl: float,
+        shm_slots: int = 0,
+        shm_slot_bytes: int = 0,
+        admin_key: str = "",
     ) -> None:
         self.url = url
+        # Model config, shared memory and the repository index are Triton's restricted APIs.
+        self._admin = ((GRPC_ADMIN_HEADER, admin_key),) if admin_key else ()
         self._pool = SharedInputPool(shm_slots, shm_slot_bytes) if shm_slots and shm_slot_bytes else None
         self._registered = False
         self._next_registration = 0.0
@@ -34,9 +44,11 @@ class TritonGateway:
             options=[
                 ("grpc.max_send_message_length", max_message_bytes),
                 ("grpc.max_receive_message_length", max_message_bytes),
-                # Find Triton again quickly after it restarts, instead of gRPC's default backoff of up to 2 min.
+                # Find Triton again within a fraction of a second after it restarts, instead of
+                # gRPC's default backoff of up to 2 min (a refused connect on loopback costs nothing).
                 ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 250),
             ],
         )
         self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
@@ -48,6 +60,8 @@ class TritonGateway:
         )
         self._ttl = model_info_ttl
         self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}
+        # The last request Triton failed on its side (a dead stub, a restart): a health signal.
+        self.last_failure: tuple[float, str] | None = None
 
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         """Inputs, outputs and max_batch_size of a model, cached for the TTL."""
@@ -58,7 +72,8 @@ class TritonGateway:
         try:
             metadata, config = await asyncio.gather(
                 self._stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=timeout),
-                self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout),
+                self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout,
+                                        metadata=self._admin),
             )
         except grpc.aio.AioRpcError as error:
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
@@ -75,7 +90,8 @@ class TritonGateway:
     async def _not_found_message(self, name: str, version: str) -> str:
         target = f"model '{name}'" + (f" version '{version}'" if version else "")
         try:
-            index = await self._stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0)
+            index = await self._stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
+            )
             served = sorted({m.name for m in index.models})
             return f"{target} is not served; ready models: {', '.join(served) or 'none'}"
         except grpc.aio.AioRpcError:
@@ -91,13 +107,14 @@ class TritonGateway:
         try:
             # A region of the same name left from before a Triton restart would refuse the new one.
             await self._stub.SystemSharedMemoryUnregister(
-                service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region), timeout=2.0
+                service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region), timeout=2.0, metadata=self._admin
             )
             await self._stub.SystemSharedMemoryRegister(
                 service_pb2.SystemSharedMemoryRegisterRequest(
                     name=pool.region, key=pool.key, offset=0, byte_size=pool.byte_size
                 ),
                 timeout=2.0,
+                metadata=self._admin,
             )
         except grpc.aio.AioRpcError as error:
             self._next_registration = time.monotonic() + _REGISTRATION_RETRY_SECONDS
@@ -111,7 +128,7 @@ class TritonGateway:
         """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""
         try:
             await self._stub.SystemSharedMemoryStatus(
-                service_pb2.SystemSharedMemoryStatusRequest(name=self._pool.region), timeout=2.0
+                service_pb2.SystemSharedMemoryStatusRequest(name=self._pool.region), timeout=2.0, metadata=self._admin
             )
             return False
         except grpc.aio.AioRpcError:
@@ -140,10 +157,16 @@ class TritonGateway:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 self._models.pop((model, version), None)
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-            if slot is not None and gone and await self._region_lost():
-                # Never Triton's message: it names the region.
-                raise Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry") from None
-            raise from_triton(error, model, version) from None
+            restarted = slot is not None and gone and await self._region_lost()
+            # Never Triton's message about the region: it names it.
+            failure = (
+                Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry")
+                if restarted
+                else from_triton(error, model, version)
+            )
+            if restarted or isinstance(failure, Internal):
+                self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
+            raise failure from None
         finally:
             # A call that ended early may still be queued in Triton and read this slot later: its
             # answer goes nowhere, and the next request's bytes are its own.
@@ -155,7 +178,9 @@ class TritonGateway:
             if self._registered:
                 try:
                     await self._stub.SystemSharedMemoryUnregister(
-                        service_pb2.SystemSharedMemoryUnregisterRequest(name=self._pool.region), timeout=2.0
+                        service_pb2.SystemSharedMemoryUnregisterRequest(name=self._pool.region),
+                        timeout=2.0,
+                        metadata=self._admin,
                     )
                 except grpc.aio.AioRpcError:
                     pass  # Triton is gone, and the region with it

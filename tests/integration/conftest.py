@@ -46,6 +46,7 @@ def start_facade(triton: TritonServer, workdir: Path, *extra: str) -> FacadeProc
     grpc_port, http_port = free_ports(2)
     facade = FacadeProcess(
         grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=workdir / "facade.log",
+        admin_key=triton.admin_key,
         extra_args=["--max-in-flight", str(FACADE_MAX_IN_FLIGHT), "--max-message-bytes",
                     str(FACADE_MAX_MESSAGE_BYTES), "--health-interval", "1", *extra],
     )

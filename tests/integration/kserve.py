@@ -83,7 +83,9 @@ def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * scale)
 
 
-def execution_counts(client: grpcclient.InferenceServerClient, model: str) -> tuple[int, int]:
-    """(inference_count, execution_count) of a model since the server started."""
-    stats = client.get_inference_statistics(model).model_stats[0]
+def execution_counts(
+    client: grpcclient.InferenceServerClient, model: str, admin_headers: Mapping[str, str]
+) -> tuple[int, int]:
+    """(inference_count, execution_count) of a model since the server started (statistics are restricted)."""
+    stats = client.get_inference_statistics(model, headers=dict(admin_headers)).model_stats[0]
     return stats.inference_count, stats.execution_count

@@ -9,10 +9,17 @@ import sys
 import numpy as np
 import pytest
 
+from backend.tritonserver import ADMIN_KEY_ENV
 from tests.integration.conftest import MODELS, onnx_file
 from tests.integration.kserve import reference_session
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def admin_key(triton, monkeypatch):
+    """The scripts find the server's restricted-API key in the environment, as after `make serve`."""
+    monkeypatch.setenv(ADMIN_KEY_ENV, triton.admin_key)
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:

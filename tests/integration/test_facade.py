@@ -315,15 +315,17 @@ def test_health_reflection_and_metrics(facade, stub):
     assert metric_value(text, "tritonnx_facade_request_payload_bytes_sum", model="mobilenet_v3_small") >= 602112
 
 
-def facade_regions(triton_client, facade) -> list[str]:
-    regions = triton_client.get_system_shared_memory_status(as_json=True).get("regions", {})
+def facade_regions(triton_client, triton, facade) -> list[str]:
+    regions = triton_client.get_system_shared_memory_status(headers=triton.admin_headers, as_json=True).get("regions", {})
     return [name for name in regions if name == f"tritonnx_facade_{facade.process.pid}"]
 
 
-def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade, stub, triton_client):
-    assert len(facade_regions(triton_client, facade)) == 1
+def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade, stub, triton, triton_client):
+    assert len(facade_regions(triton_client, triton, facade)) == 1
     # As after a Triton restart: the region is gone from Triton, the facade does not know yet.
-    triton_client.unregister_system_shared_memory(facade_regions(triton_client, facade)[0])
+    triton_client.unregister_system_shared_memory(
+        facade_regions(triton_client, triton, facade)[0], headers=triton.admin_headers
+    )
     data = image(seed=12)
     outcomes = []
     for _ in range(5):
@@ -340,7 +342,7 @@ def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade
     assert isinstance(outcomes[-1], inference_pb2.PredictResponse)
     expected = reference_session(onnx_file("mobilenet_v3_small")).run(["output"], {"input": data})[0]
     assert_close(np.array(outcomes[-1].predictions, np.float32), expected[0])
-    assert len(facade_regions(triton_client, facade)) == 1
+    assert len(facade_regions(triton_client, triton, facade)) == 1
     deadline = time.monotonic() + 10
     while facade.health()[0] != 200:
         assert time.monotonic() < deadline

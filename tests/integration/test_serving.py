@@ -43,9 +43,9 @@ def test_every_model_is_ready(triton, client):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_served_config_has_the_policy_and_the_graph_io(client, model):
+def test_served_config_has_the_policy_and_the_graph_io(triton, client, model):
     # The protobuf form: JSON leaves out fields at their default, such as timeout_action REJECT.
-    config = client.get_model_config(model).config
+    config = client.get_model_config(model, headers=triton.admin_headers).config
     assert config.backend == "python"
     assert config.max_batch_size >= 16
     policy = config.dynamic_batching.default_queue_policy
@@ -88,14 +88,14 @@ def test_outputs_equal_onnxruntime_in_process(client, model, batch):
     assert_close(outcome.outputs["output"], expected)
 
 
-def test_concurrent_requests_are_batched_and_each_gets_its_own_result(client):
+def test_concurrent_requests_are_batched_and_each_gets_its_own_result(triton, client):
     # resnet50: slow enough (tens of ms per image) that requests queue while instances are busy;
     # a fast model with several instances may keep up with the client and never need to batch.
     model = "resnet50"
     data = images(64, seed=7)
-    before = execution_counts(client, model)
+    before = execution_counts(client, model, triton.admin_headers)
     outcomes = infer_concurrently(client, model, [{"input": data[i : i + 1]} for i in range(64)], ["output"])
-    after = execution_counts(client, model)
+    after = execution_counts(client, model, triton.admin_headers)
 
     assert [o.status for o in outcomes] == ["OK"] * 64
     expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
@@ -106,13 +106,13 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result(client):
     assert executions < inferences, f"64 concurrent requests ran in {executions} executions: no batching"
 
 
-def test_text_classifier_batches_ragged_requests_like_single_ones(client):
+def test_text_classifier_batches_ragged_requests_like_single_ones(triton, client):
     lengths = [3, 17, 8, 1, 32, 12, 5, 24] * 3
     requests = [token_request(length, seed) for seed, length in enumerate(lengths)]
     alone = [infer(client, "text_classifier", r, ["logits", "embedding"]) for r in requests]
-    before = execution_counts(client, "text_classifier")
+    before = execution_counts(client, "text_classifier", triton.admin_headers)
     together = infer_concurrently(client, "text_classifier", requests, ["logits", "embedding"])
-    after = execution_counts(client, "text_classifier")
+    after = execution_counts(client, "text_classifier", triton.admin_headers)
 
     assert after[1] - before[1] < len(requests), "ragged requests were not batched together"
     session = reference_session(onnx_file("text_classifier"))
@@ -151,10 +151,10 @@ def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
     assert client.is_server_live() and client.is_model_ready("resnet50")
 
 
-def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(client):
+def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(triton, client):
     # The slowest model: the client must send faster than the server drains the queue.
     model = "resnet50"
-    config = client.get_model_config(model).config
+    config = client.get_model_config(model, headers=triton.admin_headers).config
     # At most the queue plus one full batch per instance can be accepted at once: send twice that.
     capacity = config.dynamic_batching.default_queue_policy.max_queue_size + config.max_batch_size * sum(
         g.count for g in config.instance_group

@@ -1,0 +1,189 @@
+"""Keeps a tritonserver serving without a person.
+
+Two faults Triton 2.51 does not heal by itself:
+
+* A Python stub process dies (`kill -9`, out of memory): Triton never restarts it, keeps the
+  model READY and fails every request the scheduler hands to that instance with INTERNAL
+  "Stub process ... is not healthy". Triton does not reap the dead stub either, so it stays a
+  zombie child of tritonserver; a stub Triton stopped itself is reaped at once. The supervisor
+  takes a zombie stub as the signal and reloads its model through Triton's model-control API
+  (explicit mode). Triton skips a load whose config is unchanged, so the reload carries the served
+  config with a `tritonnx.reload` parameter bumped; the old instances serve until the new ones
+  are ready.
+* tritonserver itself exits (SIGKILL, SIGTERM from outside, a crash): the supervisor removes what
+  it left behind (stubs in its process group, their shared-memory regions) and starts it again on
+  the same ports, backing off while it keeps failing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from backend.process import ServerError
+from backend.tritonserver import TritonServer
+
+log = logging.getLogger("tritonnx.supervisor")
+
+STUB_EXECUTABLE = "triton_python_backend_stub"
+RELOAD_PARAMETER = "tritonnx.reload"
+
+
+@dataclass(frozen=True)
+class Stub:
+    """One Python backend stub process, from its command line:
+    `stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> <backend dir> <ipc> <instance> <kind>`."""
+
+    pid: int
+    model: str
+    instance: str
+    shm_region: str
+
+    @classmethod
+    def from_command_line(cls, pid: int, args: list[str]) -> "Stub | None":
+        if len(args) < 9 or not args[0].endswith(STUB_EXECUTABLE):
+            return None
+        return cls(pid=pid, model=Path(args[1]).parent.parent.name, instance=args[8], shm_region=args[2])
+
+
+def dead_stub_pids(server_pid: int) -> set[int]:
+    """Children of tritonserver that are zombies: stubs that died without Triton stopping them."""
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.NoSuchProcess:
+        return set()
+    dead = set()
+    for child in children:
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                dead.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return dead
+
+
+def live_stubs(server_pid: int) -> dict[int, Stub]:
+    stubs = {}
+    try:
+        children = psutil.Process(server_pid).children()
+    except psutil.NoSuchProcess:
+        return stubs
+    for child in children:
+        try:
+            stub = Stub.from_command_line(child.pid, child.cmdline())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if stub is not None:
+            stubs[child.pid] = stub
+    return stubs
+
+
+def reload_config(served: dict, generation: str) -> dict:
+    """The served config with the reload parameter set, so that Triton loads it anew."""
+    config = json.loads(json.dumps(served))
+    config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": generation}
+    return config
+
+
+class TritonSupervisor:
+    """Watches one TritonServer (started in explicit model-control mode) from a thread and heals it."""
+
+    def __init__(self, server: TritonServer, interval: float = 0.2, ready_timeout: float = 180.0) -> None:
+        self.server = server
+        self.interval = interval
+        self.ready_timeout = ready_timeout
+        self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
+        self.restarts: list[float] = []
+        self._stubs: dict[int, Stub] = {}
+        self._suspects: set[int] = set()  # zombies seen once: a stub Triton stops is reaped right away
+        self._handled: set[int] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (before the server is stopped on purpose)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while not self._stop.wait(self.interval):
+            try:
+                if self.server.process is not None and self.server.process.poll() is not None:
+                    self._restart_server(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                if self.restarts and time.monotonic() - self.restarts[-1] > 60:
+                    backoff = 0.5  # a minute of serving: the next failure is not a crash loop
+                self.check_stubs()
+            except Exception:  # the watch must outlive any one failed attempt
+                log.exception("supervisor: healing attempt failed; trying again")
+
+    def check_stubs(self) -> list[str]:
+        """One look at the stubs; reload the models of those that died. Returns the models reloaded."""
+        pid = self.server.process.pid
+        self._stubs.update(live_stubs(pid))
+        zombies = dead_stub_pids(pid) - self._handled
+        confirmed = zombies & self._suspects
+        self._suspects = zombies - confirmed
+        dead = [self._stubs[p] for p in confirmed if p in self._stubs]
+        models = sorted({stub.model for stub in dead})
+        for model in models:
+            instances = ", ".join(sorted(stub.instance for stub in dead if stub.model == model))
+            log.warning("supervisor: stub process of %s died (instance %s); reloading the model", model, instances)
+            self.reload(model)
+        self._handled |= confirmed
+        return models
+
+    def reload(self, model: str) -> None:
+        """Load the model again with its served config (explicit model control, with the admin key)."""
+        import tritonclient.grpc as grpcclient  # only the serving process needs the client
+
+        started = time.monotonic()
+        with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
+            served = client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
+            config = reload_config(served, f"{time.time():.6f}")
+            client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
+        self.reloads.append((time.monotonic(), model))
+        log.warning("supervisor: %s reloaded in %.1fs", model, time.monotonic() - started)
+
+    def _restart_server(self, backoff: float) -> None:
+        code = self.server.process.returncode
+        log.error("supervisor: tritonserver exited with code %s; restarting it in %.1fs", code, backoff)
+        self.server.stop()  # its process group: stubs that outlived it
+        self._remove_stub_regions()
+        if self._stop.wait(backoff):
+            return
+        started = time.monotonic()
+        self.server.start()
+        try:
+            self.server.wait_ready(self.ready_timeout)
+        except ServerError as error:
+            log.error("supervisor: tritonserver did not come back: %s", error)
+            return
+        self.restarts.append(time.monotonic())
+        log.warning("supervisor: tritonserver serving again after %.1fs", time.monotonic() - started)
+
+    def _remove_stub_regions(self) -> None:
+        """Stubs killed with their server cannot unlink their shared memory: do it for them."""
+        for stub in self._stubs.values():
+            try:
+                os.unlink(f"/dev/shm/{stub.shm_region}")
+                log.info("supervisor: removed %s's shared memory left by the dead server", stub.instance)
+            except FileNotFoundError:
+                pass
+        self._stubs.clear()
+        self._suspects.clear()
+        self._handled.clear()
