@@ -58,12 +58,26 @@ def validate_request(inputs: Mapping[str, np.ndarray], signature: ModelSignature
             )
         shape = array.shape[1:] if signature.batched else array.shape
         if array.ndim != len(spec.dims) + signature.batched:
+            # Triton hands a request whose batch dim is 0 (or wraps to 0 as a 32-bit int) to the
+            # model without a batch dim: the caller never sent this rank, so say so.
+            missing_batch = signature.batched and array.ndim == len(spec.dims)
             raise InvalidInputError(
                 f"input '{spec.name}' has shape {list(array.shape)} (rank {array.ndim}), "
-                f"expected rank {len(spec.dims) + signature.batched}: {signature.expected()}"
+                f"expected rank {len(spec.dims) + signature.batched}"
+                + (
+                    f": the first dim is the batch size, 1..{signature.max_batch_size}, and it is missing "
+                    f"(a batch size of 0 arrives this way); {signature.expected()}"
+                    if missing_batch
+                    else f": {signature.expected()}"
+                )
             )
         for actual, wanted in zip(shape, spec.dims):
-            if actual == 0 or (wanted != -1 and actual != wanted):
+            if actual == 0:
+                raise InvalidInputError(
+                    f"input '{spec.name}' has shape {list(array.shape)}: it is empty, and every dim must be "
+                    f"at least 1: {signature.expected()}"
+                )
+            if wanted != -1 and actual != wanted:
                 raise InvalidInputError(
                     f"input '{spec.name}' has shape {list(array.shape)}, which does not fit "
                     f"{list(spec.dims)}{' after the batch dim' if signature.batched else ''}: "

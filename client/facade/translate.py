@@ -79,11 +79,20 @@ class ModelInfo:
         return ", ".join(f"{t.name} ({t.datatype} {list(t.shape)})" for t in self.inputs)
 
 
-def _datatype_of(dtype: int) -> str:
-    """The KServe name of a proto DataType; unspecified means FP32."""
+def _datatype_of(dtype: int, name: str) -> str:
+    """The KServe name of a proto ElementType; unspecified means FP32.
+
+    proto3 enums are open: a client built from a newer proto, or a hand-made message, can send a
+    number this proto does not define (it parses fine), which is the caller's error.
+    """
     if dtype == inference_pb2.ELEMENT_TYPE_UNSPECIFIED:
         return "FP32"
-    return inference_pb2.ElementType.Name(dtype)
+    try:
+        return inference_pb2.ElementType.Name(dtype)
+    except ValueError:
+        raise InvalidArgument(
+            f"input '{name}' has dtype {dtype}, which is not an ElementType: use one of {', '.join(NUMPY_DTYPES)}"
+        ) from None
 
 
 def check_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo) -> None:
@@ -104,7 +113,7 @@ def _tensor_problem(
     if any(d < 1 for d in shape):
         return f"input '{name}' has shape {shape}: every dim must be at least 1; {{expects}}"
     if any(d > MAX_DIM for d in shape):
-        return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted"
+        return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted; {{expects}}"
     if len(shape) != len(spec.shape):
         return f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
     if any(want != -1 and got != want for got, want in zip(shape, spec.shape)):
@@ -142,6 +151,11 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
     ) if present]
     if len(forms) > 1:
         raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
+    if not forms and len(info.inputs) == 1 and any(d < 1 for d in message.shape):
+        # An empty tensor has no bytes, and proto3 does not send empty fields: the request looks
+        # like one without input, but what is wrong is its shape.
+        spec = info.inputs[0]
+        check_tensor(spec.name, _datatype_of(message.dtype, spec.name), message.shape, 0, spec, info)
     if not forms:
         raise InvalidArgument(
             "the request has no input: set data (floats) with shape, raw_data with dtype and shape, "
@@ -162,7 +176,7 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
             if message.dtype not in (inference_pb2.ELEMENT_TYPE_UNSPECIFIED, inference_pb2.FP32):
                 raise InvalidArgument("`data` holds FP32 values: send other datatypes as raw_data with dtype")
         else:
-            datatype, payload = _datatype_of(message.dtype), decoded.raw
+            datatype, payload = _datatype_of(message.dtype, spec.name), decoded.raw
         check_tensor(spec.name, datatype, message.shape, len(payload), spec, info)
         request.inputs.append(_input_tensor(spec.name, datatype, message.shape))
         payloads.append(payload)
@@ -177,7 +191,7 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
                 + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else "")
             )
         for tensor in message.inputs:
-            datatype = _datatype_of(tensor.dtype)
+            datatype = _datatype_of(tensor.dtype, tensor.name)
             raw = tensor.raw_data  # one copy out of protobuf; named inputs are small (token ids)
             check_tensor(tensor.name, datatype, tensor.shape, len(raw), specs[tensor.name], info)
             request.inputs.append(_input_tensor(tensor.name, datatype, tensor.shape))

@@ -147,3 +147,26 @@ def test_extended_requests_also_get_every_output_by_name():
     by_name = {t.name: t for t in encoded.message.outputs}
     assert np.frombuffer(by_name["logits"].raw_data, np.float32).tolist() == [0.25, -1.5]
     assert by_name["embedding"].dtype == inference_pb2.FP32 and list(by_name["embedding"].shape) == [1, 8]
+
+
+def test_a_dtype_number_the_proto_does_not_define_is_the_callers_error():
+    # proto3 enums are open: 99 parses, and must not surface as a Python ValueError (gRPC UNKNOWN).
+    raw = decoded(raw_data=b"\0" * 192, dtype=99, shape=[1, 3, 4, 4])
+    with pytest.raises(InvalidArgument) as caught:
+        to_infer_request(raw, VISION, None)
+    assert "input 'input' has dtype 99, which is not an ElementType: use one of FP32, FP16" in caught.value.message
+    ids = np.ones((1, 3), np.int64)
+    named = inference_pb2.PredictRequest(inputs=[tensor("input_ids", ids, dtype=42), tensor("attention_mask", ids)])
+    with pytest.raises(InvalidArgument, match="input 'input_ids' has dtype 42"):
+        to_infer_request(decode_predict_request(named.SerializeToString()), TEXT, None)
+
+
+@pytest.mark.parametrize("field", ["data", "raw_data"])
+def test_an_empty_tensor_is_refused_for_its_shape_not_as_a_request_without_input(field):
+    # Its data is empty, so protobuf leaves the field out: only the shape tells.
+    empty = decoded(**{field: [] if field == "data" else b""}, shape=[1, 3, 4, 0])
+    with pytest.raises(InvalidArgument) as caught:
+        to_infer_request(empty, VISION, None)
+    assert "input 'input' has shape [1, 3, 4, 0]: every dim must be at least 1" in caught.value.message
+    with pytest.raises(InvalidArgument, match="the request has no input"):
+        to_infer_request(decoded(shape=[1, 3, 4, 4]), VISION, None)

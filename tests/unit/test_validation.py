@@ -51,7 +51,19 @@ def test_bad_requests_say_what_is_wrong_and_what_is_expected(inputs, message):
 
 
 def test_empty_variable_dims_and_disagreeing_batches_are_rejected():
-    with pytest.raises(InvalidInputError, match="does not fit"):
+    with pytest.raises(InvalidInputError, match=r"shape \[1, 0\]: it is empty, and every dim must be at least 1"):
         validate_request({"ids": np.zeros((1, 0), np.int64), "mask": np.zeros((1, 0), np.int64)}, TEXT)
     with pytest.raises(InvalidInputError, match=r"disagree on the batch size \(ids=1, mask=2\)"):
         validate_request({"ids": np.zeros((1, 3), np.int64), "mask": np.zeros((2, 3), np.int64)}, TEXT)
+
+
+def test_a_missing_batch_dim_is_named_as_such():
+    # Triton hands a request of batch size 0 to the model without its batch dim.
+    with pytest.raises(InvalidInputError) as caught:
+        validate_request({"input": np.zeros((3, 8, 8), np.float32)}, IMAGE)
+    assert "expected rank 4: the first dim is the batch size, 1..4, and it is missing" in str(caught.value)
+    assert "batch size of 0" in str(caught.value) and "expects [batch] + input (FP32 [3, 8, 8])" in str(caught.value)
+    # A rank that is wrong otherwise says nothing about the batch dim.
+    with pytest.raises(InvalidInputError) as caught:
+        validate_request({"input": np.zeros((1, 1, 3, 8, 8), np.float32)}, IMAGE)
+    assert "expected rank 4: model 'vision'" in str(caught.value) and "missing" not in str(caught.value)
