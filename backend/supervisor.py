@@ -9,7 +9,10 @@ Two faults Triton 2.51 does not heal by itself:
   takes a zombie stub as the signal and reloads its model through Triton's model-control API
   (explicit mode). Triton skips a load whose config is unchanged, so the reload carries the served
   config with a `tritonnx.reload` parameter bumped; the old instances serve until the new ones
-  are ready.
+  are ready. Once a request has reached the dead instance, Triton 2.51 never finishes unloading
+  the old generation of the model (its unload waits forever), so its stubs would live on,
+  idle, until the server stops: the supervisor stops them itself a few seconds after the reload
+  and removes their shared-memory names (the server's own mapping goes when it exits).
 * tritonserver itself exits (SIGKILL, SIGTERM from outside, a crash): the supervisor removes what
   it left behind (stubs in its process group, their shared-memory regions) and starts it again on
   the same ports, backing off while it keeps failing.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -34,6 +38,8 @@ log = logging.getLogger("tritonnx.supervisor")
 
 STUB_EXECUTABLE = "triton_python_backend_stub"
 RELOAD_PARAMETER = "tritonnx.reload"
+# After a reload, how long the old generation's stubs get to stop on their own.
+RETIRE_AFTER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -104,10 +110,12 @@ class TritonSupervisor:
         self._stubs: dict[int, Stub] = {}
         self._suspects: set[int] = set()  # zombies seen once: a stub Triton stops is reaped right away
         self._handled: set[int] = set()
+        self._retiring: list[tuple[float, list[Stub]]] = []  # (when, stubs of a replaced generation)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self._stubs.update(live_stubs(self.server.process.pid))  # a zombie no longer shows its model
         self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
         self._thread.start()
 
@@ -128,23 +136,29 @@ class TritonSupervisor:
                 if self.restarts and time.monotonic() - self.restarts[-1] > 60:
                     backoff = 0.5  # a minute of serving: the next failure is not a crash loop
                 self.check_stubs()
+                self._retire_due()
             except Exception:  # the watch must outlive any one failed attempt
                 log.exception("supervisor: healing attempt failed; trying again")
 
     def check_stubs(self) -> list[str]:
         """One look at the stubs; reload the models of those that died. Returns the models reloaded."""
         pid = self.server.process.pid
-        self._stubs.update(live_stubs(pid))
-        zombies = dead_stub_pids(pid) - self._handled
-        confirmed = zombies & self._suspects
-        self._suspects = zombies - confirmed
+        live, zombies = live_stubs(pid), dead_stub_pids(pid)
+        # Forget stubs Triton reaped; remember the zombies' models, which only their past command lines tell.
+        self._stubs = {p: stub for p, stub in self._stubs.items() if p in zombies} | live
+        self._handled &= zombies
+        new_zombies = zombies - self._handled
+        confirmed = new_zombies & self._suspects
+        self._suspects = new_zombies - confirmed
         dead = [self._stubs[p] for p in confirmed if p in self._stubs]
         models = sorted({stub.model for stub in dead})
         for model in models:
             instances = ", ".join(sorted(stub.instance for stub in dead if stub.model == model))
             log.warning("supervisor: stub process of %s died (instance %s); reloading the model", model, instances)
-            self.reload(model)
-        self._handled |= confirmed
+            old_generation = [stub for stub in self._stubs.values() if stub.model == model]
+            self.reload(model)  # if it fails, the zombies are suspects again and the next looks retry
+            self._handled |= {stub.pid for stub in old_generation if stub.pid in confirmed}
+            self._retiring.append((time.monotonic() + RETIRE_AFTER_SECONDS, old_generation))
         return models
 
     def reload(self, model: str) -> None:
@@ -158,6 +172,26 @@ class TritonSupervisor:
             client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
         self.reloads.append((time.monotonic(), model))
         log.warning("supervisor: %s reloaded in %.1fs", model, time.monotonic() - started)
+
+    def _retire_due(self) -> None:
+        """Stop what is left of a replaced generation of stubs, and remove their shared-memory names."""
+        now = time.monotonic()
+        due = [stubs for when, stubs in self._retiring if when <= now]
+        self._retiring = [(when, stubs) for when, stubs in self._retiring if when > now]
+        for stubs in due:
+            live = live_stubs(self.server.process.pid)
+            lingering = [stub for stub in stubs if live.get(stub.pid) == stub]  # the same process, not a reused pid
+            for stub in lingering:
+                try:
+                    os.kill(stub.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._handled |= {stub.pid for stub in lingering}  # their zombies are not deaths to heal
+            for stub in stubs:
+                _unlink_region(stub)
+            if lingering:
+                log.warning("supervisor: stopped %d idle stub(s) of %s's replaced generation, which Triton "
+                            "cannot unload after a stub died", len(lingering), stubs[0].model)
 
     def _restart_server(self, backoff: float) -> None:
         code = self.server.process.returncode
@@ -179,11 +213,15 @@ class TritonSupervisor:
     def _remove_stub_regions(self) -> None:
         """Stubs killed with their server cannot unlink their shared memory: do it for them."""
         for stub in self._stubs.values():
-            try:
-                os.unlink(f"/dev/shm/{stub.shm_region}")
-                log.info("supervisor: removed %s's shared memory left by the dead server", stub.instance)
-            except FileNotFoundError:
-                pass
+            _unlink_region(stub)
         self._stubs.clear()
         self._suspects.clear()
         self._handled.clear()
+        self._retiring.clear()
+
+
+def _unlink_region(stub: Stub) -> None:
+    try:
+        os.unlink(f"/dev/shm/{stub.shm_region}")
+    except FileNotFoundError:
+        pass

@@ -97,7 +97,10 @@ class HealthMonitor:
     async def current(self, max_age: float) -> HealthReport:
         """The last report if it is fresh enough, else a new probe (one at a time)."""
         async with self._probe_lock:
-            if time.monotonic() - self.report.checked_at <= max_age and self.report.detail != "not probed yet":
+            failure = self.gateway.last_failure
+            news = failure is not None and failure[0] > self.report.checked_at  # a failure since the last probe
+            fresh = time.monotonic() - self.report.checked_at <= max_age and self.report.detail != "not probed yet"
+            if fresh and not news:
                 return self.report
             return await self.probe()
 

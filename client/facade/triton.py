@@ -84,8 +84,9 @@ class TritonGateway:
         return info
 
     def knows(self, name: str, version: str) -> bool:
-        """Whether the model's metadata is cached, i.e. Triton recently confirmed it serves it."""
-        return (name, version) in self._models
+        """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
+        cached = self._models.get((name, version))
+        return cached is not None and cached[0] > time.monotonic()
 
     async def _not_found_message(self, name: str, version: str) -> str:
         target = f"model '{name}'" + (f" version '{version}'" if version else "")
@@ -154,8 +155,14 @@ class TritonGateway:
         try:
             return await self._model_infer(body, timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND:
-                self._models.pop((model, version), None)
+            if error.code() == grpc.StatusCode.NOT_FOUND and self.knows(model, version):
+                # Triton served it moments ago: it is being reloaded or the server is shutting
+                # down for a restart. Once the cached metadata expires, NOT_FOUND is the answer.
+                self.last_failure = (time.monotonic(), f"NOT_FOUND from Triton for '{model}', which it served")
+                raise Unavailable(
+                    f"model '{model}' is not available right now (the inference server is restarting or "
+                    "reloading it); retry"
+                ) from None
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
             restarted = slot is not None and gone and await self._region_lost()
             # Never Triton's message about the region: it names it.

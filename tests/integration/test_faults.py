@@ -1,0 +1,274 @@
+"""Faults, healed without a person: a stub killed with -9, tritonserver killed or terminated, a
+model that hangs. These break the server on purpose, so they run against a tritonserver of their
+own (mobilenet_v3_small and the sleeping test model), supervised as `make serve` supervises it,
+with a facade in front."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from backend.supervisor import Stub, TritonSupervisor
+from backend.tritonserver import Ports, TritonServer, free_ports
+from client.proto import inference_pb2, inference_pb2_grpc
+from tests.integration.conftest import MODEL_REPOSITORY, onnx_file, start_facade
+from tests.integration.kserve import assert_close, reference_session
+
+pytestmark = pytest.mark.integration
+
+MODEL = "mobilenet_v3_small"
+IMAGE_SHAPE = [1, 3, 224, 224]
+TEST_MODELS = Path(__file__).parent / "models"
+
+
+@dataclass
+class Stack:
+    triton: TritonServer
+    supervisor: TritonSupervisor
+    facade: object
+    stub: inference_pb2_grpc.InferenceServiceStub
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("faults")
+    repository = workdir / "repository"
+    shutil.copytree(TEST_MODELS / "slow", repository / "slow")
+    (repository / MODEL / "1").mkdir(parents=True)
+    shutil.copy(MODEL_REPOSITORY / MODEL / "config.pbtxt", repository / MODEL / "config.pbtxt")
+    for item in ("model.py", "model.onnx"):
+        (repository / MODEL / "1" / item).symlink_to(MODEL_REPOSITORY / MODEL / "1" / item)
+    triton = TritonServer(model_repository=repository, ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
+                          log_file=workdir / "tritonserver.log")
+    supervisor = TritonSupervisor(triton, interval=0.1)
+    triton.start()
+    facade = None
+    try:
+        triton.wait_ready(180)
+        supervisor.start()
+        facade = start_facade(triton, workdir, "--default-model", MODEL, "--health-interval", "0.5",
+                              "--health-timeout", "2")
+        with grpc.insecure_channel(facade.grpc_url) as channel:
+            yield Stack(triton, supervisor, facade, inference_pb2_grpc.InferenceServiceStub(channel))
+    finally:
+        supervisor.stop()
+        if facade is not None:
+            facade.stop()
+        triton.stop()
+
+
+def image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(IMAGE_SHAPE, dtype=np.float32)
+
+
+def predict(stack: Stack, data: np.ndarray, timeout: float = 10.0, model: str = MODEL):
+    """The facade's answer: a PredictResponse or the grpc.RpcError, and when it came."""
+    try:
+        answer = stack.stub.Predict(
+            inference_pb2.PredictRequest(raw_data=data.tobytes(), shape=list(data.shape), model_name=model),
+            timeout=timeout,
+        )
+    except grpc.RpcError as error:
+        answer = error
+    return answer, time.monotonic()
+
+
+def expected_scores(data: np.ndarray) -> np.ndarray:
+    return reference_session(onnx_file(MODEL)).run(["output"], {"input": data})[0][0]
+
+
+def wait_for(condition, timeout: float, step: float = 0.05) -> float:
+    """Poll until `condition()` is true; the time.monotonic() when it was. Fails the test on timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return time.monotonic()
+        time.sleep(step)
+    pytest.fail(f"not within {timeout}s")
+
+
+def model_stubs(triton: TritonServer, model: str) -> list[psutil.Process]:
+    stubs = []
+    for child in psutil.Process(triton.process.pid).children():
+        try:
+            stub = Stub.from_command_line(child.pid, child.cmdline())
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if stub is not None and stub.model == model and child.status() != psutil.STATUS_ZOMBIE:
+            stubs.append(child)
+    return stubs
+
+
+def facade_health(stack: Stack) -> int:
+    return stack.facade.health()[0]
+
+
+def triton_ready(triton: TritonServer) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{triton.http_url}/v2/health/ready", timeout=0.5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class Load:
+    """Clients calling the facade (all workers but one) and Triton directly (one), in threads, for a
+    bounded time: every answer is recorded with its time and checked against the expected output
+    of its own input."""
+
+    def __init__(self, stack: Stack, seconds: float, workers: int = 4) -> None:
+        self.stack, self.seconds, self.workers = stack, seconds, workers
+        self.inputs = [image(seed) for seed in range(4)]
+        self.expected = [expected_scores(x) for x in self.inputs]
+        self.outcomes: list[tuple[float, str, str, str]] = []  # (time, path, status, message)
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(workers)
+        self._futures = []
+
+    def _record(self, path: str, status: str, message: str = "") -> None:
+        with self._lock:
+            self.outcomes.append((time.monotonic(), path, status, message))
+
+    def _facade_worker(self, index: int) -> None:
+        end = time.monotonic() + self.seconds
+        while time.monotonic() < end:
+            which = index % len(self.inputs)
+            answer, _ = predict(self.stack, self.inputs[which], timeout=5)
+            if isinstance(answer, grpc.RpcError):
+                self._record("facade", answer.code().name, answer.details())
+            else:
+                assert_close(np.array(answer.predictions, np.float32), self.expected[which])
+                self._record("facade", "OK")
+
+    def _direct_worker(self, index: int) -> None:
+        end = time.monotonic() + self.seconds
+        with grpcclient.InferenceServerClient(self.stack.triton.grpc_url) as client:
+            while time.monotonic() < end:
+                which = index % len(self.inputs)
+                tensor = grpcclient.InferInput("input", IMAGE_SHAPE, "FP32")
+                tensor.set_data_from_numpy(self.inputs[which])
+                try:
+                    result = client.infer(MODEL, [tensor], client_timeout=5)
+                    assert_close(result.as_numpy("output")[0], self.expected[which])
+                    self._record("direct", "OK")
+                except InferenceServerException as error:
+                    self._record("direct", str(error.status()), error.message())
+
+    def __enter__(self) -> "Load":
+        for index in range(self.workers):
+            worker = self._direct_worker if index == self.workers - 1 else self._facade_worker
+            self._futures.append(self._pool.submit(worker, index))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for future in self._futures:
+            future.result(timeout=self.seconds + 30)  # re-raises a wrong output
+        self._pool.shutdown()
+
+
+def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack):
+    before = len(stack.supervisor.reloads)
+    [victim, *others] = model_stubs(stack.triton, MODEL)
+    assert others, "the model serves from several instances"
+    with Load(stack, seconds=14) as load:
+        time.sleep(2)
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        unhealthy_at = wait_for(lambda: facade_health(stack) == 503, timeout=5)
+        wait_for(lambda: len(stack.supervisor.reloads) > before, timeout=15)
+        reloaded_at = stack.supervisor.reloads[-1][0]
+        healthy_at = wait_for(lambda: facade_health(stack) == 200, timeout=15)
+    print(f"unhealthy after {unhealthy_at - killed_at:.2f}s, reloaded after {reloaded_at - killed_at:.2f}s, "
+          f"healthy again after {healthy_at - killed_at:.2f}s")
+    assert stack.supervisor.reloads[-1][1] == MODEL
+    failures = [o for o in load.outcomes if o[2] != "OK"]
+    assert any(o[2] == "OK" for o in load.outcomes if o[0] > reloaded_at), "served after the reload"
+    for when, path, status, message in failures:
+        # Only requests the scheduler gave the dead instance before the reload finished fail,
+        # with INTERNAL and a message that names the model, not the server's internals.
+        assert killed_at <= when <= reloaded_at + 1.0, (path, status, message)
+        assert status in ("INTERNAL", "StatusCode.INTERNAL"), (path, status, message)
+        assert MODEL in message and "/" not in message.replace(f"'{MODEL}'", "")
+    # The old instances stop once their last requests are answered; the new ones take over.
+    wait_for(lambda: len(model_stubs(stack.triton, MODEL)) == len(others) + 1, timeout=30, step=0.2)
+    for seed in range(8):  # every instance serves again
+        answer, _ = predict(stack, image(seed))
+        assert_close(np.array(answer.predictions, np.float32), expected_scores(image(seed)))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_1s_of_its_return(stack, signum):
+    data = image(5)
+    restarts = len(stack.supervisor.restarts)
+    os.kill(stack.triton.process.pid, signum)
+    wait_for(lambda: facade_health(stack) == 503, timeout=15)
+    # While Triton is away, no caller waits past its deadline.
+    answer, answered_at = predict(stack, data, timeout=0.5)
+    if isinstance(answer, grpc.RpcError):
+        assert answer.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), answer.details()
+    back_at = wait_for(lambda: triton_ready(stack.triton), timeout=120, step=0.02)
+    first_ok = None
+    while first_ok is None and time.monotonic() < back_at + 5:
+        started = time.monotonic()
+        answer, answered_at = predict(stack, data, timeout=1)
+        assert answered_at - started < 1.5, "a call outlived its deadline"
+        if isinstance(answer, inference_pb2.PredictResponse):
+            first_ok = answered_at
+            assert_close(np.array(answer.predictions, np.float32), expected_scores(data))
+        else:
+            time.sleep(0.02)
+    assert first_ok is not None, "the facade did not serve again"
+    print(f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
+    assert first_ok - back_at <= 1.0
+    assert len(stack.supervisor.restarts) == restarts + 1
+    wait_for(lambda: facade_health(stack) == 200, timeout=10)
+
+
+def test_deadlines_still_end_calls_to_a_model_that_hangs(stack):
+    started = time.monotonic()
+    answer, answered_at = predict(stack, np.array([[3000]], np.float32), timeout=0.5, model="slow")
+    assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert answered_at - started < 1.0
+    time.sleep(3)  # the model instance finishes its sleep
+
+
+def test_the_queue_timeout_rejects_requests_stuck_behind_a_hanging_model(stack):
+    with ThreadPoolExecutor(4) as pool:
+        hanging = pool.submit(predict, stack, np.array([[2500]], np.float32), 10, "slow")
+        time.sleep(0.3)
+        queued = [pool.submit(predict, stack, np.array([[1]], np.float32), 10, "slow") for _ in range(2)]
+        rejected = [f.result() for f in queued]
+        slept, _ = hanging.result()
+    for answer, _ in rejected:
+        assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.UNAVAILABLE, answer
+        assert "queue" in answer.details()
+    assert list(slept.predictions) == [2500.0]
+
+
+def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
+    facade = start_facade(stack.triton, tmp_path, "--default-model", "slow", "--health-interval", "0.3",
+                          "--health-timeout", "0.3")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            hanging = pool.submit(predict, stack, np.array([[3000]], np.float32), 10, "slow")
+            wait_for(lambda: facade.health()[0] == 503, timeout=2.5)
+            status, report = facade.health()
+            assert "DEADLINE_EXCEEDED" in report["detail"] or "UNAVAILABLE" in report["detail"], report
+            hanging.result()
+        wait_for(lambda: facade.health()[0] == 200, timeout=10)
+    finally:
+        facade.stop()
