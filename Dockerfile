@@ -26,9 +26,14 @@ COPY --from=models /build/model_repository/ model_repository/
 
 EXPOSE 8000 8001 8002
 # Same server flags as backend/tritonserver.py: whole batches travel through the Python
-# backend's shared memory, so start the region large enough for a 16-image batch.
-CMD ["tritonserver", \
-     "--model-repository=/opt/tritonnx/model_repository", \
-     "--backend-config=python,shm-default-byte-size=16777216", \
-     "--backend-config=python,shm-growth-byte-size=16777216", \
-     "--exit-timeout-secs=10"]
+# backend's shared memory, so start the region large enough for a 16-image batch; explicit model
+# control and the administrative APIs behind the key in $TRITONNX_ADMIN_KEY (required).
+ENV RESTRICTED=model-repository,model-config,shared-memory,statistics,trace,logging
+CMD ["sh", "-c", "exec tritonserver \
+     --model-repository=/opt/tritonnx/model_repository \
+     --backend-config=python,shm-default-byte-size=16777216 \
+     --backend-config=python,shm-growth-byte-size=16777216 \
+     --exit-timeout-secs=10 \
+     --model-control-mode=explicit --load-model='*' \
+     --grpc-restricted-protocol=${RESTRICTED}:tritonnx-admin-key=${TRITONNX_ADMIN_KEY:?set TRITONNX_ADMIN_KEY} \
+     --http-restricted-api=${RESTRICTED}:tritonnx-admin-key=${TRITONNX_ADMIN_KEY}"]

@@ -15,8 +15,10 @@ PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 TUNE_ARGS ?=
+SOAK_ARGS ?=
+CHAOS_ARGS ?=
 
-.PHONY: help setup apt venv proto models serve test unit bench tune clean
+.PHONY: help setup apt venv proto models serve test unit bench tune soak chaos clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -63,6 +65,13 @@ bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH
 tune: setup ## Tune a model's policy with perf_analyzer and write it into its config.pbtxt (MODEL=..., TUNE_ARGS=...)
 	@[ -n "$(MODEL)" ] || { echo "usage: make tune MODEL=mobilenet_v3_small [TUNE_ARGS='--instances 1 2 3']"; exit 2; }
 	$(PY) -m bench.tune --model $(MODEL) $(TUNE_ARGS)
+
+soak: setup ## 10 minutes at ~70% of capacity: memory, /dev/shm and p99 sampled and plotted (SOAK_ARGS=...)
+	$(PY) -m bench.soak $(SOAK_ARGS)
+
+chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model
+	$(PY) -m bench.overload $(CHAOS_ARGS)
+	$(PY) -m pytest -s -q tests/integration/test_faults.py
 
 clean: ## Remove the venv, build outputs and generated models
 	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

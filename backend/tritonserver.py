@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import secrets
 import socket
@@ -141,6 +140,7 @@ class TritonServer(ManagedProcess):
     backend_dir: Path = DEFAULT_BACKEND_DIR
     extra_args: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
+    http: bool = True  # Triton's HTTP endpoint; the facade and the supervisor need only gRPC
     admin_key: str = field(default_factory=lambda: os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24))
 
     @property
@@ -170,8 +170,7 @@ class TritonServer(ManagedProcess):
             str(install.binary),
             f"--model-repository={self.model_repository}",
             f"--backend-directory={self.backend_dir}",
-            f"--http-address={self.host}",
-            f"--http-port={self.ports.http}",
+            *self._http_args(),
             f"--grpc-address={self.host}",
             f"--grpc-port={self.ports.grpc}",
             f"--metrics-address={self.host}",
@@ -186,8 +185,16 @@ class TritonServer(ManagedProcess):
             "--model-control-mode=explicit",
             "--load-model=*",
             f"--grpc-restricted-protocol={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
-            f"--http-restricted-api={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
+        ]
+
+    def _http_args(self) -> list[str]:
+        if not self.http:
+            return ["--allow-http=false"]
+        return [
+            f"--http-address={self.host}",
+            f"--http-port={self.ports.http}",
+            f"--http-restricted-api={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
         ]
 
     @staticmethod
@@ -206,15 +213,27 @@ class TritonServer(ManagedProcess):
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until the server answers ready on HTTP; raise if it exits or times out."""
-        self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/ready") == 200, "tritonserver", timeout)
+        if self.http:
+            self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/ready") == 200, "tritonserver", timeout)
+        else:
+            self.wait_until(self._grpc_ready, "tritonserver", timeout)
+
+    def _grpc_ready(self) -> bool:
+        import tritonclient.grpc as grpcclient  # not needed where the model runs
+
+        with grpcclient.InferenceServerClient(self.grpc_url) as client:
+            try:
+                return client.is_server_ready(client_timeout=1.0)
+            except Exception:  # noqa: BLE001 - any failure means: not ready yet
+                return False
 
     def model_states(self) -> list[dict]:
         """The repository index: name, version, state and reason of every model."""
-        request = urllib.request.Request(
-            f"http://{self.http_url}/v2/repository/index", data=b"{}", method="POST", headers=self.http_admin_headers
-        )
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return json.loads(response.read())
+        import tritonclient.grpc as grpcclient
+
+        with grpcclient.InferenceServerClient(self.grpc_url) as client:
+            index = client.get_model_repository_index(headers=self.admin_headers, as_json=True, client_timeout=5)
+        return index.get("models", [])
 
     def __enter__(self) -> "TritonServer":
         self.start()

@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY, help="default: %(default)s")
     parser.add_argument("--log-dir", type=Path, default=PROJECT_ROOT / "build", help="server logs; default: %(default)s")
+    parser.add_argument("--triton-http", action=argparse.BooleanOptionalAction, default=True,
+                        help="serve Triton's HTTP endpoint on 8000 (the facade needs only gRPC; --no-triton-http "
+                        "turns it off); default: on")
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
     args = parser.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
 
     triton = TritonServer(
         model_repository=args.model_repository.resolve(), ports=Ports(), backend_dir=DEFAULT_BACKEND_DIR,
-        log_file=args.log_dir / "tritonserver.log",
+        log_file=args.log_dir / "tritonserver.log", http=args.triton_http,
     )
     if not os.environ.get(ADMIN_KEY_ENV):
         write_admin_key(triton.admin_key)
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         facade.wait_ready()
         print(
             f"ready after {time.monotonic() - started:.1f}s\n"
-            f"  Triton   HTTP {triton.http_url}  gRPC {triton.grpc_url}  metrics {triton.metrics_url}\n"
+            f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
+            f"metrics {triton.metrics_url}\n"
             f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
             f"{facade.http_url}/metrics  {facade.http_url}/health\n"
             f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import signal
 from pathlib import Path
@@ -21,6 +23,20 @@ from client.facade.settings import FacadeSettings
 from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
+
+
+# A burst of large messages leaves gRPC's freed receive buffers in glibc's heaps, and the
+# process would keep that peak as its size; returning free pages to the OS when the facade is
+# idle brings it back to its idle level.
+_TRIM_SECONDS = 5.0
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+
+
+async def release_free_memory(admission: Admission) -> None:
+    while True:
+        await asyncio.sleep(_TRIM_SECONDS)
+        if admission.in_flight == 0 and hasattr(_LIBC, "malloc_trim"):
+            _LIBC.malloc_trim(0)
 
 
 class StartupError(RuntimeError):
@@ -56,6 +72,7 @@ class Facade:
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._monitor_task: asyncio.Task | None = None
+        self._trim_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         s = self.settings
@@ -108,6 +125,7 @@ class Facade:
             await self.stop(0)
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
         self._monitor_task = asyncio.create_task(self.monitor.run())
+        self._trim_task = asyncio.create_task(release_free_memory(self.servicer.admission))
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
@@ -126,8 +144,9 @@ class Facade:
     async def stop(self, grace: float) -> None:
         """Drain: NOT_SERVING first, then let in-flight calls finish within `grace` seconds."""
         await self.monitor.drain()
-        if self._monitor_task:
-            self._monitor_task.cancel()
+        for task in (self._monitor_task, self._trim_task):
+            if task:
+                task.cancel()
         if self._grpc:
             await self._grpc.stop(grace)
         if self._http:

@@ -1,0 +1,46 @@
+"""Three times the measured capacity, through the facade and directly to Triton (bench/overload.py,
+shortened: `make chaos` runs it for 60 s per path). Every request ends as a correct answer or a
+documented, quick rejection, and both servers stay up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from bench.overload import REJECTIONS, DirectRoute, FacadeRoute, expected_outputs, measure
+from tests.integration.conftest import FACADE_MAX_IN_FLIGHT, onnx_file
+
+pytestmark = pytest.mark.integration
+
+MODEL = "resnet50"  # the slowest model: a cheap load generator still exceeds its capacity
+
+
+@pytest.mark.parametrize("route_name", ["facade", "direct"])
+def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton, facade, route_name):
+    rng = np.random.default_rng(7)
+    images = [rng.standard_normal((1, 3, 224, 224), dtype=np.float32) for _ in range(3)]
+    expected = expected_outputs(onnx_file(MODEL), images)
+    route = (FacadeRoute(facade.grpc_url, MODEL, images) if route_name == "facade"
+             else DirectRoute(triton.grpc_url, MODEL, images))
+    pids = {"tritonserver": triton.process.pid, "facade": facade.process.pid}
+    # Capacity is measured within the facade's in-flight cap: above it a closed loop only spins on rejections.
+    concurrency = FACADE_MAX_IN_FLIGHT if route_name == "facade" else 48
+    result = asyncio.run(measure(route, expected, pids, seconds=15, capacity_seconds=6,
+                                 capacity_concurrency=concurrency))
+    print(result.summary())
+
+    assert set(result.statuses) == {"OK", REJECTIONS[route_name]}, result.statuses
+    assert result.wrong_outputs == 0
+    assert result.accepted_rps > 0.5 * result.capacity_rps  # the overload did not collapse throughput
+    assert result.rejection_p99_ms <= 50, result.summary()
+    assert result.accepted_p99_ms <= 2 * result.reference_p99_ms, result.summary()
+    for name, idle in result.memory_idle_mib.items():
+        assert result.memory_after_mib[name] <= idle + max(0.1 * idle, 64), (name, result.summary())
+    assert triton.process.poll() is None and facade.process.poll() is None
+    deadline = time.monotonic() + 15  # its probe may have met Triton's full queue
+    while facade.health()[0] != 200:
+        assert time.monotonic() < deadline, facade.health()
+        time.sleep(0.2)
