@@ -173,11 +173,3 @@ def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(tri
     expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
     for index, outcome in accepted:
         assert_close(outcome.outputs["output"], expected[index : index + 1])
-
-
-def test_a_sequence_longer_than_the_model_takes_is_the_callers_error(client):
-    too_long = token_request(200, seed=1)  # the position table has 128 rows
-    outcome = infer(client, "text_classifier", too_long, ["logits"])
-    assert outcome.status == "StatusCode.INVALID_ARGUMENT"
-    assert "cannot run on this input" in outcome.error.message() and "onnxruntime_src" not in outcome.error.message()
-    assert infer(client, "text_classifier", token_request(12, seed=2), ["logits"]).error is None
