@@ -242,6 +242,8 @@ async def measure(
         say(f"{route.name}: capacity, closed loop at {capacity_concurrency} for {capacity_seconds:.0f}s ...")
         warm = await closed_loop(route, expected, capacity_concurrency, capacity_seconds)
         capacity = warm.status.count("OK") / capacity_seconds
+        if not capacity:
+            raise RuntimeError(f"{route.name}: no request succeeded while measuring capacity: {dict(Counter(warm.status))}")
         idle = _pss(server_pids)
         offered = factor * capacity
         say(f"{route.name}: {capacity:.1f}/s; offering {offered:.1f}/s for {seconds:.0f}s ...")

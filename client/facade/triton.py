@@ -155,23 +155,21 @@ class TritonGateway:
         try:
             return await self._model_infer(body, timeout=timeout)
         except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND and self.knows(model, version):
-                # Triton served it moments ago: it is being reloaded or the server is shutting
-                # down for a restart. Once the cached metadata expires, NOT_FOUND is the answer.
-                self.last_failure = (time.monotonic(), f"NOT_FOUND from Triton for '{model}', which it served")
-                raise Unavailable(
-                    f"model '{model}' is not available right now (the inference server is restarting or "
-                    "reloading it); retry"
-                ) from None
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
             restarted = slot is not None and gone and await self._region_lost()
-            # Never Triton's message about the region: it names it.
-            failure = (
-                Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry")
-                if restarted
-                else from_triton(error, model, version)
-            )
-            if restarted or isinstance(failure, Internal):
+            # Triton served the model moments ago: it is being reloaded, or the server is shutting
+            # down for a restart. Once the cached metadata expires, NOT_FOUND is the answer.
+            reloading = error.code() == grpc.StatusCode.NOT_FOUND and self.knows(model, version)
+            if restarted:  # never Triton's message about the region: it names it
+                failure = Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry")
+            elif reloading:
+                failure = Unavailable(
+                    f"model '{model}' is not available right now (the inference server is restarting or "
+                    "reloading it); retry"
+                )
+            else:
+                failure = from_triton(error, model, version)
+            if restarted or reloading or isinstance(failure, Internal):
                 self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
             raise failure from None
         finally:
