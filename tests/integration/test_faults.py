@@ -246,6 +246,27 @@ def test_deadlines_still_end_calls_to_a_model_that_hangs(stack):
     time.sleep(3)  # the model instance finishes its sleep
 
 
+def slow_model_counts(stack: Stack) -> tuple[int, int]:
+    """(inferences run, requests failed) of the sleeping model, from Triton's statistics."""
+    with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        stats = client.get_inference_statistics("slow", headers=stack.triton.admin_headers).model_stats[0]
+    return stats.inference_count, stats.inference_stats.fail.count
+
+
+def test_a_call_whose_deadline_passed_in_the_queue_never_runs_in_triton(stack):
+    ran, failed = slow_model_counts(stack)
+    with ThreadPoolExecutor(2) as pool:
+        hanging = pool.submit(predict, stack, np.array([[1500]], np.float32), 10, "slow")
+        time.sleep(0.3)
+        expired, _ = predict(stack, np.array([[1]], np.float32), timeout=0.3, model="slow")
+        assert isinstance(expired, grpc.RpcError) and expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        hanging.result()
+    time.sleep(0.5)
+    ran_after, failed_after = slow_model_counts(stack)
+    assert ran_after == ran + 1  # only the hanging request ran
+    assert failed_after >= failed + 1
+
+
 def test_the_queue_timeout_rejects_requests_stuck_behind_a_hanging_model(stack):
     with ThreadPoolExecutor(4) as pool:
         hanging = pool.submit(predict, stack, np.array([[2500]], np.float32), 10, "slow")
