@@ -18,6 +18,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from backend.batching import group_compatible, split, stack
 from backend.errors import InvalidInputError, ModelExecutionError, RequestError
+from backend.session_cache import create_session, default_cache_dir
 from backend.settings import SessionSettings
 from backend.tensors import TensorSpec, spec_from_ort
 from backend.validation import ModelSignature, validate_request
@@ -70,9 +71,8 @@ class OnnxModelRunner:
         ragged_inputs: frozenset[str] = frozenset(),
         log: Callable[[str], None] = logging.getLogger(__name__).warning,
     ) -> "OnnxModelRunner":
-        session = ort.InferenceSession(
-            str(onnx_file), settings.session_options(), providers=["CPUExecutionProvider"]
-        )
+        cache_dir = default_cache_dir() if settings.optimized_model_cache else None
+        session = create_session(onnx_file, settings.session_options(), cache_dir, log)
         inputs, outputs = read_io(session, max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
         runner = cls(session, signature, settings.run_options(), log)

@@ -70,6 +70,7 @@ class SessionSettings:
     enable_mem_pattern: bool = True
     arena_shrinkage: bool = False
     session_entries: dict[str, str] = field(default_factory=dict)
+    optimized_model_cache: bool = True
 
     @classmethod
     def from_model_config(cls, model_config: dict, cores: int | None = None) -> "SessionSettings":
@@ -106,6 +107,7 @@ class SessionSettings:
                 "memory.enable_memory_arena_shrinkage", params.get("memory.enable_memory_arena_shrinkage", "0")
             ),
             session_entries=entries,
+            optimized_model_cache=_as_bool("optimized_model_cache", params.get("optimized_model_cache", "1")),
         )
 
     def session_options(self) -> ort.SessionOptions:

@@ -113,3 +113,11 @@ def pb_utils(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
     monkeypatch.delitem(sys.modules, "backend.triton_model", raising=False)
     return module
+
+
+@pytest.fixture(autouse=True)
+def ort_cache_dir(tmp_path, monkeypatch) -> Path:
+    """Optimized model copies of a test go to its own directory, not the user's cache."""
+    directory = tmp_path / "ort-cache"
+    monkeypatch.setenv("TRITONNX_ORT_CACHE_DIR", str(directory))
+    return directory

@@ -1,0 +1,90 @@
+"""An optimized copy of each model, written once, so that instances start faster.
+
+Building an ONNX Runtime session optimizes the graph every time: 0.2-0.5 s for resnet50 on two
+cores, in every instance, on every start. A session built from the already optimized copy with
+optimizations off takes 0.03 s. The copy is keyed by the model file (path, size, modification
+time), the optimization level, the ONNX Runtime version and the CPU (an optimized graph may use
+layouts of this CPU's vector extensions), so a changed model, an upgrade or another machine never
+reads a stale copy. Instances write their own temporary file and rename it into place, so
+instances starting together do not trip over each other.
+
+The cache lives in $TRITONNX_ORT_CACHE_DIR, else ~/.cache/tritonnx/ort; an unwritable
+directory or a model too large to save in one file just means no cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import onnxruntime as ort
+
+CACHE_DIR_ENV = "TRITONNX_ORT_CACHE_DIR"
+# Protobuf's 2 GiB limit: larger models keep their weights in external files, which this cache
+# does not handle.
+_LARGEST_MODEL_BYTES = 1 << 30
+_QUIET = 3  # ONNX Runtime log severity ERROR: saving warns that the copy is CPU-specific, which the key covers
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tritonnx" / "ort"
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line for line in cpuinfo if line.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def cache_key(onnx_file: Path, level: ort.GraphOptimizationLevel) -> str:
+    stat = onnx_file.stat()
+    identity = "|".join(
+        [str(onnx_file.resolve()), str(stat.st_size), str(stat.st_mtime_ns), level.name, ort.__version__,
+         platform.machine(), _cpu_flags()]
+    )
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
+
+
+def create_session(
+    onnx_file: Path,
+    options: ort.SessionOptions,
+    cache_dir: Path | None,
+    log: Callable[[str], None],
+) -> ort.InferenceSession:
+    """A CPU session for `onnx_file`, from the optimized copy when there is one (and making it when not)."""
+    providers = ["CPUExecutionProvider"]
+    level = options.graph_optimization_level
+    if cache_dir is None or level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL or (
+        onnx_file.stat().st_size > _LARGEST_MODEL_BYTES
+    ):
+        return ort.InferenceSession(str(onnx_file), options, providers=providers)
+    cached = cache_dir / f"{onnx_file.parent.parent.name}-{cache_key(onnx_file, level)}.onnx"
+    if cached.exists():
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        try:
+            return ort.InferenceSession(str(cached), options, providers=providers)
+        except Exception as error:  # noqa: BLE001 - a damaged copy is rebuilt below
+            log(f"optimized copy {cached} unusable ({error}); optimizing the model again")
+            options.graph_optimization_level = level
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        log(f"no optimized-model cache ({error})")
+        return ort.InferenceSession(str(onnx_file), options, providers=providers)
+    partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
+    options.optimized_model_filepath = str(partial)
+    options.log_severity_level = _QUIET
+    session = ort.InferenceSession(str(onnx_file), options, providers=providers)
+    try:
+        os.replace(partial, cached)
+    except OSError as error:
+        log(f"could not keep the optimized copy of {onnx_file.name} ({error})")
+        partial.unlink(missing_ok=True)
+    return session

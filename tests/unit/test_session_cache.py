@@ -1,0 +1,62 @@
+"""The optimized-model cache: written once, read afterwards, never stale."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+
+from backend.session_cache import cache_key, create_session, default_cache_dir
+
+ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+
+def options(level=ALL) -> ort.SessionOptions:
+    result = ort.SessionOptions()
+    result.graph_optimization_level = level
+    return result
+
+
+def test_the_first_session_writes_the_copy_and_the_next_one_reads_it(double_onnx, ort_cache_dir):
+    assert default_cache_dir() == ort_cache_dir
+    logged = []
+    first = create_session(double_onnx, options(), ort_cache_dir, logged.append)
+    [copy] = ort_cache_dir.iterdir()
+    assert cache_key(double_onnx, ALL) in copy.name and first._model_path == str(double_onnx)
+    second = create_session(double_onnx, options(), ort_cache_dir, logged.append)
+    assert second._model_path == str(copy)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(second.run(None, {"x": x})[0], first.run(None, {"x": x})[0])
+    assert logged == []
+
+
+def test_a_changed_model_file_gets_a_new_copy(double_onnx, ort_cache_dir):
+    create_session(double_onnx, options(), ort_cache_dir, print)
+    before = cache_key(double_onnx, ALL)
+    stat = double_onnx.stat()
+    os.utime(double_onnx, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    assert cache_key(double_onnx, ALL) != before
+    session = create_session(double_onnx, options(), ort_cache_dir, print)
+    assert session._model_path == str(double_onnx) and len(list(ort_cache_dir.iterdir())) == 2
+
+
+def test_no_copy_without_optimizations_or_without_a_writable_directory(double_onnx, tmp_path):
+    create_session(double_onnx, options(ort.GraphOptimizationLevel.ORT_DISABLE_ALL), tmp_path / "a", print)
+    assert not (tmp_path / "a").exists()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    logged = []
+    session = create_session(double_onnx, options(), blocked / "cache", logged.append)
+    assert session.run(None, {"x": np.ones((1, 4), np.float32)})[0].tolist() == [[2.0] * 4]
+    assert "no optimized-model cache" in logged[0]
+
+
+def test_a_damaged_copy_is_rebuilt(double_onnx, ort_cache_dir):
+    create_session(double_onnx, options(), ort_cache_dir, print)
+    [copy] = ort_cache_dir.iterdir()
+    copy.write_bytes(b"damaged")
+    logged = []
+    session = create_session(double_onnx, options(), ort_cache_dir, logged.append)
+    assert "unusable" in logged[0] and session._model_path == str(double_onnx)
+    assert copy.stat().st_size > len(b"damaged")
