@@ -6,7 +6,8 @@ optimizations off takes 0.03 s. The copy is keyed by the model file (path, size,
 time), the optimization level, the ONNX Runtime version and the CPU (an optimized graph may use
 layouts of this CPU's vector extensions), so a changed model, an upgrade or another machine never
 reads a stale copy. Instances write their own temporary file and rename it into place, so
-instances starting together do not trip over each other.
+instances starting together do not trip over each other. Only the most recently used copies of
+each model name are kept.
 
 The cache lives in $TRITONNX_ORT_CACHE_DIR, else ~/.cache/tritonnx/ort; an unwritable
 directory or a model too large to save in one file just means no cache.
@@ -27,6 +28,7 @@ CACHE_DIR_ENV = "TRITONNX_ORT_CACHE_DIR"
 # does not handle.
 _LARGEST_MODEL_BYTES = 1 << 30
 _QUIET = 3  # ONNX Runtime log severity ERROR: saving warns that the copy is CPU-specific, which the key covers
+COPIES_KEPT_PER_MODEL = 2
 
 
 def default_cache_dir() -> Path:
@@ -65,11 +67,14 @@ def create_session(
         onnx_file.stat().st_size > _LARGEST_MODEL_BYTES
     ):
         return ort.InferenceSession(str(onnx_file), options, providers=providers)
-    cached = cache_dir / f"{onnx_file.parent.parent.name}-{cache_key(onnx_file, level)}.onnx"
+    model = onnx_file.parent.parent.name
+    cached = cache_dir / f"{model}-{cache_key(onnx_file, level)}.onnx"
     if cached.exists():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
-            return ort.InferenceSession(str(cached), options, providers=providers)
+            session = ort.InferenceSession(str(cached), options, providers=providers)
+            os.utime(cached)  # recently used: kept when older copies are dropped
+            return session
         except Exception as error:  # noqa: BLE001 - a damaged copy is rebuilt below
             log(f"optimized copy {cached} unusable ({error}); optimizing the model again")
             options.graph_optimization_level = level
@@ -87,4 +92,17 @@ def create_session(
     except OSError as error:
         log(f"could not keep the optimized copy of {onnx_file.name} ({error})")
         partial.unlink(missing_ok=True)
+    _drop_old_copies(cache_dir, model)
     return session
+
+
+def _drop_old_copies(cache_dir: Path, model: str) -> None:
+    """Keep the most recently used copies of this model name (other versions, other checkouts)."""
+    used = {}
+    for copy in cache_dir.glob(f"{model}-*.onnx"):
+        try:
+            used[copy] = copy.stat().st_mtime
+        except FileNotFoundError:  # another instance dropped it just now
+            continue
+    for old in sorted(used, key=used.get, reverse=True)[COPIES_KEPT_PER_MODEL:]:
+        old.unlink(missing_ok=True)

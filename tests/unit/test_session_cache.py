@@ -7,7 +7,7 @@ import os
 import numpy as np
 import onnxruntime as ort
 
-from backend.session_cache import cache_key, create_session, default_cache_dir
+from backend.session_cache import COPIES_KEPT_PER_MODEL, cache_key, create_session, default_cache_dir
 
 ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
@@ -60,3 +60,13 @@ def test_a_damaged_copy_is_rebuilt(double_onnx, ort_cache_dir):
     session = create_session(double_onnx, options(), ort_cache_dir, logged.append)
     assert "unusable" in logged[0] and session._model_path == str(double_onnx)
     assert copy.stat().st_size > len(b"damaged")
+
+
+def test_only_the_most_recently_used_copies_of_a_model_are_kept(double_onnx, ort_cache_dir):
+    stat = double_onnx.stat()
+    for step in range(4):  # four versions of the file, each optimized once
+        os.utime(double_onnx, ns=(stat.st_atime_ns, stat.st_mtime_ns + step * 1_000_000))
+        create_session(double_onnx, options(), ort_cache_dir, print)
+    kept = list(ort_cache_dir.iterdir())
+    assert len(kept) == COPIES_KEPT_PER_MODEL
+    assert any(cache_key(double_onnx, ALL) in p.name for p in kept)  # the newest survives
