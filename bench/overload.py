@@ -38,8 +38,11 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import service_pb2
 
+from backend.supervisor import TritonSupervisor
+from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from bench.resources import tree_memory
 from client.proto import inference_pb2
+from client.serve import FacadeProcess
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05
@@ -292,10 +295,6 @@ async def measure(
 
 def run_stack(args: argparse.Namespace) -> list[OverloadResult]:
     """Start tritonserver (supervised) and the facade on free ports, overload each path in turn."""
-    from backend.supervisor import TritonSupervisor
-    from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
-    from client.serve import FacadeProcess
-
     repository = PROJECT_ROOT / "model_repository"
     args.out.mkdir(parents=True, exist_ok=True)
     triton = TritonServer(model_repository=repository, ports=Ports(*free_ports(3)),
