@@ -59,36 +59,23 @@ class Stub:
         return cls(pid=pid, model=Path(args[1]).parent.parent.name, instance=args[8], shm_region=args[2])
 
 
-def dead_stub_pids(server_pid: int) -> set[int]:
-    """Children of tritonserver that are zombies: stubs that died without Triton stopping them."""
+def stub_processes(server_pid: int) -> tuple[dict[int, Stub], set[int]]:
+    """tritonserver's live stubs by pid, and its zombie children: stubs that died without Triton
+    stopping them (a zombie no longer shows its command line)."""
+    live, zombies = {}, set()
     try:
         children = psutil.Process(server_pid).children()
     except psutil.NoSuchProcess:
-        return set()
-    dead = set()
+        return live, zombies
     for child in children:
         try:
             if child.status() == psutil.STATUS_ZOMBIE:
-                dead.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return dead
-
-
-def live_stubs(server_pid: int) -> dict[int, Stub]:
-    stubs = {}
-    try:
-        children = psutil.Process(server_pid).children()
-    except psutil.NoSuchProcess:
-        return stubs
-    for child in children:
-        try:
-            stub = Stub.from_command_line(child.pid, child.cmdline())
+                zombies.add(child.pid)
+            elif (stub := Stub.from_command_line(child.pid, child.cmdline())) is not None:
+                live[child.pid] = stub
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if stub is not None:
-            stubs[child.pid] = stub
-    return stubs
+    return live, zombies
 
 
 def reload_config(served: dict, generation: str) -> dict:
@@ -115,7 +102,7 @@ class TritonSupervisor:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._stubs.update(live_stubs(self.server.process.pid))  # a zombie no longer shows its model
+        self._stubs.update(stub_processes(self.server.process.pid)[0])  # a zombie no longer shows its model
         self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
         self._thread.start()
 
@@ -143,7 +130,7 @@ class TritonSupervisor:
     def check_stubs(self) -> list[str]:
         """One look at the stubs; reload the models of those that died. Returns the models reloaded."""
         pid = self.server.process.pid
-        live, zombies = live_stubs(pid), dead_stub_pids(pid)
+        live, zombies = stub_processes(pid)
         # Forget stubs Triton reaped; remember the zombies' models, which only their past command lines tell.
         self._stubs = {p: stub for p, stub in self._stubs.items() if p in zombies} | live
         self._handled &= zombies
@@ -179,7 +166,7 @@ class TritonSupervisor:
         due = [stubs for when, stubs in self._retiring if when <= now]
         self._retiring = [(when, stubs) for when, stubs in self._retiring if when > now]
         for stubs in due:
-            live = live_stubs(self.server.process.pid)
+            live = stub_processes(self.server.process.pid)[0]
             lingering = [stub for stub in stubs if live.get(stub.pid) == stub]  # the same process, not a reused pid
             for stub in lingering:
                 try:

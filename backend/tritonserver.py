@@ -108,12 +108,16 @@ def known_admin_key() -> str:
         return ""
 
 
-def write_admin_key(key: str, path: Path = ADMIN_KEY_FILE) -> None:
-    """Store the key readable by this user only, for `perf_analyzer -H` and the client scripts."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def share_admin_key(key: str) -> str:
+    """Where local tools find the key: $TRITONNX_ADMIN_KEY when it came from there, else the file
+    `make serve` writes readable by this user only (for `perf_analyzer -H` and the client scripts)."""
+    if os.environ.get(ADMIN_KEY_ENV):
+        return "$" + ADMIN_KEY_ENV
+    ADMIN_KEY_FILE.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(ADMIN_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as out:
         out.write(key + "\n")
+    return str(ADMIN_KEY_FILE)
 
 
 @dataclass(frozen=True)
@@ -275,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         log_file=args.log_file,
         extra_args=args.extra,
     )
-    if not os.environ.get(ADMIN_KEY_ENV):
-        write_admin_key(server.admin_key)
+    key_place = share_admin_key(server.admin_key)
     stop = StopRequest()
     started = time.monotonic()
     print(f"starting tritonserver with {server.model_repository} ...", flush=True)
@@ -287,8 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_model_states(server.model_states()), flush=True)
         print(
             f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}\n"
-            f"restricted APIs: header {GRPC_ADMIN_HEADER} (gRPC) or {ADMIN_HEADER} (HTTP), key in "
-            f"{'$' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else ADMIN_KEY_FILE}\n"
+            f"restricted APIs: header {GRPC_ADMIN_HEADER} (gRPC) or {ADMIN_HEADER} (HTTP), key in {key_place}\n"
             "Ctrl-C stops it.",
             flush=True,
         )

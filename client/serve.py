@@ -27,7 +27,6 @@ from backend.process import ManagedProcess, ServerError, StopRequest
 from backend.supervisor import TritonSupervisor
 from backend.tritonserver import (
     ADMIN_KEY_ENV,
-    ADMIN_KEY_FILE,
     DEFAULT_BACKEND_DIR,
     DEFAULT_REPOSITORY,
     GRPC_ADMIN_HEADER,
@@ -35,7 +34,7 @@ from backend.tritonserver import (
     Ports,
     TritonServer,
     format_model_states,
-    write_admin_key,
+    share_admin_key,
 )
 
 
@@ -104,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         model_repository=args.model_repository.resolve(), ports=Ports(), backend_dir=DEFAULT_BACKEND_DIR,
         log_file=args.log_dir / "tritonserver.log", http=args.triton_http,
     )
-    if not os.environ.get(ADMIN_KEY_ENV):
-        write_admin_key(triton.admin_key)
+    key_place = share_admin_key(triton.admin_key)
     supervisor = TritonSupervisor(triton)
     facade = FacadeProcess(extra_args=args.facade_args, log_file=args.log_dir / "facade.log", admin_key=triton.admin_key)
     stop = StopRequest()
@@ -126,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             f"metrics {triton.metrics_url}\n"
             f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
             f"{facade.http_url}/metrics  {facade.http_url}/health\n"
-            f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key "
-            f"{'in $' + ADMIN_KEY_ENV if os.environ.get(ADMIN_KEY_ENV) else 'in ' + str(ADMIN_KEY_FILE)}\n"
+            f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key in {key_place}\n"
             "Ctrl-C stops both.",
             flush=True,
         )

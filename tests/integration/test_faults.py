@@ -17,12 +17,11 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.supervisor import Stub, TritonSupervisor
+from backend.supervisor import Stub, TritonSupervisor, stub_processes
 from backend.tritonserver import Ports, TritonServer, free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.integration.conftest import MODEL_REPOSITORY, onnx_file, start_facade
@@ -101,16 +100,9 @@ def wait_for(condition, timeout: float, step: float = 0.05) -> float:
     pytest.fail(f"not within {timeout}s")
 
 
-def model_stubs(triton: TritonServer, model: str) -> list[psutil.Process]:
-    stubs = []
-    for child in psutil.Process(triton.process.pid).children():
-        try:
-            stub = Stub.from_command_line(child.pid, child.cmdline())
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-        if stub is not None and stub.model == model and child.status() != psutil.STATUS_ZOMBIE:
-            stubs.append(child)
-    return stubs
+def model_stubs(triton: TritonServer, model: str) -> list[Stub]:
+    """The model's live stub processes (the supervisor's own reading of tritonserver's children)."""
+    return [stub for stub in stub_processes(triton.process.pid)[0].values() if stub.model == model]
 
 
 def facade_health(stack: Stack) -> int:
