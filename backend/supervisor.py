@@ -4,10 +4,11 @@ Two faults Triton 2.51 does not heal by itself:
 
 * A Python stub process dies (`kill -9`, out of memory): Triton never restarts it, keeps the
   model READY and fails every request the scheduler hands to that instance with INTERNAL
-  "Stub process ... is not healthy". Triton does not reap the dead stub either, so it stays a
-  zombie child of tritonserver; a stub Triton stopped itself is reaped at once. The supervisor
-  takes a zombie stub as the signal and reloads its model through Triton's model-control API
-  (explicit mode). Triton skips a load whose config is unchanged, so the reload carries the served
+  "Stub process ... is not healthy". The supervisor counts each model's live stubs (children of
+  tritonserver, named by their command lines): a model that had all its instances and has fewer
+  on two looks in a row while Triton still calls it READY lost one (a dead stub is sometimes
+  left a zombie, sometimes reaped, so only the count is reliable). It reloads that model through
+  Triton's model-control API (explicit mode). Triton skips a load whose config is unchanged, so the reload carries the served
   config with a `tritonnx.reload` parameter bumped; the old instances serve until the new ones
   are ready. Once a request has reached the dead instance, Triton 2.51 never finishes unloading
   the old generation of the model (its unload waits forever), so its stubs would live on,
@@ -26,6 +27,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,23 +61,32 @@ class Stub:
         return cls(pid=pid, model=Path(args[1]).parent.parent.name, instance=args[8], shm_region=args[2])
 
 
-def stub_processes(server_pid: int) -> tuple[dict[int, Stub], set[int]]:
-    """tritonserver's live stubs by pid, and its zombie children: stubs that died without Triton
-    stopping them (a zombie no longer shows its command line)."""
-    live, zombies = {}, set()
+def live_stubs(server_pid: int) -> dict[int, Stub]:
+    """tritonserver's live stub processes by pid (zombies and other children left out)."""
+    stubs = {}
     try:
         children = psutil.Process(server_pid).children()
     except psutil.NoSuchProcess:
-        return live, zombies
+        return stubs
     for child in children:
         try:
-            if child.status() == psutil.STATUS_ZOMBIE:
-                zombies.add(child.pid)
-            elif (stub := Stub.from_command_line(child.pid, child.cmdline())) is not None:
-                live[child.pid] = stub
+            if child.status() != psutil.STATUS_ZOMBIE:
+                stub = Stub.from_command_line(child.pid, child.cmdline())
+                if stub is not None:
+                    stubs[child.pid] = stub
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-    return live, zombies
+    return stubs
+
+
+def short_models(live: dict[int, Stub], expected: dict[str, int], complete: set[str]) -> set[str]:
+    """Models that had all their instances (`complete`) and now have fewer live stubs."""
+    counts = Counter(stub.model for stub in live.values())
+    return {model for model in complete if counts[model] < expected[model]}
+
+
+def instance_count(config: dict) -> int:
+    return sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
 
 
 def reload_config(served: dict, generation: str) -> dict:
@@ -94,15 +105,16 @@ class TritonSupervisor:
         self.ready_timeout = ready_timeout
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
         self.restarts: list[float] = []
-        self._stubs: dict[int, Stub] = {}
-        self._suspects: set[int] = set()  # zombies seen once: a stub Triton stops is reaped right away
-        self._handled: set[int] = set()
+        self._stubs: dict[int, Stub] = {}  # as of the last look: a dead stub's model and region
+        self._expected: dict[str, int] = {}  # instances per model, from its served config
+        self._complete: set[str] = set()  # models seen with all their instances
+        self._suspects: set[str] = set()  # short on the last look
         self._retiring: list[tuple[float, list[Stub]]] = []  # (when, stubs of a replaced generation)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._stubs.update(stub_processes(self.server.process.pid)[0])  # a zombie no longer shows its model
+        self.check_stubs()  # learn the stubs before any can die unseen
         self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
         self._thread.start()
 
@@ -128,34 +140,48 @@ class TritonSupervisor:
                 log.exception("supervisor: healing attempt failed; trying again")
 
     def check_stubs(self) -> list[str]:
-        """One look at the stubs; reload the models of those that died. Returns the models reloaded."""
-        pid = self.server.process.pid
-        live, zombies = stub_processes(pid)
-        # Forget stubs Triton reaped; remember the zombies' models, which only their past command lines tell.
-        self._stubs = {p: stub for p, stub in self._stubs.items() if p in zombies} | live
-        self._handled &= zombies
-        new_zombies = zombies - self._handled
-        confirmed = new_zombies & self._suspects
-        self._suspects = new_zombies - confirmed
-        dead = [self._stubs[p] for p in confirmed if p in self._stubs]
-        models = sorted({stub.model for stub in dead})
-        for model in models:
-            instances = ", ".join(sorted(stub.instance for stub in dead if stub.model == model))
-            log.warning("supervisor: stub process of %s died (instance %s); reloading the model", model, instances)
+        """One look at the stubs; reload the models that lost one. Returns the models reloaded."""
+        live = live_stubs(self.server.process.pid)
+        for model in {stub.model for stub in live.values()} - set(self._expected):
+            self._expected[model] = instance_count(self._served_config(model))
+        counts = Counter(stub.model for stub in live.values())
+        short = short_models(live, self._expected, self._complete)
+        self._complete |= {model for model, count in counts.items() if count >= self._expected[model]}
+        confirmed, self._suspects = short & self._suspects, short - self._suspects
+        reloaded = []
+        for model in sorted(confirmed):
+            gone = [stub for pid, stub in self._stubs.items() if stub.model == model and pid not in live]
+            self._complete.discard(model)  # its new generation has to come up in full again
+            if not self._model_ready(model):
+                continue  # being unloaded on purpose
+            log.warning("supervisor: stub process of %s is gone (instance %s); reloading the model", model,
+                        ", ".join(sorted(stub.instance for stub in gone)))
             old_generation = [stub for stub in self._stubs.values() if stub.model == model]
-            self.reload(model)  # if it fails, the zombies are suspects again and the next looks retry
-            self._handled |= {stub.pid for stub in old_generation if stub.pid in confirmed}
+            self.reload(model)
             self._retiring.append((time.monotonic() + RETIRE_AFTER_SECONDS, old_generation))
-        return models
+            reloaded.append(model)
+        # Remember the gone stubs of a model still short (their regions are removed when it is reloaded).
+        self._stubs = live | {p: s for p, s in self._stubs.items() if s.model in self._suspects and p not in live}
+        return reloaded
+
+    def _client(self):
+        import tritonclient.grpc as grpcclient  # only the serving process needs the client
+
+        return grpcclient.InferenceServerClient(self.server.grpc_url)
+
+    def _served_config(self, model: str) -> dict:
+        with self._client() as client:
+            return client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
+
+    def _model_ready(self, model: str) -> bool:
+        with self._client() as client:
+            return client.is_model_ready(model)
 
     def reload(self, model: str) -> None:
         """Load the model again with its served config (explicit model control, with the admin key)."""
-        import tritonclient.grpc as grpcclient  # only the serving process needs the client
-
         started = time.monotonic()
-        with grpcclient.InferenceServerClient(self.server.grpc_url) as client:
-            served = client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
-            config = reload_config(served, f"{time.time():.6f}")
+        config = reload_config(self._served_config(model), f"{time.time():.6f}")
+        with self._client() as client:
             client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
         self.reloads.append((time.monotonic(), model))
         log.warning("supervisor: %s reloaded in %.1fs", model, time.monotonic() - started)
@@ -166,14 +192,13 @@ class TritonSupervisor:
         due = [stubs for when, stubs in self._retiring if when <= now]
         self._retiring = [(when, stubs) for when, stubs in self._retiring if when > now]
         for stubs in due:
-            live = stub_processes(self.server.process.pid)[0]
+            live = live_stubs(self.server.process.pid)
             lingering = [stub for stub in stubs if live.get(stub.pid) == stub]  # the same process, not a reused pid
             for stub in lingering:
                 try:
                     os.kill(stub.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            self._handled |= {stub.pid for stub in lingering}  # their zombies are not deaths to heal
             for stub in stubs:
                 _unlink_region(stub)
             if lingering:
@@ -202,8 +227,9 @@ class TritonSupervisor:
         for stub in self._stubs.values():
             _unlink_region(stub)
         self._stubs.clear()
+        self._expected.clear()
+        self._complete.clear()
         self._suspects.clear()
-        self._handled.clear()
         self._retiring.clear()
 
 

@@ -21,7 +21,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.supervisor import Stub, TritonSupervisor, stub_processes
+from backend.supervisor import Stub, TritonSupervisor, live_stubs
 from backend.tritonserver import Ports, TritonServer, free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.integration.conftest import MODEL_REPOSITORY, onnx_file, start_facade
@@ -102,7 +102,7 @@ def wait_for(condition, timeout: float, step: float = 0.05) -> float:
 
 def model_stubs(triton: TritonServer, model: str) -> list[Stub]:
     """The model's live stub processes (the supervisor's own reading of tritonserver's children)."""
-    return [stub for stub in stub_processes(triton.process.pid)[0].values() if stub.model == model]
+    return [stub for stub in live_stubs(triton.process.pid).values() if stub.model == model]
 
 
 def facade_health(stack: Stack) -> int:
