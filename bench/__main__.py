@@ -17,7 +17,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
+import tritonclient.grpc as grpcclient
+
 from bench import loadgen
+from bench.cpu import measured
 from bench.baseline.process import FastApiBaseline
 from bench.limit import measure_limit
 from bench.perf import run_perf_analyzer
@@ -33,11 +36,18 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def sweep(label: str, make_target, concurrencies: list[int], duration: float) -> list[dict]:
+def sweep(label: str, make_target, concurrencies: list[int], duration: float, cpu_of=None) -> list[dict]:
+    """One load generator run per concurrency; `cpu_of(run)` runs it and measures where the CPU
+    went (see bench.cpu), for servers whose processes the benchmark can see."""
     points = []
     for concurrency in concurrencies:
-        result = loadgen.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
+        def run(concurrency=concurrency):
+            return loadgen.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
+
+        result, cpu = cpu_of(run) if cpu_of else (run(), None)
         point = result.as_dict()
+        if cpu:
+            point["cpu_ms_per_image"] = cpu
         points.append(point)
         say(
             f"  {label} c={concurrency}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
@@ -66,13 +76,25 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     triton.start()
     try:
         triton.wait_ready(180)
+        statistics = grpcclient.InferenceServerClient(triton.grpc_url)
+
+        def inferred() -> int:
+            stats = statistics.get_inference_statistics(model, headers=triton.admin_headers, as_json=True)
+            return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
+
+        def cpu_of(run, others=None, own_role=None, extra_cpu=None):
+            return measured(run, triton.process.pid, inferred, CORES, others, own_role, extra_cpu)
+
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
-            point = run_perf_analyzer(
-                model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True,
-                headers=triton.admin_headers,
+            point, cpu = cpu_of(
+                lambda concurrency=concurrency: run_perf_analyzer(
+                    model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True,
+                    headers=triton.admin_headers,
+                ),
+                extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
             )
-            data["perf_analyzer"].append(point.as_dict())
+            data["perf_analyzer"].append({**point.as_dict(), "cpu_ms_per_image": cpu})
             say(
                 f"  perf_analyzer c={concurrency}: {point.throughput:.1f} img/s, p50 {point.p50_ms:.2f} ms, "
                 f"p99 {point.p99_ms:.2f} ms, queue {point.server_queue_ms:.2f} ms, avg batch {point.avg_batch:.2f}"
@@ -82,9 +104,11 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         facade.start()
         facade.wait_ready()
         data["loadgen_kserve"] = sweep("Triton direct", lambda: loadgen.KServeTarget(triton.grpc_url, model, 1),
-                                       args.concurrency, args.duration)
+                                       args.concurrency, args.duration, lambda run: cpu_of(run, own_role="client"))
         data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),
-                               args.concurrency, args.duration)
+                               args.concurrency, args.duration,
+                               lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"))
+        statistics.close()
         data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
         data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
     finally:
@@ -112,6 +136,8 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     data["limit"] = {
         "before": before.best[1], "after": after.best[1], "images_per_s": (before.best[1] + after.best[1]) / 2,
         "layout": before.best[0], "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
+        "cpu_ms_per_image": (before.cpu_ms_per_image[before.best[0]] + after.cpu_ms_per_image[after.best[0]]) / 2,
+        "cores": CORES,
         "single_p99_ms": (before.single_p99_ms + after.single_p99_ms) / 2,
         "details": [before.as_dict(), after.as_dict()],
     }

@@ -21,6 +21,7 @@ class LimitResult:
     model: str
     threads: int
     images_per_s: dict[str, float] = field(default_factory=dict)  # "<layout> b<batch>" -> images/s
+    cpu_ms_per_image: dict[str, float] = field(default_factory=dict)  # same keys: CPU of all threads
     single_p50_ms: float = 0.0
     single_p99_ms: float = 0.0
 
@@ -44,8 +45,9 @@ def _images(batch: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((batch, 3, 224, 224), dtype=np.float32)
 
 
-def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> float:
-    """Images per second with every session looping on its own thread for `seconds`."""
+def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> tuple[float, float]:
+    """Images per second with every session looping on its own thread for `seconds`, and the
+    CPU milliseconds this process spent per image meanwhile."""
     data = _images(batch)
     name = sessions[0].get_inputs()[0].name
     for session in sessions:  # warm up: first runs allocate
@@ -59,12 +61,13 @@ def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float
             counts[index] += 1
 
     threads = [threading.Thread(target=loop, args=(i,)) for i in range(len(sessions))]
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return sum(counts) * batch / (time.perf_counter() - started)
+    images = sum(counts) * batch
+    return images / (time.perf_counter() - started), 1000 * (time.process_time() - cpu_started) / max(images, 1)
 
 
 def measure_limit(
@@ -74,8 +77,8 @@ def measure_limit(
     whole = _session(onnx_file, threads)
     per_core = [_session(onnx_file, 1) for _ in range(threads)]
     for batch in batches:
-        result.images_per_s[f"1x{threads}threads b{batch}"] = _throughput([whole], batch, seconds)
-        result.images_per_s[f"{threads}x1thread b{batch}"] = _throughput(per_core, batch, seconds)
+        for layout, sessions in ((f"1x{threads}threads b{batch}", [whole]), (f"{threads}x1thread b{batch}", per_core)):
+            result.images_per_s[layout], result.cpu_ms_per_image[layout] = _throughput(sessions, batch, seconds)
 
     # Single-image latency of a lone request, with the thread count that serves it fastest
     # (small models lose more to thread synchronisation than they gain from a second thread).

@@ -57,6 +57,45 @@ def summary_rows(model: str, data: dict) -> list[str]:
     return rows
 
 
+def cpu_rows(data: dict) -> list[str]:
+    """The CPU each process spent per image at c=16 (else the highest concurrency measured), next
+    to in-process ONNX Runtime's: with the cores saturated, cores / CPU per image is the ceiling."""
+    cores = data["limit"].get("cores")
+    measured_at = {p["concurrency"] for p in data["perf_analyzer"]}
+    concurrency = 16 if 16 in measured_at else max(measured_at, default=0)
+    measured = [
+        (name, next((p for p in points if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None))
+        for name, points in (
+            ("Triton direct, perf_analyzer", data["perf_analyzer"]),
+            ("Triton direct, project load generator", data["loadgen_kserve"]),
+            ("facade, project load generator", data["facade"]),
+        )
+    ]
+    measured = [(name, p) for name, p in measured if p]
+    if not measured or "cpu_ms_per_image" not in data["limit"] or not cores:
+        return []
+    limit = data["limit"]["images_per_s"]
+    lines = [
+        "",
+        f"### Where the CPU goes at c={concurrency} (CPU ms per image, all processes on the {cores} cores)",
+        "",
+        "Stubs: ONNX Runtime in Triton's Python stub processes, with the stub round trip and this "
+        "project's Python around it. Idle: core time nobody used. Ceiling: cores / busy CPU per image, "
+        "the most this path could serve with the cores fully busy.",
+        "",
+        "| path | stubs | tritonserver | facade | client | idle | busy total | ceiling | ceiling vs limit |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| in-process ONNX Runtime ({data['limit']['layout']}) | {data['limit']['cpu_ms_per_image']:.2f} | - | - | - | - | "
+        f"{data['limit']['cpu_ms_per_image']:.2f} | {cores * 1000 / data['limit']['cpu_ms_per_image']:.0f} img/s | - |",
+    ]
+    for name, p in measured:
+        cpu = p["cpu_ms_per_image"]
+        ceiling = cores * 1000 / cpu["total"] if cpu["total"] else 0.0
+        cells = " | ".join(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ("stubs", "tritonserver", "facade", "client", "idle"))
+        lines.append(f"| {name} | {cells} | {cpu['total']:.2f} | {ceiling:.0f} img/s | {_ratio(ceiling, limit)} |")
+    return lines
+
+
 def write_report(out: Path, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2))
@@ -107,6 +146,7 @@ def write_report(out: Path, results: dict) -> None:
                     f"| {name} | {p['concurrency']} | {p['images_per_s']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | "
                     f"{p['p99_ms']:.2f} | {p['client_cpu']:.2f} | {sum(p['errors'].values()) or ''} |"
                 )
+        lines += cpu_rows(data)
         lines += ["", "### Start-up and memory", "", "| server | ready s | RSS MiB | PSS MiB | processes |", "|---|---|---|---|---|"]
         for name, item in data["servers"].items():
             lines.append(

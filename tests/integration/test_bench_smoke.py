@@ -31,7 +31,16 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         assert point["images_per_s"] > 0 and not point["errors"], (sweep, point)
     assert len(data["fastapi"]) == 2 and all(s["points"][0]["images_per_s"] > 0 for s in data["fastapi"].values())
     assert any(name.startswith("tritonserver (mobilenet_v3_small only") for name in data["servers"])
+    # Where the CPU went, measured on the real processes: every role on each path spent some.
+    assert data["limit"]["cpu_ms_per_image"] > 0
+    for sweep, roles in (("perf_analyzer", ("stubs", "tritonserver", "client")),
+                         ("loadgen_kserve", ("stubs", "tritonserver", "client")),
+                         ("facade", ("stubs", "tritonserver", "facade", "client"))):
+        cpu = data[sweep][0]["cpu_ms_per_image"]
+        assert cpu["images"] > 0 and all(cpu[role] > 0 for role in roles), (sweep, cpu)
+        assert cpu["total"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.01)
     report = (out / "report.md").read_text()
     assert "| limit: in-process ONNX Runtime" in report and "vs Triton direct (same generator)" in report
+    assert "### Where the CPU goes at c=2" in report and "| facade, project load generator |" in report
     assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000
     assert (out / "mobilenet_v3_small_latency.png").stat().st_size > 1000

@@ -52,8 +52,9 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
         "models": {
             "mobilenet_v3_small": {
                 "limit": {"images_per_s": 800.0, "before": 790.0, "after": 810.0, "layout": "2x1thread b4",
-                          "single_p50_ms": 2.0, "single_p99_ms": 3.0},
-                "perf_analyzer": [perf_c1, perf],
+                          "single_p50_ms": 2.0, "single_p99_ms": 3.0, "cpu_ms_per_image": 2.5, "cores": 2},
+                "perf_analyzer": [perf_c1, dict(perf, cpu_ms_per_image={
+                    "stubs": 3.0, "tritonserver": 0.5, "client": 0.5, "idle": 0.2, "total": 4.0, "images": 900})],
                 "loadgen_kserve": [load_point(1, 110.0, 3.5), load_point(16, 400.0, 40.0)],
                 "facade": [load_point(1, 100.0, 4.0), load_point(16, 380.0, 42.0)],
                 "fastapi": {"2 worker(s) x 1 thread(s)": {"points": [
@@ -68,6 +69,10 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
     assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
     assert "| c=1 p50, Triton direct vs in-process single image | 3.00 vs 2.00 ms | | +1.00 ms |" in report
+    # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
+    assert "### Where the CPU goes at c=16" in report
+    assert "| in-process ONNX Runtime (2x1thread b4) | 2.50 | - | - | - | - | 2.50 | 800 img/s | - |" in report
+    assert "| Triton direct, perf_analyzer | 3.00 | 0.50 | - | 0.50 | 0.20 | 4.00 | 500 img/s | 0.62x |" in report
     assert json.loads((tmp_path / "results.json").read_text())["models"]["mobilenet_v3_small"]["limit"]["layout"]
     for name in ("mobilenet_v3_small_throughput.png", "mobilenet_v3_small_latency.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"

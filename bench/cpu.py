@@ -1,0 +1,81 @@
+"""Where the CPU goes: CPU seconds per image of each process on the serving path.
+
+On a machine whose cores the server saturates, throughput is the number of cores divided by the
+CPU all processes spend per image. Splitting that cost by process (ONNX Runtime in the Python
+stubs, tritonserver itself, the facade, the load generator) and comparing the stubs' share with
+in-process ONNX Runtime shows what each layer costs, and the throughput ceiling it leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+# The roles a process on the serving path plays, in the order a report lists them.
+ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    at: float  # time.perf_counter()
+    seconds: dict[str, float]  # role -> CPU seconds used so far
+    per_stub: dict[int, float]  # stub pid -> CPU seconds (stubs restart; only pids seen twice count)
+
+
+def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: str | None = None) -> CpuSnapshot:
+    """CPU used so far by tritonserver, its stub processes and the `others` (role -> pid);
+    `own_role` names this process's role (a load generator running in the benchmark itself)."""
+    seconds: dict[str, float] = {}
+    triton = psutil.Process(triton_pid)
+    seconds["tritonserver"] = _cpu_seconds(triton)
+    per_stub = {}
+    for child in triton.children(recursive=True):
+        try:
+            per_stub[child.pid] = _cpu_seconds(child)
+        except psutil.Error:
+            continue  # a stub that just exited
+    for role, pid in (others or {}).items():
+        seconds[role] = seconds.get(role, 0.0) + _cpu_seconds(psutil.Process(pid))
+    if own_role:
+        seconds[own_role] = seconds.get(own_role, 0.0) + time.process_time()
+    return CpuSnapshot(time.perf_counter(), seconds, per_stub)
+
+
+def per_image(before: CpuSnapshot, after: CpuSnapshot, images: int, cores: int, extra: dict[str, float] | None = None) -> dict:
+    """CPU milliseconds per image by role between two snapshots, `idle` being the cores' unused
+    time; `extra` adds CPU seconds measured elsewhere (perf_analyzer's, from its own rusage)."""
+    if images <= 0:
+        return {}
+    wall = after.at - before.at
+    used = {role: after.seconds[role] - before.seconds.get(role, 0.0) for role in after.seconds}
+    used["stubs"] = sum(after.per_stub[pid] - before.per_stub[pid] for pid in after.per_stub if pid in before.per_stub)
+    for role, value in (extra or {}).items():
+        used[role] = used.get(role, 0.0) + value
+    used["idle"] = max(0.0, cores * wall - sum(used.values()))
+    result = {role: round(1000 * used[role] / images, 3) for role in ROLES if role in used}
+    result["total"] = round(sum(v for k, v in result.items() if k != "idle"), 3)
+    result["seconds"] = round(wall, 2)
+    result["images"] = images
+    return result
+
+
+def measured(
+    run: Callable[[], object], triton_pid: int, images_served: Callable[[], int], cores: int,
+    others: dict[str, int] | None = None, own_role: str | None = None,
+    extra_cpu: Callable[[object, float], dict[str, float]] | None = None,
+) -> tuple[object, dict]:
+    """`run()`'s result and the CPU per image while it ran. `images_served` reads Triton's count
+    of images inferred; `extra_cpu(result, wall)` adds CPU seconds of processes that ended."""
+    images_before, before = images_served(), snapshot(triton_pid, others, own_role)
+    result = run()
+    after, images_after = snapshot(triton_pid, others, own_role), images_served()
+    extra = extra_cpu(result, after.at - before.at) if extra_cpu else None
+    return result, per_image(before, after, images_after - images_before, cores, extra)
