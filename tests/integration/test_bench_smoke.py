@@ -30,7 +30,8 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         point = data[sweep][0]
         assert point["images_per_s"] > 0 and not point["errors"], (sweep, point)
     assert len(data["fastapi"]) == 2 and all(s["points"][0]["images_per_s"] > 0 for s in data["fastapi"].values())
-    assert any(name.startswith("tritonserver (mobilenet_v3_small only") for name in data["servers"])
+    startup = next(item for name, item in data["servers"].items() if name.startswith("tritonserver (mobilenet_v3_small only"))
+    assert startup["ready_seconds"] > 0 and startup["first_ready_seconds"] > 0
     # Where the CPU went, measured on the real processes: every role on each path spent some.
     assert data["limit"]["cpu_ms_per_image"] > 0
     for sweep, roles in (("perf_analyzer", ("stubs", "tritonserver", "client")),

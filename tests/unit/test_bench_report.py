@@ -60,7 +60,9 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
                 "fastapi": {"2 worker(s) x 1 thread(s)": {"points": [
                     dict(load_point(1, 90.0, 5.0), setup="2 worker(s) x 1 thread(s)"),
                     dict(load_point(16, 300.0, 50.0), setup="2 worker(s) x 1 thread(s)")]}},
-                "servers": {"tritonserver": {"ready_seconds": 1.5, "rss_mib": 200.0, "pss_mib": 150.0, "processes": 3}},
+                "servers": {"tritonserver": {"ready_seconds": 1.5, "first_ready_seconds": 3.2, "rss_mib": 200.0,
+                                             "pss_mib": 150.0, "processes": 3},
+                            "facade": {"rss_mib": 90.0, "pss_mib": 70.0, "processes": 1}},
             }
         },
     }
@@ -69,6 +71,7 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
     assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
     assert "| c=1 p50, Triton direct vs in-process single image | 3.00 vs 2.00 ms | | +1.00 ms |" in report
+    assert "| tritonserver | 1.5 | 3.2 | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | n/a | 90.0 |" in report
     # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
     assert "### Where the CPU goes at c=16" in report
     assert "| in-process ONNX Runtime (2x1thread b4) | 2.50 | - | - | - | - | 2.50 | 800 img/s | - |" in report
