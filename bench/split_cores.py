@@ -1,0 +1,155 @@
+"""python -m bench.split_cores: the facade against Triton direct when they do not share cores.
+
+`make bench` runs the client, the facade and tritonserver on the same cores, so every
+millisecond of CPU the facade spends is taken from the server and its ratio to Triton direct is
+its CPU cost. A deployment with cores to spare gives the facade its own. This measures that
+layout on the same machine:
+
+- tritonserver and its stubs run on the first half of the cores;
+- the facade and the load generator run on the rest.
+
+Then the same load generator drives Triton direct and the facade in interleaved rounds.
+Writes bench/results/<UTC time>-split/{report.md,results.json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
+from bench import loadgen
+from client.serve import FacadeProcess
+
+
+def split(cores: set[int]) -> tuple[set[int], set[int]]:
+    """(server cores, facade and client cores): the first half, and the rest."""
+    ordered = sorted(cores)
+    if len(ordered) < 2:
+        raise SystemExit("bench.split_cores needs at least 2 cores to split")
+    half = len(ordered) // 2
+    return set(ordered[:half]), set(ordered[half:])
+
+
+def _started_on(cores: set[int], start) -> None:
+    """Run `start()` with this process pinned to `cores`, so the processes it spawns (and all their
+    threads) inherit them; this process's own cores are restored after."""
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        start()
+    finally:
+        os.sched_setaffinity(0, own)
+
+
+def _cores_of(pids: list[int]) -> list[int]:
+    """The cores any thread of these processes may run on."""
+    cores: set[int] = set()
+    for pid in pids:
+        for thread in psutil.Process(pid).threads():
+            cores |= os.sched_getaffinity(thread.id)
+    return sorted(cores)
+
+
+def _throughputs(points: list[dict]) -> str:
+    return ", ".join(f"{point['images_per_s']:.1f}" for point in points)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.split_cores",
+        description="Facade vs Triton direct with tritonserver on its own cores and the facade and load generator on "
+        "the others (the layout of a deployment with cores to spare), same load generator, interleaved rounds.",
+        epilog="Example: python -m bench.split_cores --model mobilenet_v3_small --concurrency 16 --rounds 3",
+    )
+    parser.add_argument("--model", default="mobilenet_v3_small")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=8.0, help="measured seconds per run; default: %(default)s")
+    parser.add_argument("--rounds", type=int, default=3, help="direct + facade runs, interleaved; default: %(default)s")
+    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-split")
+    args = parser.parse_args(argv)
+
+    server_cores, client_cores = split(os.sched_getaffinity(0))
+    started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or PROJECT_ROOT / "bench" / "results" / f"{started}-split"
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="tritonnx-split-"))
+    (workdir / "repo").mkdir()
+    (workdir / "repo" / args.model).symlink_to((PROJECT_ROOT / "model_repository" / args.model).resolve())
+    triton = TritonServer(model_repository=workdir / "repo", ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
+                          log_file=out / "tritonserver.log")
+    grpc_port, http_port = free_ports(2)
+    facade = FacadeProcess(
+        grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=out / "facade.log",
+        admin_key=triton.admin_key,
+        extra_args=["--default-model", args.model, "--health-interval", "30", "--max-in-flight", "1024"],
+    )
+    print(f"tritonserver on cores {sorted(server_cores)}, facade and load generator on {sorted(client_cores)}", flush=True)
+    runs: dict[str, list[dict]] = {"Triton direct": [], "facade": []}
+    own = os.sched_getaffinity(0)
+    try:
+        _started_on(server_cores, triton.start)
+        triton.wait_ready(180)
+        _started_on(client_cores, facade.start)
+        facade.wait_ready()
+        os.sched_setaffinity(0, client_cores)  # the load generator runs in this process
+        # Where the processes really run (every thread of each): the layout, checked.
+        placed = {
+            "tritonserver and stubs": _cores_of([triton.process.pid, *(c.pid for c in psutil.Process(triton.process.pid).children())]),
+            "facade": _cores_of([facade.process.pid]),
+        }
+        targets = {
+            "Triton direct": lambda: loadgen.KServeTarget(triton.grpc_url, args.model, 1),
+            "facade": lambda: loadgen.FacadeTarget(facade.grpc_url, args.model, 1),
+        }
+        for round_ in range(1, args.rounds + 1):
+            for name, make_target in targets.items():
+                result = loadgen.run(make_target(), args.concurrency, duration_s=args.duration, warmup_s=1.0)
+                runs[name].append(result.as_dict())
+                print(f"[round {round_}/{args.rounds}] {result.summary()}", flush=True)
+    finally:
+        os.sched_setaffinity(0, own)
+        facade.stop()
+        triton.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    median = {name: statistics.median(p["images_per_s"] for p in points) for name, points in runs.items()}
+    p50 = {name: statistics.median(p["p50_ms"] for p in points) for name, points in runs.items()}
+    ratio = median["facade"] / median["Triton direct"] if median["Triton direct"] else 0.0
+    results = {
+        "started": started, "model": args.model, "concurrency": args.concurrency,
+        "server_cores": sorted(server_cores), "client_cores": sorted(client_cores), "placed": placed, "runs": runs,
+        "median_images_per_s": median, "median_p50_ms": p50, "facade_vs_direct": round(ratio, 3),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"# Facade vs Triton direct on split cores, {started}",
+        "",
+        f"{args.model}, c={args.concurrency}. tritonserver and its stubs ran on cores {sorted(server_cores)}; the "
+        f"facade and the load generator on {sorted(client_cores)}. {args.rounds} interleaved rounds of "
+        f"{args.duration:g} s each, same load generator.",
+        "",
+        "| target | median img/s | median p50 ms | runs (img/s) |",
+        "|---|---|---|---|",
+        *(f"| {name} | {median[name]:.1f} | {p50[name]:.2f} | {_throughputs(runs[name])} |" for name in runs),
+        "",
+        f"facade / Triton direct: {ratio:.2f}x; p50 {p50['facade'] - p50['Triton direct']:+.2f} ms.",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+    print(f"facade / Triton direct: {ratio:.2f}x, p50 {p50['facade'] - p50['Triton direct']:+.2f} ms; report: {out / 'report.md'}",
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
