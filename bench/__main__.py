@@ -16,12 +16,12 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 import tritonclient.grpc as grpcclient
 
+from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from bench import loadgen
-from bench.cpu import measured
 from bench.baseline.process import FastApiBaseline
+from bench.cpu import measured
 from bench.limit import measure_limit
 from bench.perf import run_perf_analyzer
 from bench.report import write_report
@@ -76,10 +76,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     triton.start()
     try:
         triton.wait_ready(180)
-        statistics = grpcclient.InferenceServerClient(triton.grpc_url)
+        stats_client = grpcclient.InferenceServerClient(triton.grpc_url)
 
         def inferred() -> int:
-            stats = statistics.get_inference_statistics(model, headers=triton.admin_headers, as_json=True)
+            stats = stats_client.get_inference_statistics(model, headers=triton.admin_headers, as_json=True)
             return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
 
         def cpu_of(run, others=None, own_role=None, extra_cpu=None):
@@ -108,7 +108,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),
                                args.concurrency, args.duration,
                                lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"))
-        statistics.close()
+        stats_client.close()
         data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
         data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
     finally:

@@ -57,14 +57,19 @@ def _model_ready(server: TritonServer, model: str) -> bool:
         return False
 
 
+def one_model_repository(model: str, workdir: Path, repository: Path = DEFAULT_REPOSITORY) -> Path:
+    """`workdir/repo` holding only `model` (a symlink into `repository`): a server of that model alone."""
+    (workdir / "repo").mkdir()
+    (workdir / "repo" / model).symlink_to((repository / model).resolve())
+    return workdir / "repo"
+
+
 def measure_triton_startup(model: str, ports: Ports, repository: Path = DEFAULT_REPOSITORY, timeout: float = 180) -> Startup:
     """Start tritonserver with only `model` (a repository of one symlink) and time it to READY."""
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-startup-"))
     try:
-        (workdir / "repo").mkdir()
-        (workdir / "repo" / model).symlink_to((repository / model).resolve())
         server = TritonServer(
-            model_repository=workdir / "repo", ports=ports, backend_dir=workdir / "backends",
+            model_repository=one_model_repository(model, workdir, repository), ports=ports, backend_dir=workdir / "backends",
             log_file=workdir / "tritonserver.log",
         )
         started = time.perf_counter()

@@ -28,6 +28,7 @@ import psutil
 
 from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from bench import loadgen
+from bench.resources import one_model_repository
 from client.serve import FacadeProcess
 
 
@@ -83,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or PROJECT_ROOT / "bench" / "results" / f"{started}-split"
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-split-"))
-    (workdir / "repo").mkdir()
-    (workdir / "repo" / args.model).symlink_to((PROJECT_ROOT / "model_repository" / args.model).resolve())
-    triton = TritonServer(model_repository=workdir / "repo", ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
+    triton = TritonServer(model_repository=one_model_repository(args.model, workdir), ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
                           log_file=out / "tritonserver.log")
     grpc_port, http_port = free_ports(2)
     facade = FacadeProcess(
