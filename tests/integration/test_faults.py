@@ -118,12 +118,12 @@ def triton_ready(triton: TritonServer) -> bool:
 
 
 class Load:
-    """Clients calling the facade (all workers but one) and Triton directly (one), in threads, for a
-    bounded time: every answer is recorded with its time and checked against the expected output
-    of its own input."""
+    """Clients calling the facade or Triton directly (`path`), in threads, for a bounded time:
+    every answer is recorded with its time and checked against the expected output of its own
+    input."""
 
-    def __init__(self, stack: Stack, seconds: float, workers: int = 4) -> None:
-        self.stack, self.seconds, self.workers = stack, seconds, workers
+    def __init__(self, stack: Stack, seconds: float, path: str, workers: int = 4) -> None:
+        self.stack, self.seconds, self.path, self.workers = stack, seconds, path, workers
         self.inputs = [image(seed) for seed in range(4)]
         self.expected = [expected_scores(x) for x in self.inputs]
         self.outcomes: list[tuple[float, str, str, str]] = []  # (time, path, status, message)
@@ -161,8 +161,8 @@ class Load:
                     self._record("direct", str(error.status()), error.message())
 
     def __enter__(self) -> "Load":
+        worker = self._facade_worker if self.path == "facade" else self._direct_worker
         for index in range(self.workers):
-            worker = self._direct_worker if index == self.workers - 1 else self._facade_worker
             self._futures.append(self._pool.submit(worker, index))
         return self
 
@@ -172,28 +172,38 @@ class Load:
         self._pool.shutdown()
 
 
-def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack):
+# The Python backend finds a dead stub about a second after it handed it a batch, so the dead
+# instance fails one batch a second until the reload replaces it.
+DEAD_INSTANCE_BATCH_SECONDS = 1.0
+
+
+@pytest.mark.parametrize("path", ["facade", "direct"])
+def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack, path):
+    """Under load through one path at a time: the facade can only learn of a dead stub from the
+    requests it sends (its clients' and its own probes), so its health is checked when all the
+    load goes through it; a client of Triton directly sees the same bounded failures."""
     before = len(stack.supervisor.reloads)
     [victim, *others] = model_stubs(stack.triton, MODEL)
     assert others, "the model serves from several instances"
-    with Load(stack, seconds=14) as load:
+    with Load(stack, seconds=14, path=path) as load:
         time.sleep(2)
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
-        unhealthy_at = wait_for(lambda: facade_health(stack) == 503, timeout=5)
+        if path == "facade":
+            unhealthy_at = wait_for(lambda: facade_health(stack) == 503, timeout=5)
+            print(f"unhealthy after {unhealthy_at - killed_at:.2f}s")
         wait_for(lambda: len(stack.supervisor.reloads) > before, timeout=15)
         reloaded_at = stack.supervisor.reloads[-1][0]
         healthy_at = wait_for(lambda: facade_health(stack) == 200, timeout=15)
-    print(f"unhealthy after {unhealthy_at - killed_at:.2f}s, reloaded after {reloaded_at - killed_at:.2f}s, "
-          f"healthy again after {healthy_at - killed_at:.2f}s")
+    print(f"reloaded after {reloaded_at - killed_at:.2f}s, facade healthy after {healthy_at - killed_at:.2f}s")
     assert stack.supervisor.reloads[-1][1] == MODEL
     failures = [o for o in load.outcomes if o[2] != "OK"]
     assert any(o[2] == "OK" for o in load.outcomes if o[0] > reloaded_at), "served after the reload"
-    for when, path, status, message in failures:
-        # Only requests the scheduler gave the dead instance before the reload finished fail,
+    for when, _, status, message in failures:
+        # Only the batches the scheduler gave the dead instance before the reload finished fail,
         # with INTERNAL and a message that names the model, not the server's internals.
-        assert killed_at <= when <= reloaded_at + 1.0, (path, status, message)
-        assert status in ("INTERNAL", "StatusCode.INTERNAL"), (path, status, message)
+        assert killed_at <= when <= reloaded_at + DEAD_INSTANCE_BATCH_SECONDS + 0.5, (status, message)
+        assert status in ("INTERNAL", "StatusCode.INTERNAL"), (status, message)
         assert MODEL in message and "/" not in message.replace(f"'{MODEL}'", "")
     # The old instances stop once their last requests are answered; the new ones take over.
     wait_for(lambda: len(model_stubs(stack.triton, MODEL)) == len(others) + 1, timeout=30, step=0.2)
