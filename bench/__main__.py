@@ -16,12 +16,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import tritonclient.grpc as grpcclient
-
 from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from bench import loadgen
 from bench.baseline.process import FastApiBaseline
-from bench.cpu import measured
+from bench.cpu import images_inferred, measured
+from bench.floor import measure_floor
 from bench.limit import measure_limit
 from bench.perf import run_perf_analyzer
 from bench.report import write_report
@@ -76,11 +75,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     triton.start()
     try:
         triton.wait_ready(180)
-        stats_client = grpcclient.InferenceServerClient(triton.grpc_url)
-
-        def inferred() -> int:
-            stats = stats_client.get_inference_statistics(model, headers=triton.admin_headers, as_json=True)
-            return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
+        inferred = images_inferred(triton, model)
 
         def cpu_of(run, others=None, own_role=None, extra_cpu=None):
             return measured(run, triton.process.pid, inferred, CORES, others, own_role, extra_cpu)
@@ -108,12 +103,20 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),
                                args.concurrency, args.duration,
                                lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"))
-        stats_client.close()
         data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
         data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
     finally:
         facade.stop()
         triton.stop()
+
+    # The same server and config with a model that computes nothing: what serving costs by itself.
+    # At the lowest concurrency and where the CPU table is read (c=16, else the highest).
+    floor_at = sorted({min(args.concurrency), 16 if 16 in args.concurrency else max(args.concurrency)})
+    say(f"{model}: the serving floor (same config, inputs and outputs, no compute) at c={floor_at} ...")
+    data["floor"] = measure_floor(model, REPOSITORY, workdir, floor_at, int(args.duration * 1000), CORES)
+    for point in data["floor"]:
+        say(f"  floor c={point['concurrency']}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+            f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image")
 
     data["fastapi"] = {}
     if not args.skip_fastapi:

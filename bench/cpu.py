@@ -13,6 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+import tritonclient.grpc as grpcclient
+
+from backend.tritonserver import TritonServer
 
 # The roles a process on the serving path plays, in the order a report lists them.
 ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
@@ -79,3 +82,13 @@ def measured(
     after, images_after = snapshot(triton_pid, others, own_role), images_served()
     extra = extra_cpu(result, after.at - before.at) if extra_cpu else None
     return result, per_image(before, after, images_after - images_before, cores, extra)
+
+
+def images_inferred(server: TritonServer, model: str) -> Callable[[], int]:
+    """A reader of Triton's own count of the images `model` inferred: the denominator of `measured`."""
+    def count() -> int:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            stats = client.get_inference_statistics(model, headers=server.admin_headers, as_json=True)
+        return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
+
+    return count

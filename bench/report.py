@@ -54,6 +54,13 @@ def summary_rows(model: str, data: dict) -> list[str]:
             f"| c=1 p50, Triton direct vs in-process single image | {one['p50_ms']:.2f} vs {data['limit']['single_p50_ms']:.2f} ms | | "
             f"{one['p50_ms'] - data['limit']['single_p50_ms']:+.2f} ms |"
         )
+    floor_one = next((p for p in data.get("floor", []) if p["concurrency"] == 1), None)
+    if one and floor_one:
+        rows.append(
+            f"| c=1 p50, serving floor: same server and config, a model that computes nothing | {floor_one['p50_ms']:.2f} ms | | "
+            f"served minus floor {one['p50_ms'] - floor_one['p50_ms']:.2f} ms vs the model's "
+            f"{data['limit']['single_p50_ms']:.2f} ms in-process |"
+        )
     return rows
 
 
@@ -71,6 +78,10 @@ def cpu_rows(data: dict) -> list[str]:
             ("facade, project load generator", data["facade"]),
         )
     ]
+    measured.append((
+        "serving floor, perf_analyzer (a model that computes nothing)",
+        next((p for p in data.get("floor", []) if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None),
+    ))
     measured = [(name, p) for name, p in measured if p]
     if not measured or "cpu_ms_per_image" not in data["limit"] or not cores:
         return []
@@ -81,7 +92,9 @@ def cpu_rows(data: dict) -> list[str]:
         "",
         "Stubs: ONNX Runtime in Triton's Python stub processes, with the stub round trip and this "
         "project's Python around it. Idle: core time nobody used. Ceiling: cores / busy CPU per image, "
-        "the most this path could serve with the cores fully busy.",
+        "the most this path could serve with the cores fully busy. The serving floor is the same server and "
+        "config with a model of the same inputs and outputs that computes nothing: the fixed cost of serving, at "
+        "the batch sizes that model gets.",
         "",
         "| path | stubs | tritonserver | facade | client | idle | busy total | ceiling | ceiling vs limit |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -40,7 +40,12 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         cpu = data[sweep][0]["cpu_ms_per_image"]
         assert cpu["images"] > 0 and all(cpu[role] > 0 for role in roles), (sweep, cpu)
         assert cpu["total"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.01)
+    # The serving floor (a model that computes nothing) ran on the same config, at the one concurrency.
+    [floor] = data["floor"]
+    assert floor["concurrency"] == 2 and floor["throughput"] > 0 and floor["cpu_ms_per_image"]["stubs"] > 0
     report = (out / "report.md").read_text()
+    assert "| c=1 p50, serving floor" not in report  # no c=1 point measured
+    assert "| serving floor, perf_analyzer (a model that computes nothing) |" in report
     assert "| limit: in-process ONNX Runtime" in report and "vs Triton direct (same generator)" in report
     assert "### Where the CPU goes at c=2" in report and "| facade, project load generator |" in report
     assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000

@@ -1,0 +1,93 @@
+"""The serving floor: what Triton, the Python backend and this project's model code cost with no
+model compute at all.
+
+A "floor" copy of a model has the same inputs and outputs, and outputs of the right shape filled
+with zeros; it is served from a repository of its own with the model's own `config.pbtxt` and
+`model.py`, so every step a real request takes (gRPC, the batcher, the copy into the stub, our
+validation, batching and responses) runs, and ONNX Runtime's work shrinks to reading a shape.
+The served latency minus the floor is what the model itself costs in the stub, next to its
+in-process figure.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from backend.tritonserver import Ports, TritonServer, free_ports
+from bench.cpu import images_inferred, measured
+from bench.perf import run_perf_analyzer
+
+
+def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Same inputs and outputs as `model`; every output is zeros, its first dim taken from the
+    first input's first dim (the batch) when it is not fixed, its other free dims 1."""
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    inputs = [value for value in graph.input if value.name not in initializers]
+    first = inputs[0].name
+    nodes = [
+        helper.make_node("Shape", [first], ["floor_input_shape"]),
+        helper.make_node("Slice", ["floor_input_shape", "floor_zero", "floor_one"], ["floor_batch"]),
+    ]
+    constants = [
+        helper.make_tensor("floor_zero", TensorProto.INT64, [1], [0]),
+        helper.make_tensor("floor_one", TensorProto.INT64, [1], [1]),
+    ]
+    for index, output in enumerate(graph.output):
+        dims = output.type.tensor_type.shape.dim
+        rest = [d.dim_value if d.HasField("dim_value") else 1 for d in dims[1:]]
+        shape = f"floor_shape_{index}"
+        if dims and not dims[0].HasField("dim_value"):
+            constants.append(helper.make_tensor(f"floor_rest_{index}", TensorProto.INT64, [len(rest)], rest))
+            nodes.append(helper.make_node("Concat", ["floor_batch", f"floor_rest_{index}"], [shape], axis=0))
+        else:
+            fixed = [d.dim_value if d.HasField("dim_value") else 1 for d in dims]
+            constants.append(helper.make_tensor(shape, TensorProto.INT64, [len(fixed)], fixed))
+        zero = helper.make_tensor("value", output.type.tensor_type.elem_type, [1], [0])
+        nodes.append(helper.make_node("ConstantOfShape", [shape], [output.name], value=zero))
+    floor = helper.make_graph(nodes, f"{graph.name}_floor", inputs, list(graph.output), initializer=constants)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    return helper.make_model(floor, opset_imports=[helper.make_opsetid("", opset)], ir_version=model.ir_version)
+
+
+def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
+    """`workdir/floor-repo` holding `model` with its own config and model.py, and the floor graph."""
+    source = repository / model
+    target = workdir / "floor-repo" / model
+    (target / "1").mkdir(parents=True)
+    shutil.copy(source / "config.pbtxt", target / "config.pbtxt")
+    shutil.copy(source / "1" / "model.py", target / "1" / "model.py")
+    onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), target / "1" / "model.onnx")
+    return target.parent
+
+
+def measure_floor(
+    model: str, repository: Path, workdir: Path, concurrencies: list[int], measurement_ms: int, cores: int
+) -> list[dict]:
+    """perf_analyzer at each concurrency against the floor copy of `model`, with the CPU per image."""
+    server = TritonServer(
+        model_repository=floor_repository(model, repository, workdir), ports=Ports(*free_ports(3)),
+        backend_dir=workdir / "backends", log_file=workdir / f"tritonserver-{model}-floor.log",
+    )
+    server.start()
+    points = []
+    try:
+        server.wait_ready(180)
+        counted = images_inferred(server, model)
+        for concurrency in concurrencies:
+            point, cpu = measured(
+                lambda concurrency=concurrency: run_perf_analyzer(
+                    model, server.grpc_url, concurrency, measurement_ms=measurement_ms, shared_memory=True,
+                    headers=server.admin_headers,
+                ),
+                server.process.pid, counted, cores,
+                extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
+            )
+            points.append({**point.as_dict(), "cpu_ms_per_image": cpu})
+    finally:
+        server.stop()
+    return points
