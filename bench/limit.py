@@ -80,19 +80,32 @@ def measure_limit(
         for layout, sessions in ((f"1x{threads}threads b{batch}", [whole]), (f"{threads}x1thread b{batch}", per_core)):
             result.images_per_s[layout], result.cpu_ms_per_image[layout] = _throughput(sessions, batch, seconds)
 
-    # Single-image latency of a lone request, with the thread count that serves it fastest
-    # (small models lose more to thread synchronisation than they gain from a second thread).
-    data, name = _images(1), whole.get_inputs()[0].name
+    result.single_p50_ms, result.single_p99_ms = _single_image(whole, per_core[0], seconds=seconds / 2)
+    return result
+
+
+def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[float, float]:
+    """p50 and p99 ms of one image run back to back, with the session (thread count) that serves it
+    fastest: small models lose more to thread synchronisation than they gain from a second thread."""
+    data, name = _images(1), sessions[0].get_inputs()[0].name
     best: list[float] | None = None
-    for session in (whole, per_core[0]):
+    for session in sessions:
         latencies = []
-        stop_at = time.perf_counter() + seconds / 2
+        stop_at = time.perf_counter() + seconds
         while time.perf_counter() < stop_at or len(latencies) < 10:
             started = time.perf_counter()
             session.run(None, {name: data})
             latencies.append((time.perf_counter() - started) * 1000)
         if best is None or np.percentile(latencies, 50) < np.percentile(best, 50):
             best = latencies
-    result.single_p50_ms = float(np.percentile(best, 50))
-    result.single_p99_ms = float(np.percentile(best, 99))
-    return result
+    return float(np.percentile(best, 50)), float(np.percentile(best, 99))
+
+
+def measure_single_image(onnx_file: Path, threads: int = 2, seconds: float = 2.0) -> tuple[float, float]:
+    """In-process single-image p50 and p99 ms on their own: the reference for a served lone request,
+    measured right beside it, since this machine's speed drifts between minutes."""
+    whole = _session(onnx_file, threads)
+    one_thread = _session(onnx_file, 1)
+    for session in (whole, one_thread):  # first runs allocate
+        session.run(None, {session.get_inputs()[0].name: _images(1)})
+    return _single_image(whole, one_thread, seconds=seconds)

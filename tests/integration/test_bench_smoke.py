@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--models", "mobilenet_v3_small", "--concurrency", "2", "--duration", "1",
+        [sys.executable, "-m", "bench", "--models", "mobilenet_v3_small", "--concurrency", "1", "--duration", "1",
          "--limit-seconds", "0.3", "--out", str(out)],
         capture_output=True, text=True, timeout=600, check=False,
     )
@@ -40,13 +40,17 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         cpu = data[sweep][0]["cpu_ms_per_image"]
         assert cpu["images"] > 0 and all(cpu[role] > 0 for role in roles), (sweep, cpu)
         assert cpu["total"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.01)
-    # The serving floor (a model that computes nothing) ran on the same config, at the one concurrency.
+    # The serving floor (a model that computes nothing) ran on the same config, at the one concurrency;
+    # the in-process single image was measured beside the c=1 point.
     [floor] = data["floor"]
-    assert floor["concurrency"] == 2 and floor["throughput"] > 0 and floor["cpu_ms_per_image"]["stubs"] > 0
+    assert floor["concurrency"] == 1 and floor["throughput"] > 0 and floor["cpu_ms_per_image"]["stubs"] > 0
+    beside = data["single_image_beside_c1"]
+    assert beside["before_p50_ms"] > 0 and beside["after_p50_ms"] > 0
     report = (out / "report.md").read_text()
-    assert "| c=1 p50, serving floor" not in report  # no c=1 point measured
-    assert "| serving floor, perf_analyzer (a model that computes nothing) |" in report
+    assert "| c=1 p50, Triton direct vs in-process single image (measured beside it) |" in report
+    assert "| c=1 p50, serving floor: same server and config, a model that computes nothing |" in report
+    assert "| serving floor, perf_analyzer (a model that computes nothing; batch " in report
     assert "| limit: in-process ONNX Runtime" in report and "vs Triton direct (same generator)" in report
-    assert "### Where the CPU goes at c=2" in report and "| facade, project load generator |" in report
+    assert "### Where the CPU goes at c=1" in report and "| facade, project load generator |" in report
     assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000
     assert (out / "mobilenet_v3_small_latency.png").stat().st_size > 1000

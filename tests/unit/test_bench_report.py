@@ -72,11 +72,13 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
     assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
-    assert "| c=1 p50, Triton direct vs in-process single image | 3.00 vs 2.00 ms | | +1.00 ms |" in report
+    assert "| c=1 p50, Triton direct vs in-process single image (with the limit) | 3.00 vs 2.00 ms | | +1.00 ms |" in report
     # Served 3.0 ms at c=1, 0.7 ms of it the floor: 2.3 ms for the model, 2.0 ms in-process.
     assert ("| c=1 p50, serving floor: same server and config, a model that computes nothing | 0.70 ms | | "
             "served minus floor 2.30 ms vs the model's 2.00 ms in-process |") in report
-    assert "| serving floor, perf_analyzer (a model that computes nothing) | 0.30 | 0.40 | - | 0.30 | 0.10 | 1.00 | 2000 img/s | 2.50x |" in report
+    # The floor's 1.0 ms plus in-process ONNX Runtime's 2.5 ms: 2 cores serve at most 571 img/s, 0.71x.
+    assert ("| serving floor, perf_analyzer (a model that computes nothing; batch 5.12) | 0.30 | 0.40 | - | 0.30 | 0.10 | "
+            "1.00 | 571 img/s with in-process ONNX Runtime | 0.71x |") in report
     assert "| tritonserver | 1.5 | 3.2 | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | n/a | 90.0 |" in report
     # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
     assert "### Where the CPU goes at c=16" in report
@@ -85,3 +87,10 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["models"]["mobilenet_v3_small"]["limit"]["layout"]
     for name in ("mobilenet_v3_small_throughput.png", "mobilenet_v3_small_latency.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+
+    # Measured just before and after the c=1 point, the in-process figure is the one compared.
+    results["models"]["mobilenet_v3_small"]["single_image_beside_c1"] = {"p50_ms": 2.5, "p99_ms": 3.5}
+    write_report(tmp_path, results)
+    report = (tmp_path / "report.md").read_text()
+    assert "| c=1 p50, Triton direct vs in-process single image (measured beside it) | 3.00 vs 2.50 ms | | +0.50 ms |" in report
+    assert "served minus floor 2.30 ms vs the model's 2.50 ms in-process |" in report
