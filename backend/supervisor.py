@@ -143,10 +143,12 @@ class TritonSupervisor:
         """One look at the stubs; reload the models that lost one. Returns the models reloaded."""
         live = live_stubs(self.server.process.pid)
         for model in {stub.model for stub in live.values()} - set(self._expected):
-            self._expected[model] = instance_count(self._served_config(model))
+            config = self._served_config(model)
+            if config is not None:  # else it is being loaded or unloaded: learned on a later look
+                self._expected[model] = instance_count(config)
         counts = Counter(stub.model for stub in live.values())
         short = short_models(live, self._expected, self._complete)
-        self._complete |= {model for model, count in counts.items() if count >= self._expected[model]}
+        self._complete |= {model for model, count in counts.items() if count >= self._expected.get(model, count + 1)}
         confirmed, self._suspects = short & self._suspects, short - self._suspects
         reloaded = []
         for model in sorted(confirmed):
@@ -169,18 +171,34 @@ class TritonSupervisor:
 
         return grpcclient.InferenceServerClient(self.server.grpc_url)
 
-    def _served_config(self, model: str) -> dict:
+    # While tritonserver stops (SIGTERM unloads every model, which looks like lost stubs) or loads,
+    # it answers "Server not ready" or "unknown model": nothing to heal, and the process watch
+    # restarts a server that exits.
+    def _served_config(self, model: str) -> dict | None:
+        from tritonclient.utils import InferenceServerException
+
         with self._client() as client:
-            return client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
+            try:
+                return client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
+            except InferenceServerException:
+                return None
 
     def _model_ready(self, model: str) -> bool:
+        from tritonclient.utils import InferenceServerException
+
         with self._client() as client:
-            return client.is_model_ready(model)
+            try:
+                return client.is_model_ready(model)
+            except InferenceServerException:
+                return False
 
     def reload(self, model: str) -> None:
         """Load the model again with its served config (explicit model control, with the admin key)."""
         started = time.monotonic()
-        config = reload_config(self._served_config(model), f"{time.time():.6f}")
+        served = self._served_config(model)
+        if served is None:
+            raise RuntimeError(f"{model} is no longer served; nothing to reload")
+        config = reload_config(served, f"{time.time():.6f}")
         with self._client() as client:
             client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
         self.reloads.append((time.monotonic(), model))

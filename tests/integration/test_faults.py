@@ -5,6 +5,7 @@ with a facade in front."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -213,7 +214,7 @@ def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack,
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_1s_of_its_return(stack, signum):
+def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_1s_of_its_return(stack, signum, caplog):
     data = image(5)
     restarts = len(stack.supervisor.restarts)
     os.kill(stack.triton.process.pid, signum)
@@ -236,7 +237,11 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     assert first_ok is not None, "the facade did not serve again"
     print(f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
     assert first_ok - back_at <= 1.0
-    assert len(stack.supervisor.restarts) == restarts + 1
+    # The supervisor polls readiness more slowly than this test does: its record can come after.
+    wait_for(lambda: len(stack.supervisor.restarts) == restarts + 1, timeout=5)
+    # A server stopping on SIGTERM unloads its models first; that is not a fault to heal.
+    assert not [r.getMessage() for r in caplog.records if r.name == "tritonnx.supervisor" and r.levelno >= logging.ERROR
+                and "healing attempt failed" in r.getMessage()]
     wait_for(lambda: facade_health(stack) == 200, timeout=10)
 
 
