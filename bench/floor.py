@@ -59,7 +59,12 @@ def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
     source = repository / model
     target = workdir / "floor-repo" / model
     (target / "1").mkdir(parents=True)
-    shutil.copy(source / "config.pbtxt", target / "config.pbtxt")
+    # The floor is not the model: it leaves no optimized copy in the model's cache, where it would
+    # take the place of the model's own (backend.session_cache keeps two copies per model name).
+    (target / "config.pbtxt").write_text(
+        (source / "config.pbtxt").read_text()
+        + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
+    )
     shutil.copy(source / "1" / "model.py", target / "1" / "model.py")
     onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), target / "1" / "model.onnx")
     return target.parent
