@@ -215,7 +215,11 @@ def test_the_callers_deadline_ends_the_call_and_frees_its_slot(facade, stub, tri
 def test_a_cancelled_call_frees_its_slot(facade, stub):
     load = busy_triton(stub)
     future = stub.Predict.future(zeros(IMAGE_SHAPE))
-    time.sleep(0.2)
+    # Cancelled only once the facade holds it: a call cancelled on its way in never reaches the servicer.
+    deadline = time.monotonic() + 5
+    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") < len(load) + 1:
+        assert time.monotonic() < deadline, "the call never reached the facade"
+        time.sleep(0.02)
     assert future.cancel()
     deadline = time.monotonic() + 5
     while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") > len(load):
