@@ -190,18 +190,28 @@ def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
     assert set(codes) == {"OK", "UNAVAILABLE"}, sorted(set(codes))
 
 
-def busy_triton(stub, batches: int = 4) -> list:
+def wait_in_flight(facade, at_least: int, what: str) -> None:
+    """Until the facade holds `at_least` calls (its in-flight gauge)."""
+    deadline = time.monotonic() + 10
+    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") < at_least:
+        assert time.monotonic() < deadline, f"{what} never reached the facade"
+        time.sleep(0.02)
+
+
+def busy_triton(facade, stub, batches: int = 4) -> list:
     """Keep both resnet50 instances busy with full batches (about a second each) so that new
-    requests queue behind them; returns once the batches have reached Triton."""
+    requests queue behind them; returns once the facade holds them all and they had a moment
+    to reach Triton."""
     batch = image(seed=2, batch=16).tobytes()
     load = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch, shape=[16, 3, 224, 224]))
             for _ in range(batches)]
-    time.sleep(0.5)  # 10 MB each through the facade: let them arrive before the request under test
+    wait_in_flight(facade, batches, "the load")  # 10 MB each through the facade
+    time.sleep(0.1)
     return load
 
 
 def test_the_callers_deadline_ends_the_call_and_frees_its_slot(facade, stub, triton_client):
-    load = busy_triton(stub)
+    load = busy_triton(facade, stub)
     started = time.perf_counter()
     error = call_error(stub.Predict, zeros(IMAGE_SHAPE), timeout=0.3)
     elapsed = time.perf_counter() - started
@@ -213,13 +223,10 @@ def test_the_callers_deadline_ends_the_call_and_frees_its_slot(facade, stub, tri
 
 
 def test_a_cancelled_call_frees_its_slot(facade, stub):
-    load = busy_triton(stub)
+    load = busy_triton(facade, stub)
     future = stub.Predict.future(zeros(IMAGE_SHAPE))
     # Cancelled only once the facade holds it: a call cancelled on its way in never reaches the servicer.
-    deadline = time.monotonic() + 5
-    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") < len(load) + 1:
-        assert time.monotonic() < deadline, "the call never reached the facade"
-        time.sleep(0.02)
+    wait_in_flight(facade, len(load) + 1, "the call")
     assert future.cancel()
     deadline = time.monotonic() + 5
     while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") > len(load):
@@ -322,7 +329,7 @@ def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):
     batch = image(seed=3, batch=16)
     calls = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape))
              for _ in range(3)]
-    time.sleep(0.3)
+    wait_in_flight(own, len(calls), "the calls")  # calls on their way in when it stops would be refused
     os.kill(own.process.pid, signal.SIGTERM)
     # Health goes off while the calls are still running, and stays off.
     deadline, codes = time.monotonic() + 10, []
