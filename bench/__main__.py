@@ -19,10 +19,9 @@ from pathlib import Path
 from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from bench import loadgen
 from bench.baseline.process import FastApiBaseline
-from bench.cpu import images_inferred, measured
+from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
 from bench.floor import measure_floor
 from bench.limit import measure_limit, measure_single_image
-from bench.perf import run_perf_analyzer
 from bench.report import write_report
 from bench.resources import measure_triton_startup, tree_memory
 from client.serve import FacadeProcess
@@ -77,21 +76,15 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         triton.wait_ready(180)
         inferred = images_inferred(triton, model)
 
-        def cpu_of(run, others=None, own_role=None, extra_cpu=None):
-            return measured(run, triton.process.pid, inferred, CORES, others, own_role, extra_cpu)
+        def cpu_of(run, others=None, own_role=None):
+            return measured(run, triton.process.pid, inferred, CORES, others, own_role)
 
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
             if concurrency == 1:  # the in-process reference for a lone request, just before it
                 single_before = measure_single_image(onnx_file, CORES, seconds=args.limit_seconds / 2)
-            point, cpu = cpu_of(
-                lambda concurrency=concurrency: run_perf_analyzer(
-                    model, triton.grpc_url, concurrency, measurement_ms=int(args.duration * 1000), shared_memory=True,
-                    headers=triton.admin_headers,
-                ),
-                extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
-            )
-            data["perf_analyzer"].append({**point.as_dict(), "cpu_ms_per_image": cpu})
+            point = perf_analyzer_with_cpu(triton, model, concurrency, int(args.duration * 1000), CORES)
+            data["perf_analyzer"].append(point)
             if concurrency == 1:  # ... and just after it, tritonserver idle meanwhile
                 single_after = measure_single_image(onnx_file, CORES, seconds=args.limit_seconds / 2)
                 data["single_image_beside_c1"] = {
@@ -99,8 +92,8 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
                     "before_p50_ms": single_before[0], "after_p50_ms": single_after[0],
                 }
             say(
-                f"  perf_analyzer c={concurrency}: {point.throughput:.1f} img/s, p50 {point.p50_ms:.2f} ms, "
-                f"p99 {point.p99_ms:.2f} ms, queue {point.server_queue_ms:.2f} ms, avg batch {point.avg_batch:.2f}"
+                f"  perf_analyzer c={concurrency}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+                f"p99 {point['p99_ms']:.2f} ms, queue {point['server_queue_ms']:.2f} ms, avg batch {point['avg_batch']:.2f}"
             )
         # Only now: perf_analyzer unregisters every shared-memory region when it exits, the
         # facade's among them.

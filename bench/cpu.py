@@ -16,6 +16,7 @@ import psutil
 import tritonclient.grpc as grpcclient
 
 from backend.tritonserver import TritonServer
+from bench.perf import PerfPoint, run_perf_analyzer
 
 # The roles a process on the serving path plays, in the order a report lists them.
 ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
@@ -92,3 +93,15 @@ def images_inferred(server: TritonServer, model: str) -> Callable[[], int]:
         return sum(int(s.get("inference_count", 0)) for s in stats.get("model_stats", []))
 
     return count
+
+
+def perf_analyzer_with_cpu(server: TritonServer, model: str, concurrency: int, measurement_ms: int, cores: int) -> dict:
+    """One perf_analyzer point (system shared memory) with the CPU per image while it ran,
+    perf_analyzer's own from its rusage."""
+    def run() -> PerfPoint:
+        return run_perf_analyzer(model, server.grpc_url, concurrency, measurement_ms=measurement_ms, shared_memory=True,
+                                 headers=server.admin_headers)
+
+    point, cpu = measured(run, server.process.pid, images_inferred(server, model), cores,
+                          extra_cpu=lambda point, wall: {"client": point.client_cpu * wall})
+    return {**point.as_dict(), "cpu_ms_per_image": cpu}

@@ -18,8 +18,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from backend.tritonserver import Ports, TritonServer, free_ports
-from bench.cpu import images_inferred, measured
-from bench.perf import run_perf_analyzer
+from bench.cpu import perf_analyzer_with_cpu
 
 
 def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -79,20 +78,8 @@ def measure_floor(
         backend_dir=workdir / "backends", log_file=workdir / f"tritonserver-{model}-floor.log",
     )
     server.start()
-    points = []
     try:
         server.wait_ready(180)
-        counted = images_inferred(server, model)
-        for concurrency in concurrencies:
-            point, cpu = measured(
-                lambda concurrency=concurrency: run_perf_analyzer(
-                    model, server.grpc_url, concurrency, measurement_ms=measurement_ms, shared_memory=True,
-                    headers=server.admin_headers,
-                ),
-                server.process.pid, counted, cores,
-                extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
-            )
-            points.append({**point.as_dict(), "cpu_ms_per_image": cpu})
+        return [perf_analyzer_with_cpu(server, model, c, measurement_ms, cores) for c in concurrencies]
     finally:
         server.stop()
-    return points
