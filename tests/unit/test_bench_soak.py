@@ -141,8 +141,9 @@ class _Target:
 
     async def call(self):
         self.calls += 1
+        number = self.calls  # this call's own: others may start while it sleeps
         await asyncio.sleep(self.delay)
-        return self.status if self.status and self.calls % 3 == 0 else None
+        return self.status if self.status and number % 3 == 0 else None
 
 
 def test_open_loop_keeps_its_rate_and_counts_statuses():
