@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := libpython3.11 libb64-0d
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-MODELS := resnet50 mobilenet_v3_small text_classifier
+MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
 PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
@@ -40,6 +40,8 @@ $(STAMP): requirements.txt requirements-serving.txt bench/requirements-bench.txt
 	$(PY) -m pip install --quiet -r requirements.txt -r bench/requirements-bench.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used, not its Python API.
 	$(PY) -m pip install --quiet --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	@# This checkout, editable: the Python stub finds `backend` in the venv wherever tritonserver starts.
+	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
 
 proto: $(PROTO_OUT) ## Generate the Python code of client/proto/inference.proto (a build output, not committed)

@@ -18,27 +18,22 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from backend.batching import group_compatible, split, stack
 from backend.errors import InvalidInputError, ModelExecutionError, RequestError
+from backend.onnx_io import read_graph_io
 from backend.session_cache import create_session, default_cache_dir
 from backend.settings import SessionSettings
-from backend.tensors import TensorSpec, spec_from_ort
-from backend.validation import ModelSignature, validate_request
+from backend.validation import ModelSignature, PreparedRequest, prepare_request
+from backend.warmup import TRAPPING_OPS, crash_in_child, warm_up_feeds
 
 Tensors = Mapping[str, np.ndarray]
 Result = dict[str, np.ndarray] | RequestError
 
 # ONNX Runtime's messages name its own source files and C++ functions; a caller needs neither.
 _ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ (?:[^()]*\([^)]*\) )?")
+_WARM_UP_CHILD_SECONDS = 120.0
 
 
 def _caller_message(error: Exception) -> str:
     return _ORT_SOURCE.sub("", str(error)).strip()
-
-
-def read_io(session: ort.InferenceSession, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """The inputs and outputs of a session's graph, batch dim removed when `batched`."""
-    inputs = tuple(spec_from_ort(arg, batched) for arg in session.get_inputs())
-    outputs = tuple(spec_from_ort(arg, batched) for arg in session.get_outputs())
-    return inputs, outputs
 
 
 class OnnxModelRunner:
@@ -56,6 +51,8 @@ class OnnxModelRunner:
         self.run_options = run_options
         self._log = log
         self._output_names = [spec.name for spec in signature.outputs]
+        # Outputs with no dims (after the batch dim) are served with a trailing dim of 1.
+        self._scalar_outputs = frozenset(spec.name for spec in signature.outputs if spec.scalar)
         # Once the model has run (warm-up included), a lone request that passed validation but
         # fails is blamed on its input (a sequence longer than the model's position table, an id
         # outside its vocabulary). A batch whose requests all fail alone is the model's failure.
@@ -71,77 +68,112 @@ class OnnxModelRunner:
         ragged_inputs: frozenset[str] = frozenset(),
         log: Callable[[str], None] = logging.getLogger(__name__).warning,
     ) -> "OnnxModelRunner":
+        graph = read_graph_io(onnx_file)
+        inputs, outputs = graph.specs(max_batch_size > 0)
+        signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
         cache_dir = default_cache_dir() if settings.optimized_model_cache else None
         session = create_session(onnx_file, settings.session_options(), cache_dir, log)
-        inputs, outputs = read_io(session, max_batch_size > 0)
-        signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
         runner = cls(session, signature, settings.run_options(), log)
-        runner.warm_up()
+        if settings.warm_up:
+            if graph.op_types & TRAPPING_OPS:
+                runner.warm_up_in_child_first(onnx_file, settings, cache_dir)
+            else:
+                runner.warm_up()
         return runner
 
     def warm_up(self) -> None:
-        """Run the smallest request (zeros, every free dim 1) once: ONNX Runtime allocates on its
-        first run, which would otherwise land on the first caller."""
-        batch = (1,) if self.signature.batched else ()
-        feeds = {
-            spec.name: np.zeros(batch + tuple(1 if d < 0 else d for d in spec.dims), spec.dtype)
-            for spec in self.signature.inputs
-        }
+        """Run the smallest request of ones once: ONNX Runtime allocates on its first run, which
+        would otherwise land on the first caller. A failure is logged; the model serves anyway."""
         try:
-            self._run(feeds)
-        except Exception as error:  # noqa: BLE001 - zeros are not valid input for every model
-            self._log(f"model '{self.signature.name}': warm-up with zeros failed ({error}); serving anyway")
+            self._run(warm_up_feeds(self.signature.inputs, self.signature.batched))
+        except Exception as error:  # noqa: BLE001 - not every model takes ones
+            self._log(f"model '{self.signature.name}': warm-up with ones failed ({_caller_message(error)}); serving anyway")
+
+    def warm_up_in_child_first(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> None:
+        """Warm up only if a forked child survives the same run (see backend.warmup)."""
+        feeds = warm_up_feeds(self.signature.inputs, self.signature.batched)
+        options = settings.session_options()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # a fork has none of our threads
+
+        def run_in_child() -> None:
+            session = create_session(onnx_file, options, cache_dir, lambda _: None)
+            session.run([spec.name for spec in self.signature.outputs], feeds)
+
+        crash = crash_in_child(run_in_child, _WARM_UP_CHILD_SECONDS)
+        if crash is None:
+            self.warm_up()
+        else:
+            self._log(f"model '{self.signature.name}': warm-up with ones {crash} in a child process; serving without warm-up")
 
     def infer(self, requests: Sequence[Tensors]) -> list[Result]:
         """One result per request, in order: its outputs, or the error that ended it alone."""
         results: list[Result | None] = [None] * len(requests)
-        batch_sizes: dict[int, int] = {}
+        prepared: dict[int, PreparedRequest] = {}
         for index, request in enumerate(requests):
             try:
-                batch_sizes[index] = validate_request(request, self.signature)
+                prepared[index] = prepare_request(request, self.signature)
             except InvalidInputError as error:
                 results[index] = error
 
+        indices = list(prepared)
         if self.signature.batched:
-            groups = group_compatible(requests, list(batch_sizes), self.signature)
+            groups = [[indices[i] for i in group] for group in group_compatible(list(prepared.values()), self.signature)]
         else:
-            groups = [[index] for index in batch_sizes]
+            groups = [[index] for index in indices]  # no batch dim: each request is one whole run
         for group in groups:
-            self._run_group(requests, group, [batch_sizes[i] for i in group], results)
+            self._run_group([prepared[i] for i in group], group, results)
         return results  # type: ignore[return-value]  # every slot is filled above
 
-    def _run_group(
-        self, requests: Sequence[Tensors], group: list[int], sizes: list[int], results: list[Result | None]
-    ) -> None:
+    def _run_group(self, group: list[PreparedRequest], indices: list[int], results: list[Result | None]) -> None:
         try:
-            outputs = self._run(stack([requests[i] for i in group], self.signature))
+            outputs = self._run(stack(group, self.signature))
         except Exception as error:  # noqa: BLE001 - ONNX Runtime raises many unrelated types
             if len(group) == 1:
-                results[group[0]] = self._request_error(error, blamed_alone=self._has_run)
+                results[indices[0]] = self._request_error(error, blamed_alone=self._has_run)
                 return
             # Someone in the batch broke the shared run: retry each request alone so that only
             # the request at fault fails.
             self._log(f"batch of {len(group)} requests failed ({error}); running them one by one")
-            alone = {}
-            for index in group:
-                try:
-                    alone[index] = self._run(stack([requests[index]], self.signature))
-                except Exception as single_error:  # noqa: BLE001
-                    alone[index] = single_error
-            any_succeeded = any(not isinstance(v, Exception) for v in alone.values())
-            for index, outcome in alone.items():
-                if isinstance(outcome, Exception):
-                    results[index] = self._request_error(outcome, blamed_alone=any_succeeded)
-                else:
-                    results[index] = outcome
+            self._run_alone(group, indices, results)
             return
-        for index, request_outputs in zip(group, split(outputs, sizes)):
+        if len(group) == 1:
+            results[indices[0]] = outputs  # the request's own run: its outputs as they are
+            return
+        rows = sum(request.batch_size for request in group)
+        stray = next((n for n, a in outputs.items() if a.ndim == 0 or a.shape[0] != rows), None)
+        if stray is not None:
+            # An output that does not follow the batch dim cannot be cut per request.
+            self._log(
+                f"model '{self.signature.name}': output '{stray}' has shape {list(outputs[stray].shape)} for a "
+                f"batch of {rows}, so it does not follow the batch dim; running the {len(group)} requests one by one"
+            )
+            self._run_alone(group, indices, results)
+            return
+        for index, request_outputs in zip(indices, split(outputs, group, self.signature)):
             results[index] = request_outputs
 
-    def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_alone(self, group: list[PreparedRequest], indices: list[int], results: list[Result | None]) -> None:
+        alone: dict[int, dict[str, np.ndarray] | Exception] = {}
+        for request, index in zip(group, indices):
+            try:
+                alone[index] = self._run(request.feeds)
+            except Exception as single_error:  # noqa: BLE001
+                alone[index] = single_error
+        any_succeeded = any(not isinstance(v, Exception) for v in alone.values())
+        for index, outcome in alone.items():
+            if isinstance(outcome, Exception):
+                results[index] = self._request_error(outcome, blamed_alone=any_succeeded)
+            else:
+                results[index] = outcome
+
+    def _run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = self.session.run(self._output_names, feeds, self.run_options)
         self._has_run = True
-        return dict(zip(self._output_names, arrays))
+        rank = int(self.signature.batched)
+        return {
+            name: a.reshape(a.shape + (1,)) if name in self._scalar_outputs and a.ndim == rank else a
+            for name, a in zip(self._output_names, arrays)
+        }
 
     def _request_error(self, error: Exception, blamed_alone: bool) -> RequestError:
         """Invalid input when ONNX Runtime says so, or when the model has run fine for other requests."""

@@ -3,8 +3,10 @@
 The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written for it keeps
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
 `enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage`, any
-`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`. When the instances'
-threads add up to more than the cores, intra-op threads do not spin-wait unless the config says so.
+`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`; tritonnx adds
+`optimized_model_cache` and `warm_up` (off, or replaced by Triton's own `model_warmup`). When
+the instances' threads add up to more than the cores, intra-op threads do not spin-wait unless
+the config says so.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class SessionSettings:
     arena_shrinkage: bool = False
     session_entries: dict[str, str] = field(default_factory=dict)
     optimized_model_cache: bool = True
+    warm_up: bool = True
 
     @classmethod
     def from_model_config(cls, model_config: dict, cores: int | None = None) -> "SessionSettings":
@@ -108,6 +111,8 @@ class SessionSettings:
             ),
             session_entries=entries,
             optimized_model_cache=_as_bool("optimized_model_cache", params.get("optimized_model_cache", "1")),
+            # Samples in Triton's own `model_warmup` replace the backend's warm-up.
+            warm_up=_as_bool("warm_up", params.get("warm_up", "1")) and not model_config.get("model_warmup"),
         )
 
     def session_options(self) -> ort.SessionOptions:
@@ -135,5 +140,5 @@ class SessionSettings:
             f"intra_op_threads={self.intra_op_threads} inter_op_threads={self.inter_op_threads} "
             f"execution_mode={'parallel' if self.parallel_execution else 'sequential'} "
             f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)} "
-            f"spinning={self.session_entries.get(SPINNING, '1')}"
+            f"spinning={self.session_entries.get(SPINNING, '1')} warm_up={int(self.warm_up)}"
         )

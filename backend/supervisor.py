@@ -233,7 +233,7 @@ class TritonSupervisor:
         started = time.monotonic()
         self.server.start()
         try:
-            self.server.wait_ready(self.ready_timeout)
+            self.server.wait_ready(self.ready_timeout, all_models=False)  # the models it had, loaded or not
         except ServerError as error:
             log.error("supervisor: tritonserver did not come back: %s", error)
             return

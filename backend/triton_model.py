@@ -8,6 +8,7 @@ touches `triton_python_backend_utils`, which exists only inside Triton's Python 
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -15,8 +16,8 @@ from typing import ClassVar
 
 import triton_python_backend_utils as pb_utils
 
+from backend.autocomplete import complete_config
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
-from backend.onnx_io import read_file_io
 
 
 def _triton_error(error: RequestError) -> "pb_utils.TritonError":
@@ -31,14 +32,14 @@ class OnnxRuntimeModel:
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config):
-        """Fill in inputs and outputs from the ONNX graph; the rest of the config is policy."""
-        config = auto_complete_model_config.as_dict()
-        inputs, outputs = read_file_io(cls.onnx_file, config.get("max_batch_size", 0) > 0)
-        for spec in inputs:
-            auto_complete_model_config.add_input(spec.as_config())
-        for spec in outputs:
-            auto_complete_model_config.add_output(spec.as_config())
+        """Fill in inputs, outputs and batching from the ONNX graph; the rest of the config is policy."""
+        complete_config(auto_complete_model_config, cls.onnx_file, cls.config_file(), pb_utils.Logger.log_info)
         return auto_complete_model_config
+
+    @classmethod
+    def config_file(cls) -> Path:
+        """This model's config.pbtxt: model.py sits in <model>/<version>/."""
+        return Path(inspect.getfile(cls)).resolve().parent.parent / "config.pbtxt"
 
     def initialize(self, args: dict) -> None:
         # Imported here, not at the top: auto-complete runs in a stub process of its own that

@@ -2,8 +2,10 @@
 
 The wheel carries the server binary, the Python backend and one stub per Python minor version;
 the server wants them assembled as `<backend dir>/python/`. The stub embeds the system
-libpython, so it finds this venv's packages (numpy, onnxruntime) and the `backend` package only
-through PATH and PYTHONPATH, which `environment()` sets.
+libpython, which finds this venv's site-packages when the venv's `bin/` comes first on PATH
+(`environment()` puts it there); it ignores PYTHONPATH. So the `backend` package is found
+because it is installed in the venv (`make venv` installs this checkout editable), wherever the
+server is started from.
 
 `python -m backend.tritonserver --help` serves a model repository until Ctrl-C; the tests use
 `TritonServer` the same way with free ports.
@@ -17,7 +19,6 @@ import os
 import secrets
 import socket
 import sys
-import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -145,6 +146,9 @@ class TritonServer(ManagedProcess):
     extra_args: list[str] = field(default_factory=list)
     host: str = "127.0.0.1"
     http: bool = True  # Triton's HTTP endpoint; the facade and the supervisor need only gRPC
+    startup_models: tuple[str, ...] = ("*",)  # loaded at start; () starts empty (load through model control)
+    cwd: Path | None = None  # the server's working directory; None: this process's
+    extra_env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     admin_key: str = field(default_factory=lambda: os.environ.get(ADMIN_KEY_ENV) or secrets.token_urlsafe(24))
 
     @property
@@ -187,7 +191,10 @@ class TritonServer(ManagedProcess):
             # Explicit model control, behind the admin key: the supervisor reloads a model whose
             # stub died; clients cannot load or unload models.
             "--model-control-mode=explicit",
-            "--load-model=*",
+            *(f"--load-model={model}" for model in self.startup_models),
+            # A model that fails to load (a graph Triton cannot carry, say) is UNAVAILABLE with its
+            # reason while the others serve; Triton's default would stop the whole server.
+            "--exit-on-error=false",
             f"--grpc-restricted-protocol={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
@@ -201,34 +208,36 @@ class TritonServer(ManagedProcess):
             f"--http-restricted-api={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
         ]
 
-    @staticmethod
-    def environment(install: TritonInstall) -> dict[str, str]:
-        env = dict(os.environ)
+    def environment(self, install: TritonInstall) -> dict[str, str]:
+        env = {**os.environ, **self.extra_env}
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(install.library_dir), env.get("LD_LIBRARY_PATH")]))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-        python_path = [str(PROJECT_ROOT), sysconfig.get_paths()["purelib"], env.get("PYTHONPATH", "")]
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, python_path))
         return env
 
     def start(self) -> None:
         install = TritonInstall.find()
         assemble_backend_dir(self.backend_dir, install)
-        self.spawn(self.command(install), env=self.environment(install))
+        self.spawn(self.command(install), env=self.environment(install), cwd=self.cwd)
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Block until the server answers ready on HTTP; raise if it exits or times out."""
+    def wait_ready(self, timeout: float = 120.0, all_models: bool = True) -> None:
+        """Block until the server answers, which it does once its start-up models are loaded or
+        have failed; raise if it exits or times out, and (with `all_models`) if a model failed."""
         if self.http:
-            self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/ready") == 200, "tritonserver", timeout)
+            self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/live") == 200, "tritonserver", timeout)
         else:
-            self.wait_until(self._grpc_ready, "tritonserver", timeout)
+            self.wait_until(self._grpc_live, "tritonserver", timeout)
+        if all_models:
+            failed = [s for s in self.model_states() if s.get("state") != "READY"]
+            if failed:
+                raise ServerError(f"tritonserver is up, but not every model is ready:\n{format_model_states(failed)}")
 
-    def _grpc_ready(self) -> bool:
+    def _grpc_live(self) -> bool:
         import tritonclient.grpc as grpcclient  # not needed where the model runs
 
         with grpcclient.InferenceServerClient(self.grpc_url) as client:
             try:
-                return client.is_server_ready(client_timeout=1.0)
-            except Exception:  # noqa: BLE001 - any failure means: not ready yet
+                return client.is_server_live(client_timeout=1.0)
+            except Exception:  # noqa: BLE001 - any failure means: not up yet
                 return False
 
     def model_states(self) -> list[dict]:
@@ -285,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"starting tritonserver with {server.model_repository} ...", flush=True)
     server.start()
     try:
-        server.wait_ready(args.ready_timeout)
-        print(f"tritonserver ready in {time.monotonic() - started:.1f}s", flush=True)
+        server.wait_ready(args.ready_timeout, all_models=False)
+        print(f"tritonserver up in {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(server.model_states()), flush=True)
         print(
             f"HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {server.metrics_url}\n"

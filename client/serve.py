@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"starting tritonserver with {triton.model_repository} (log: {triton.log_file}) ...", flush=True)
         triton.start()
-        triton.wait_ready(timeout=180)
-        print(f"tritonserver ready after {time.monotonic() - started:.1f}s", flush=True)
+        triton.wait_ready(timeout=180, all_models=False)  # a model that failed is listed with its reason
+        print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states()), flush=True)
         supervisor.start()
         print(f"starting the facade (log: {facade.log_file}) ...", flush=True)

@@ -18,7 +18,7 @@ import onnx
 from backend.demo_models.graph import count_parameters
 from backend.demo_models.mobilenet import build_mobilenet_v3_small
 from backend.demo_models.resnet import build_resnet50
-from backend.demo_models.text_classifier import build_text_classifier
+from backend.demo_models.text_classifier import build_text_classifier, build_token_classifier
 
 Builder = Callable[[int], onnx.ModelProto]
 
@@ -27,6 +27,7 @@ MODELS: dict[str, Builder] = {
     "resnet50": build_resnet50,
     "mobilenet_v3_small": build_mobilenet_v3_small,
     "text_classifier": build_text_classifier,
+    "token_classifier": build_token_classifier,
 }
 DEFAULT_SEED = 0
 

@@ -1,4 +1,8 @@
-"""A small BERT-style (post-LN) transformer encoder with masked mean pooling and a 2-way head."""
+"""A small BERT-style (post-LN) transformer encoder, with two heads.
+
+`text_classifier`: masked mean pooling and a 2-way head (one answer per sequence).
+`token_classifier`: a 5-way head on every token (one answer per token, as long as the input).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ HEADS = 4
 HEAD_DIM = HIDDEN // HEADS
 FFN = 128
 NUM_LABELS = 2
+NUM_TAGS = 5
 # Added to the scores of padded keys. Finite on purpose: -inf turns a fully padded row into NaN
 # (softmax of all -inf), while exp(-1e9 - max) is exactly 0 in float32, so padding still drops out.
 MASK_VALUE = -1e9
@@ -60,14 +65,9 @@ def _encoder_layer(b: GraphBuilder, x: str, key_bias: str, name: str) -> str:
     return b.layer_norm(x, HIDDEN, f"{name}.ffn.norm")
 
 
-def build_text_classifier(seed: int = 0) -> onnx.ModelProto:
-    """Encoder classifier over token ids; padding (attention_mask == 0) never affects the outputs.
-
-    Inputs `input_ids`, `attention_mask`: INT64 [batch, sequence], sequence <= 128.
-    Outputs `logits` FP32 [batch, 2] and `embedding` FP32 [batch, 64], the mean of the final
-    hidden states over the unpadded positions (all zeros for a fully padded row).
-    """
-    b = GraphBuilder(seed)
+def _encode(b: GraphBuilder) -> tuple[str, str]:
+    """Inputs `input_ids`, `attention_mask` INT64 [batch, sequence] -> final hidden states
+    [batch, sequence, HIDDEN] and the padding mask [batch, sequence] (True where padded)."""
     ids = b.add_input("input_ids", INT64, ["batch", "sequence"])
     mask = b.add_input("attention_mask", INT64, ["batch", "sequence"])
 
@@ -91,6 +91,18 @@ def build_text_classifier(seed: int = 0) -> onnx.ModelProto:
 
     for layer in range(LAYERS):
         x = _encoder_layer(b, x, key_bias, f"encoder.{layer}")
+    return x, is_pad
+
+
+def build_text_classifier(seed: int = 0) -> onnx.ModelProto:
+    """Encoder classifier over token ids; padding (attention_mask == 0) never affects the outputs.
+
+    Inputs `input_ids`, `attention_mask`: INT64 [batch, sequence], sequence <= 128.
+    Outputs `logits` FP32 [batch, 2] and `embedding` FP32 [batch, 64], the mean of the final
+    hidden states over the unpadded positions (all zeros for a fully padded row).
+    """
+    b = GraphBuilder(seed)
+    x, is_pad = _encode(b)
 
     # Masked mean pooling: sum the unpadded hidden states, divide by their count (at least 1).
     weight = b.node("Cast", [b.node("Not", [is_pad], "pool.is_token")], "pool.weight", to=FLOAT)
@@ -105,3 +117,17 @@ def build_text_classifier(seed: int = 0) -> onnx.ModelProto:
     b.add_output(logits, "logits", FLOAT, ["batch", NUM_LABELS])
     b.add_output(embedding, "embedding", FLOAT, ["batch", HIDDEN])
     return b.build("text_classifier")
+
+
+def build_token_classifier(seed: int = 0) -> onnx.ModelProto:
+    """Per-token tagger (named-entity style) over the same encoder.
+
+    Inputs as `text_classifier`. Output `token_logits` FP32 [batch, sequence, 5]: its `sequence`
+    dim is the input's, so a request padded in a ragged batch gets its own length back. A token's
+    logits never depend on padding (padded keys are masked out of attention).
+    """
+    b = GraphBuilder(seed)
+    x, _ = _encode(b)
+    token_logits = b.linear(x, HIDDEN, NUM_TAGS, "tagger")
+    b.add_output(token_logits, "token_logits", FLOAT, ["batch", "sequence", NUM_TAGS])
+    return b.build("token_classifier")

@@ -110,14 +110,17 @@ def _tensor_problem(
     only when needed: this runs for every request)."""
     if not shape:
         return f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {{expects}}"
-    if any(d < 1 for d in shape):
-        return f"input '{name}' has shape {shape}: every dim must be at least 1; {{expects}}"
+    if any(d < 0 for d in shape):
+        return f"input '{name}' has shape {shape}: a dim cannot be negative; {{expects}}"
     if any(d > MAX_DIM for d in shape):
         return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted; {{expects}}"
     if len(shape) != len(spec.shape):
         return f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
     if any(want != -1 and got != want for got, want in zip(shape, spec.shape)):
         return f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {{expects}}"
+    if info.max_batch_size > 0 and shape[0] == 0:
+        # Triton would drop a batch dim of 0 and hand the model a tensor of another rank.
+        return f"input '{name}' has batch size 0: send 1 to {info.max_batch_size} (the model's max_batch_size)"
     if info.max_batch_size > 0 and shape[0] > info.max_batch_size:
         return (
             f"input '{name}' has batch size {shape[0]}, above the model's max_batch_size {info.max_batch_size}: "
@@ -151,11 +154,10 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
     ) if present]
     if len(forms) > 1:
         raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
-    if not forms and len(info.inputs) == 1 and any(d < 1 for d in message.shape):
-        # An empty tensor has no bytes, and proto3 does not send empty fields: the request looks
-        # like one without input, but what is wrong is its shape.
-        spec = info.inputs[0]
-        check_tensor(spec.name, _datatype_of(message.dtype, spec.name), message.shape, 0, spec, info)
+    if not forms and len(info.inputs) == 1 and message.shape and math.prod(message.shape) == 0:
+        # An empty tensor has no bytes, and proto3 does not send empty fields: this is raw_data of
+        # no bytes, whose shape and dtype the checks below hold to the model.
+        forms = ["raw_data"]
     if not forms:
         raise InvalidArgument(
             "the request has no input: set data (floats) with shape, raw_data with dtype and shape, "
@@ -176,7 +178,7 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
             if message.dtype not in (inference_pb2.ELEMENT_TYPE_UNSPECIFIED, inference_pb2.FP32):
                 raise InvalidArgument("`data` holds FP32 values: send other datatypes as raw_data with dtype")
         else:
-            datatype, payload = _datatype_of(message.dtype, spec.name), decoded.raw
+            datatype, payload = _datatype_of(message.dtype, spec.name), decoded.raw or memoryview(b"")
         check_tensor(spec.name, datatype, message.shape, len(payload), spec, info)
         request.inputs.append(_input_tensor(spec.name, datatype, message.shape))
         payloads.append(payload)

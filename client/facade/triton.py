@@ -138,7 +138,8 @@ class TritonGateway:
 
     async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
         slot = None
-        if await self._shared_memory_ready():
+        # An empty tensor goes in the message: Triton takes no zero-byte shared-memory input.
+        if all(call.payloads) and await self._shared_memory_ready():
             slot = self._pool.acquire(sum(len(p) for p in call.payloads))
         if slot is None:
             body = call.serialize()

@@ -15,7 +15,7 @@ from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
 from client.serve import FacadeProcess
 
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
-MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier")
+MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier")
 
 
 @pytest.fixture(scope="session")

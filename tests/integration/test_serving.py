@@ -59,10 +59,10 @@ def test_served_config_has_the_policy_and_the_graph_io(triton, client, model):
     inputs, outputs = read_file_io(onnx_file(model), batched=True)
     triton_type = lambda t: "TYPE_" + model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_")  # noqa: E731
     assert [(t.name, triton_type(t), list(t.dims)) for t in config.input] == [
-        (s.name, s.triton_type, list(s.dims)) for s in inputs
+        (s.name, s.config_type, s.config_dims) for s in inputs
     ]
     assert [(t.name, triton_type(t), list(t.dims)) for t in config.output] == [
-        (s.name, s.triton_type, list(s.dims)) for s in outputs
+        (s.name, s.config_type, s.config_dims) for s in outputs
     ]
 
 
@@ -124,6 +124,24 @@ def test_text_classifier_batches_ragged_requests_like_single_ones(triton, client
             np.testing.assert_allclose(batched.outputs[name], single.outputs[name], rtol=1e-5, atol=1e-5)
         expected = dict(zip(["logits", "embedding"], session.run(["logits", "embedding"], request)))
         assert_close(single.outputs["logits"], expected["logits"])
+
+
+def test_token_classifier_gives_each_request_its_own_length_in_a_ragged_batch(triton, client):
+    lengths = [3, 17, 8, 1, 32, 12, 5, 24] * 3
+    requests = [token_request(length, seed) for seed, length in enumerate(lengths)]
+    alone = [infer(client, "token_classifier", r, ["token_logits"]) for r in requests]
+    before = execution_counts(client, "token_classifier", triton.admin_headers)
+    together = infer_concurrently(client, "token_classifier", requests, ["token_logits"])
+    after = execution_counts(client, "token_classifier", triton.admin_headers)
+
+    assert after[1] - before[1] < len(requests), "ragged requests were not batched together"
+    session = reference_session(onnx_file("token_classifier"))
+    for request, length, single, batched in zip(requests, lengths, alone, together):
+        assert single.error is None and batched.error is None
+        # Its own length, not the padded length of the longest request it shared a batch with.
+        assert batched.outputs["token_logits"].shape == single.outputs["token_logits"].shape == (1, length, 5)
+        np.testing.assert_allclose(batched.outputs["token_logits"], single.outputs["token_logits"], rtol=1e-5, atol=1e-5)
+        assert_close(single.outputs["token_logits"], session.run(["token_logits"], request)[0])
 
 
 def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):

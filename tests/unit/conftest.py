@@ -12,8 +12,8 @@ import pytest
 from onnx import TensorProto, helper
 
 
-def _save(graph: onnx.GraphProto, path: Path) -> Path:
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+def _save(graph: onnx.GraphProto, path: Path, opset: int = 17) -> Path:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 9
     onnx.checker.check_model(model)
     onnx.save(model, path)
@@ -121,3 +121,8 @@ def ort_cache_dir(tmp_path, monkeypatch) -> Path:
     directory = tmp_path / "ort-cache"
     monkeypatch.setenv("TRITONNX_ORT_CACHE_DIR", str(directory))
     return directory
+
+
+def save_graph(path: Path, nodes, inputs, outputs, initializers=(), opset: int = 17) -> Path:
+    """Write a one-graph model built with onnx.helper (checked first) to `path`."""
+    return _save(helper.make_graph(nodes, path.stem, inputs, outputs, list(initializers)), path, opset)

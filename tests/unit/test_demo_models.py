@@ -15,7 +15,7 @@ from backend.demo_models import MODELS, count_parameters, generate, model_path
 from backend.demo_models.__main__ import main
 
 IMAGE_MODELS = ["resnet50", "mobilenet_v3_small"]
-CHEAP_MODELS = ["mobilenet_v3_small", "text_classifier"]  # rebuilt in-test; resnet50 takes ~3 s
+CHEAP_MODELS = ["mobilenet_v3_small", "text_classifier", "token_classifier"]  # rebuilt in-test; resnet50 takes ~3 s
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -88,6 +88,30 @@ def test_text_classifier_signature(sessions: dict[str, ort.InferenceSession]) ->
         ("logits", "tensor(float)", ["batch", 2]),
         ("embedding", "tensor(float)", ["batch", 64]),
     ]
+
+
+def test_token_classifier_signature(sessions: dict[str, ort.InferenceSession]) -> None:
+    session = sessions["token_classifier"]
+    assert [(i.name, i.shape) for i in session.get_inputs()] == [
+        ("input_ids", ["batch", "sequence"]),
+        ("attention_mask", ["batch", "sequence"]),
+    ]
+    assert [(o.name, o.type, o.shape) for o in session.get_outputs()] == [
+        ("token_logits", "tensor(float)", ["batch", "sequence", 5]),
+    ]
+
+
+def test_token_classifier_tags_each_token_as_it_would_alone(sessions: dict[str, ort.InferenceSession]) -> None:
+    session = sessions["token_classifier"]
+    lengths = [3, 11, 7]
+    ids, mask = _token_batch(lengths, 11)
+    [padded] = session.run(None, {"input_ids": ids, "attention_mask": mask})
+    assert padded.shape == (3, 11, 5) and np.isfinite(padded).all()
+    for row, length in enumerate(lengths):
+        [alone] = session.run(None, {"input_ids": ids[row : row + 1, :length], "attention_mask": mask[row : row + 1, :length]})
+        assert alone.shape == (1, length, 5)
+        np.testing.assert_allclose(padded[row, :length], alone[0], atol=1e-5, rtol=0)
+    assert np.abs(padded[0, 0] - padded[0, 1]).max() > 1e-3  # tokens get their own logits
 
 
 @pytest.mark.parametrize(
@@ -170,7 +194,7 @@ def test_same_seed_same_bytes(repository: Path, name: str) -> None:
 @pytest.mark.parametrize("name", CHEAP_MODELS)
 def test_other_seed_other_outputs(sessions: dict[str, ort.InferenceSession], name: str) -> None:
     other = _session(MODELS[name](1).SerializeToString())
-    if name == "text_classifier":
+    if name in ("text_classifier", "token_classifier"):
         feeds = dict(zip(["input_ids", "attention_mask"], _token_batch([6], 6)))
     else:
         feeds = {"input": _images(1)}

@@ -67,8 +67,9 @@ def test_raw_data_and_named_inputs_are_passed_as_bytes():
     ("data_len", "shape", "message"),
     [
         (48, [], "has no shape"),
-        (48, [1, 3, 4, 0], "every dim must be at least 1"),
-        (48, [1, 3, -4, 4], "every dim must be at least 1"),
+        (48, [1, 3, 4, 0], "does not fit [-1, 3, 4, 4]"),
+        (48, [0, 3, 4, 4], "has batch size 0: send 1 to 16"),
+        (48, [1, 3, -4, 4], "a dim cannot be negative"),
         (48, [2**40, 3, 4, 4], f"dims above {MAX_DIM}"),
         (48, [3, 4, 4], "wants rank 4"),
         (48, [1, 3, 4, 5], "does not fit [-1, 3, 4, 4]"),
@@ -162,11 +163,18 @@ def test_a_dtype_number_the_proto_does_not_define_is_the_callers_error():
 
 
 @pytest.mark.parametrize("field", ["data", "raw_data"])
-def test_an_empty_tensor_is_refused_for_its_shape_not_as_a_request_without_input(field):
+def test_an_empty_tensor_is_checked_for_its_shape_not_taken_for_a_request_without_input(field):
     # Its data is empty, so protobuf leaves the field out: only the shape tells.
     empty = decoded(**{field: [] if field == "data" else b""}, shape=[1, 3, 4, 0])
     with pytest.raises(InvalidArgument) as caught:
         to_infer_request(empty, VISION, None)
-    assert "input 'input' has shape [1, 3, 4, 0]: every dim must be at least 1" in caught.value.message
+    assert "input 'input' has shape [1, 3, 4, 0], which does not fit [-1, 3, 4, 4]" in caught.value.message
     with pytest.raises(InvalidArgument, match="the request has no input"):
         to_infer_request(decoded(shape=[1, 3, 4, 4]), VISION, None)
+
+
+def test_an_empty_tensor_a_model_takes_is_forwarded_with_no_bytes():
+    flexible = ModelInfo("flex", "1", (TensorInfo("x", "FP32", (-1, -1)),), (TensorInfo("y", "FP32", (-1, -1)),), 8)
+    call = to_infer_request(decoded(raw_data=b"", shape=[2, 0]), flexible, None)
+    assert [(t.name, t.datatype, list(t.shape)) for t in call.header.inputs] == [("x", "FP32", [2, 0])]
+    assert [len(p) for p in call.payloads] == [0]

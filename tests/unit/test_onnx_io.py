@@ -6,37 +6,120 @@ from onnx import TensorProto, helper, numpy_helper
 
 from backend.errors import ModelConfigError
 from backend.onnx_io import read_file_io, read_graph_io
+from backend.tensors import ELEMENT_TYPES
 
 
 def as_ort(tensors) -> list[tuple]:
-    return [(t.name, t.type, tuple(t.shape)) for t in tensors]
+    return [(t.name, ELEMENT_TYPES[t.elem_type].onnx_name, tuple(t.shape)) for t in tensors]
+
+
+def ort_view(args) -> list[tuple]:
+    return [(a.name, a.type, tuple(a.shape)) for a in args]
+
+
+def save(tmp_path, nodes, inputs, outputs, initializers=(), name="m.onnx", opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / name)
+    return tmp_path / name
 
 
 @pytest.mark.parametrize("fixture", ["double_onnx", "masked_sum_onnx"])
 def test_graph_io_is_what_onnxruntime_reports(fixture, request):
     path = request.getfixturevalue(fixture)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    inputs, outputs = read_graph_io(path)
-    assert as_ort(inputs) == as_ort(session.get_inputs())
-    assert as_ort(outputs) == as_ort(session.get_outputs())
+    graph = read_graph_io(path)
+    assert as_ort(graph.inputs) == ort_view(session.get_inputs())
+    assert as_ort(graph.outputs) == ort_view(session.get_outputs())
 
 
-def test_initializers_listed_as_inputs_are_not_inputs(tmp_path):
-    # Older exporters list every weight among the graph inputs; ONNX Runtime leaves them out.
+def test_an_initializer_listed_as_an_input_is_an_input_with_a_default(tmp_path):
+    # Older exporters list every weight among the graph inputs; a caller may override or leave it out.
     weight = numpy_helper.from_array(np.ones((4, 2), np.float32), "weight")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])
     w = helper.make_tensor_value_info("weight", TensorProto.FLOAT, [4, 2])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "weight"], ["y"])], "g", [x, w], [y], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, tmp_path / "m.onnx")
-    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    inputs, outputs = read_graph_io(tmp_path / "m.onnx")
-    assert as_ort(inputs) == as_ort(session.get_inputs()) == [("x", "tensor(float)", (None, 4))]
-    assert as_ort(outputs) == [("y", "tensor(float)", ("n", 2))]
-    specs, _ = read_file_io(tmp_path / "m.onnx", batched=True)
-    assert specs[0].dims == (4,) and specs[0].dim_names == (None,)
+    path = save(tmp_path, [helper.make_node("MatMul", ["x", "weight"], ["y"])], [x, w], [y], [weight])
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    graph = read_graph_io(path)
+    assert [(t.name, t.has_default) for t in graph.inputs] == [("x", False), ("weight", True)]
+    assert as_ort(graph.inputs[:1]) == ort_view(session.get_inputs()) == [("x", "tensor(float)", (None, 4))]
+    assert [i.name for i in session.get_overridable_initializers()] == ["weight"]
+    specs, _ = read_file_io(path, batched=False)
+    assert specs[1].dims == (4, 2) and specs[1].optional and specs[1].as_config()["optional"] is True
+    # A weight has no batch dim: a batched model keeps its default, and it does not stop batching.
+    specs, outputs = read_file_io(path, batched=True)
+    assert [(s.name, s.dims, s.dim_names, s.optional) for s in specs] == [("x", (4,), (None,), False)]
+    assert outputs[0].dim_names == (None,)  # the batch dim's name goes with it
+    assert graph.cannot_batch() is None
+
+
+def test_scalars_zero_dims_and_unknown_rank_are_told_apart(tmp_path):
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [])
+    axes = helper.make_tensor_value_info("axes", TensorProto.INT64, [0])
+    free = helper.make_tensor_value_info("free", TensorProto.FLOAT, None)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    path = save(tmp_path, [helper.make_node("Identity", ["s"], ["y"])], [s, axes, free], [y])
+    graph = read_graph_io(path)
+    assert [t.shape for t in graph.inputs] == [(), (0,), None]
+    with pytest.raises(ModelConfigError, match="input 'free' has no shape in the graph"):
+        graph.specs(batched=False)
+    scalar, zero = graph.inputs[0].spec(False, "input"), graph.inputs[1].spec(False, "input")
+    assert scalar.as_config() == {"name": "s", "data_type": "TYPE_FP32", "dims": [1]}
+    assert zero.dims == (0,) and zero.as_config()["dims"] == [-1]
+    assert graph.cannot_batch() == "input 's' is a scalar"
+
+
+def test_types_triton_cannot_carry_are_refused_by_name(tmp_path):
+    seq = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
+    c = helper.make_tensor_value_info("c", TensorProto.COMPLEX64, [2])
+    b = helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2])
+    path = save(tmp_path, [helper.make_node("SequenceLength", ["seq"], ["n"])], [seq, c, b],
+                [helper.make_tensor_value_info("n", TensorProto.INT64, [])])
+    graph = read_graph_io(path)
+    assert graph.inputs[0].kind == "sequence"
+    with pytest.raises(ModelConfigError, match="input 'seq' is a sequence, not a tensor: Triton carries tensors only"):
+        graph.inputs[0].spec(False, "input")
+    with pytest.raises(ModelConfigError, match=r"input 'c' is a tensor\(complex64\) tensor, which Triton has no datatype"):
+        graph.inputs[1].spec(False, "input")
+    with pytest.raises(ModelConfigError, match="BF16 tensors to numpy"):
+        graph.inputs[2].spec(False, "input")
+
+
+def test_strings_and_booleans_are_served_as_bytes_and_bool(tmp_path):
+    text = helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])
+    flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, ["n"])
+    path = save(tmp_path, [helper.make_node("Identity", ["flag"], ["out"])], [text, flag],
+                [helper.make_tensor_value_info("out", TensorProto.BOOL, ["n"])])
+    inputs, _ = read_file_io(path, batched=True)
+    assert [s.as_config() for s in inputs] == [
+        {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
+        {"name": "flag", "data_type": "TYPE_BOOL", "dims": [1]},
+    ]
+    assert inputs[0].describe() == "text (BYTES scalar, sent as [1])"
+
+
+def test_batching_needs_a_dynamic_first_dim_everywhere(tmp_path, double_onnx):
+    assert read_graph_io(double_onnx).cannot_batch() is None
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])
+    total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [4])
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    path = save(tmp_path, [helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=0)], [x], [total], [axes])
+    assert read_graph_io(path).cannot_batch() == "output 'total' has a fixed first dim 4"
+
+
+def test_operator_types_include_subgraphs(tmp_path):
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    x = helper.make_tensor_value_info("x", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.INT64, [2])
+    then = helper.make_graph([helper.make_node("Div", ["x", "x"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.INT64, [2])])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.INT64, [2])])
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)
+    path = save(tmp_path, [node], [cond, x], [y])
+    assert read_graph_io(path).op_types == {"If", "Div", "Identity"}
 
 
 def test_a_file_that_is_not_onnx_is_refused(tmp_path):

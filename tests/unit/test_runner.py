@@ -22,8 +22,8 @@ def masked_sum(masked_sum_onnx):
 
 def test_signature_comes_from_the_graph(double_onnx):
     inputs, outputs = read_file_io(double_onnx, batched=True)
-    assert [(s.name, s.triton_type, s.dims) for s in inputs] == [("x", "TYPE_FP32", (4,))]
-    assert [(s.name, s.triton_type, s.dims) for s in outputs] == [("y", "TYPE_FP32", (4,))]
+    assert [(s.name, s.config_type, s.dims) for s in inputs] == [("x", "TYPE_FP32", (4,))]
+    assert [(s.name, s.config_type, s.dims) for s in outputs] == [("y", "TYPE_FP32", (4,))]
     inputs, _ = read_file_io(double_onnx, batched=False)
     assert inputs[0].dims == (-1, 4)
 
@@ -121,3 +121,89 @@ def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
     double.session = FailsOnNegative(double.session)
     result = double.infer([{"x": -np.ones((1, 4), np.float32)}])[0]
     assert isinstance(result, InvalidInputError) and "cannot take negative values" in str(result)
+
+
+# Shapes that only a model which does not batch (or a graph unlike the demo models) has.
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from tests.unit.conftest import save_graph  # noqa: E402
+
+
+def value(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def reference(path, feeds):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def test_a_model_that_does_not_batch_answers_its_whole_first_dim(tmp_path):
+    path = save_graph(tmp_path / "neg.onnx", [helper.make_node("Neg", ["x"], ["y"])],
+                      [value("x", TensorProto.FLOAT, ["n", 4, 5])], [value("y", TensorProto.FLOAT, ["n", 4, 5])])
+    runner = OnnxModelRunner.load(path, "neg", SETTINGS, max_batch_size=0)
+    data = [np.full((n, 4, 5), n, np.float32) for n in (3, 1, 2)]
+    for array, result in zip(data, runner.infer([{"x": a} for a in data])):
+        assert result["y"].shape == array.shape
+        np.testing.assert_array_equal(result["y"], -array)
+
+
+def test_scalars_are_taken_and_given_as_shape_1(tmp_path):
+    path = save_graph(tmp_path / "scale.onnx", [helper.make_node("Mul", ["x", "k"], ["y"])],
+                      [value("x", TensorProto.FLOAT, []), value("k", TensorProto.FLOAT, [])],
+                      [value("y", TensorProto.FLOAT, [])])
+    runner = OnnxModelRunner.load(path, "scale", SETTINGS, max_batch_size=0)
+    result = runner.infer([{"x": np.array([3.0], np.float32), "k": np.array([2.0], np.float32)}])[0]
+    assert result["y"].shape == (1,) and result["y"][0] == 6.0
+
+
+def test_a_batched_output_that_does_not_follow_the_batch_dim_runs_each_request_alone(tmp_path):
+    # Every first dim is dynamic, yet the output sums over it: stacking requests would mix them.
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    path = save_graph(tmp_path / "colsum.onnx", [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+                      [value("x", TensorProto.FLOAT, ["n", 4])], [value("y", TensorProto.FLOAT, ["m", 4])], [axes])
+    lines = []
+    runner = OnnxModelRunner.load(path, "colsum", SETTINGS, max_batch_size=8, log=lines.append)
+    requests = [{"x": np.full((n, 4), n, np.float32)} for n in (2, 3)]
+    results = runner.infer(requests)
+    for request, result in zip(requests, results):
+        np.testing.assert_array_equal(result["y"], reference(path, request)[0])
+    assert any("output 'y' has shape [1, 4] for a batch of 5" in line for line in lines)
+
+
+def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
+    # y = x / (x - 1) over int64: ones divide by zero, a SIGFPE no Python code survives.
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    path = save_graph(tmp_path / "fpe.onnx",
+                      [helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
+                      [value("x", TensorProto.INT64, ["n"])], [value("y", TensorProto.INT64, ["n"])], [one])
+    lines = []
+    runner = OnnxModelRunner.load(path, "fpe", SETTINGS, max_batch_size=0, log=lines.append)
+    assert lines == ["model 'fpe': warm-up with ones was killed by SIGFPE in a child process; serving without warm-up"]
+    np.testing.assert_array_equal(runner.infer([{"x": np.array([3, 5], np.int64)}])[0]["y"], [1, 1])
+
+
+def test_a_failing_warm_up_is_a_log_line(tmp_path):
+    # Reshape to a shape the warm-up's one element cannot take: ONNX Runtime raises, nothing dies.
+    shape = numpy_helper.from_array(np.array([2, 2], np.int64), "shape")
+    path = save_graph(tmp_path / "square.onnx", [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                      [value("x", TensorProto.FLOAT, ["n"])], [value("y", TensorProto.FLOAT, [2, 2])], [shape])
+    lines = []
+    runner = OnnxModelRunner.load(path, "square", SETTINGS, max_batch_size=0, log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("model 'square': warm-up with ones failed (")
+    assert runner.infer([{"x": np.arange(4, dtype=np.float32)}])[0]["y"].shape == (2, 2)
+
+
+def test_strings_booleans_and_empty_tensors_run_as_in_process(tmp_path):
+    path = save_graph(tmp_path / "mixed.onnx",
+                      [helper.make_node("Identity", ["text"], ["text_out"]), helper.make_node("Not", ["flag"], ["flag_out"]),
+                       helper.make_node("Abs", ["values"], ["values_out"])],
+                      [value("text", TensorProto.STRING, ["n"]), value("flag", TensorProto.BOOL, [2]),
+                       value("values", TensorProto.FLOAT, ["m"])],
+                      [value("text_out", TensorProto.STRING, ["n"]), value("flag_out", TensorProto.BOOL, [2]),
+                       value("values_out", TensorProto.FLOAT, ["m"])])
+    runner = OnnxModelRunner.load(path, "mixed", SETTINGS, max_batch_size=0)
+    text = np.array([b"", "\u00e9t\u00e9".encode(), b"a\x00b"], dtype=object)
+    result = runner.infer([{"text": text, "flag": np.array([True, False]), "values": np.zeros(0, np.float32)}])[0]
+    assert result["text_out"].tolist() == ["", "\u00e9t\u00e9", "a\x00b"]
+    assert result["flag_out"].tolist() == [False, True]
+    assert result["values_out"].shape == (0,)

@@ -6,10 +6,15 @@ import numpy as np
 import pytest
 
 
-def model_class(pb_utils, onnx_file):
+def model_class(pb_utils, onnx_file, config_text: str | None = None):
+    """The class a model.py defines; `config_text` is its config.pbtxt (None: there is none)."""
     from backend.triton_model import OnnxRuntimeModel
 
-    return type("TritonPythonModel", (OnnxRuntimeModel,), {"onnx_file": onnx_file})
+    config_file = onnx_file.parent / "config.pbtxt"
+    if config_text is not None:
+        config_file.write_text(config_text)
+    attributes = {"onnx_file": onnx_file, "config_file": classmethod(lambda cls: config_file)}
+    return type("TritonPythonModel", (OnnxRuntimeModel,), attributes)
 
 
 def empty_config(name: str, max_batch_size: int, inputs=()) -> dict:
@@ -31,8 +36,56 @@ def test_auto_complete_fills_inputs_and_outputs_from_the_graph(pb_utils, masked_
 
 def test_auto_complete_without_batching_keeps_the_first_dim(pb_utils, double_onnx):
     config = pb_utils.ModelConfig(json.dumps(empty_config("double", 0)))
-    model_class(pb_utils, double_onnx).auto_complete_config(config)
+    model_class(pb_utils, double_onnx, 'backend: "python"\nmax_batch_size: 0  # written: wins\n').auto_complete_config(config)
+    assert config.as_dict()["max_batch_size"] == 0 and "dynamic_batching" not in config.as_dict()
     assert config.as_dict()["input"][0]["dims"] == [-1, 4]
+
+
+def test_auto_complete_batches_a_graph_with_dynamic_first_dims_unless_told(pb_utils, double_onnx):
+    pb_utils.Logger.lines.clear()
+    config = pb_utils.ModelConfig(json.dumps(empty_config("double", 0)))
+    model_class(pb_utils, double_onnx, 'backend: "python"\n# max_batch_size: 0 is only a comment\n').auto_complete_config(config)
+    completed = config.as_dict()
+    assert completed["max_batch_size"] == 4 and completed["dynamic_batching"] == {}
+    assert completed["input"][0]["dims"] == [4]
+    assert any("every input and output has a dynamic first dim" in line for line in pb_utils.Logger.lines)
+
+
+def test_auto_complete_says_why_a_model_does_not_batch(pb_utils, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 5])
+    model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "model.onnx")
+    pb_utils.Logger.lines.clear()
+    config = pb_utils.ModelConfig(json.dumps(empty_config("neg", 0)))
+    model_class(pb_utils, tmp_path / "model.onnx").auto_complete_config(config)  # no config.pbtxt at all
+    assert config.as_dict()["max_batch_size"] == 0
+    assert config.as_dict()["input"][0]["dims"] == [3, 4, 5]
+    assert "model 'neg': max_batch_size 0, the model cannot batch: input 'x' has a fixed first dim 3" in pb_utils.Logger.lines
+
+
+def test_a_non_batched_model_answers_whole_tensors(pb_utils, tmp_path):
+    """The first dim of a model that does not batch is the model's own: [3, 4, 5] stays [3, 4, 5]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 5])
+    model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "model.onnx")
+    served_model = served(pb_utils, tmp_path / "model.onnx", max_batch_size=0)
+    data = [np.random.default_rng(n).standard_normal((n, 4, 5)).astype(np.float32) for n in (3, 1, 2)]
+    responses = served_model.execute([pb_utils.InferenceRequest(x=d) for d in data])
+    for d, response in zip(data, responses):
+        assert response.error is None
+        np.testing.assert_array_equal(response.outputs()["y"], -d)
 
 
 def test_auto_complete_refuses_dims_that_contradict_the_graph(pb_utils, double_onnx):
@@ -65,7 +118,11 @@ def test_execute_answers_every_request_and_maps_errors_to_invalid_arg(pb_utils, 
     assert "does not fit [4]" in responses[1].error.message()
     assert responses[1].output_tensors == []
     np.testing.assert_array_equal(responses[2].outputs()["y"], np.full((1, 4), 6))
-    assert any("intra_op_threads=1" in line for line in pb_utils.Logger.lines)  # 2 instances share 2 cores
+    # Two instances share the cores evenly, whatever the machine has.
+    from backend.settings import available_cores
+
+    threads = max(1, available_cores() // 2)
+    assert any(f"intra_op_threads={threads} " in line for line in pb_utils.Logger.lines)
     model.finalize()
 
 
@@ -80,5 +137,5 @@ def test_initialize_names_the_model_when_the_graph_cannot_batch(pb_utils, tmp_pa
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp_path / "fixed.onnx")
-    with pytest.raises(RuntimeError, match="model 'm': tensor 'x' has a fixed first dim 1"):
+    with pytest.raises(RuntimeError, match="model 'm': input 'x' has a fixed first dim 1"):
         served(pb_utils, tmp_path / "fixed.onnx")

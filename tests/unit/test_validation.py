@@ -3,7 +3,7 @@ import pytest
 
 from backend.errors import InvalidInputError
 from backend.tensors import TensorSpec
-from backend.validation import ModelSignature, validate_request
+from backend.validation import ModelSignature, prepare_request
 
 IMAGE = ModelSignature(
     name="vision",
@@ -20,15 +20,17 @@ TEXT = ModelSignature(
 )
 
 
-def test_a_valid_request_reports_its_batch_size():
-    assert validate_request({"input": np.zeros((3, 3, 8, 8), np.float32)}, IMAGE) == 3
+def test_a_valid_request_reports_its_batch_size_and_keeps_its_arrays():
+    image = np.zeros((3, 3, 8, 8), np.float32)
+    prepared = prepare_request({"input": image}, IMAGE)
+    assert prepared.batch_size == 3 and prepared.feeds["input"] is image  # no copy on the hot path
     ids = np.ones((2, 5), np.int64)
-    assert validate_request({"ids": ids, "mask": ids}, TEXT) == 2
+    assert prepare_request({"ids": ids, "mask": ids}, TEXT).batch_size == 2
 
 
 def test_a_model_without_batching_counts_one():
     flat = ModelSignature("flat", (TensorSpec("x", np.dtype(np.float32), (4,)),), (), max_batch_size=0)
-    assert validate_request({"x": np.zeros(4, np.float32)}, flat) == 1
+    assert prepare_request({"x": np.zeros(4, np.float32)}, flat).batch_size == 1
 
 
 @pytest.mark.parametrize(
@@ -45,25 +47,76 @@ def test_a_model_without_batching_counts_one():
 )
 def test_bad_requests_say_what_is_wrong_and_what_is_expected(inputs, message):
     with pytest.raises(InvalidInputError) as caught:
-        validate_request(inputs, IMAGE)
+        prepare_request(inputs, IMAGE)
     assert message in str(caught.value)
     assert "model 'vision' expects [batch] + input (FP32 [3, 8, 8])" in str(caught.value) or "batch size" in message
 
 
-def test_empty_variable_dims_and_disagreeing_batches_are_rejected():
-    with pytest.raises(InvalidInputError, match=r"shape \[1, 0\]: it is empty, and every dim must be at least 1"):
-        validate_request({"ids": np.zeros((1, 0), np.int64), "mask": np.zeros((1, 0), np.int64)}, TEXT)
+def test_empty_variable_dims_pass_and_disagreeing_batches_are_rejected():
+    # Whether an empty tensor is valid is the model's business: ONNX Runtime decides.
+    empty = np.zeros((1, 0), np.int64)
+    assert prepare_request({"ids": empty, "mask": empty}, TEXT).dim_sizes == {}
     with pytest.raises(InvalidInputError, match=r"disagree on the batch size \(ids=1, mask=2\)"):
-        validate_request({"ids": np.zeros((1, 3), np.int64), "mask": np.zeros((2, 3), np.int64)}, TEXT)
+        prepare_request({"ids": np.zeros((1, 3), np.int64), "mask": np.zeros((2, 3), np.int64)}, TEXT)
 
 
 def test_a_missing_batch_dim_is_named_as_such():
     # Triton hands a request of batch size 0 to the model without its batch dim.
     with pytest.raises(InvalidInputError) as caught:
-        validate_request({"input": np.zeros((3, 8, 8), np.float32)}, IMAGE)
+        prepare_request({"input": np.zeros((3, 8, 8), np.float32)}, IMAGE)
     assert "expected rank 4: the first dim is the batch size, 1..4, and it is missing" in str(caught.value)
     assert "batch size of 0" in str(caught.value) and "expects [batch] + input (FP32 [3, 8, 8])" in str(caught.value)
     # A rank that is wrong otherwise says nothing about the batch dim.
     with pytest.raises(InvalidInputError) as caught:
-        validate_request({"input": np.zeros((1, 1, 3, 8, 8), np.float32)}, IMAGE)
+        prepare_request({"input": np.zeros((1, 1, 3, 8, 8), np.float32)}, IMAGE)
     assert "expected rank 4: model 'vision'" in str(caught.value) and "missing" not in str(caught.value)
+
+
+FLAT = ModelSignature(
+    "flat",
+    inputs=(
+        TensorSpec("scale", np.dtype(np.float32), ()),
+        TensorSpec("axes", np.dtype(np.int64), (0,)),
+        TensorSpec("words", np.dtype(np.object_), (-1,), ("n",)),
+        TensorSpec("bias", np.dtype(np.float32), (2,), optional=True),
+    ),
+    outputs=(),
+    max_batch_size=0,
+)
+
+
+def test_a_scalar_arrives_as_shape_1_and_runs_at_rank_0():
+    prepared = prepare_request(
+        {"scale": np.array([2.0], np.float32), "axes": np.zeros(0, np.int64), "words": np.array([b"a"], object)}, FLAT
+    )
+    assert prepared.feeds["scale"].shape == () and prepared.feeds["scale"] == 2.0
+    assert prepared.feeds["axes"].shape == (0,)
+    assert "bias" not in prepared.feeds  # optional: the graph's default applies
+    assert prepared.dim_sizes == {"n": 1}
+
+
+def test_a_fixed_zero_dim_is_held_to_zero():
+    with pytest.raises(InvalidInputError, match=r"input 'axes' has shape \[2\], which does not fit \[0\]"):
+        prepare_request({"scale": np.ones(1, np.float32), "axes": np.ones(2, np.int64), "words": np.array([b""], object)}, FLAT)
+
+
+def test_strings_become_str_with_nul_and_non_ascii_bytes_kept():
+    words = np.array([b"", "caf\u00e9".encode(), b"a\x00b"], dtype=object)
+    prepared = prepare_request({"scale": np.ones(1, np.float32), "axes": np.zeros(0, np.int64), "words": words}, FLAT)
+    assert prepared.feeds["words"].tolist() == ["", "caf\u00e9", "a\x00b"]
+
+
+def test_bytes_that_are_not_utf8_are_refused_with_their_place():
+    words = np.array([b"ok", b"\xff\xfe"], dtype=object)
+    with pytest.raises(InvalidInputError, match=r"input 'words' element 1 is not valid UTF-8 .*at byte 0"):
+        prepare_request({"scale": np.ones(1, np.float32), "axes": np.zeros(0, np.int64), "words": words}, FLAT)
+
+
+def test_an_optional_input_may_be_given_and_a_required_one_may_not_be_left_out():
+    given = prepare_request(
+        {"scale": np.ones(1, np.float32), "axes": np.zeros(0, np.int64), "words": np.array([b"x"], object),
+         "bias": np.ones(2, np.float32)}, FLAT
+    )
+    assert given.feeds["bias"].shape == (2,)
+    with pytest.raises(InvalidInputError, match=r"missing input\(s\) 'scale'"):
+        prepare_request({"axes": np.zeros(0, np.int64), "words": np.array([b"x"], object)}, FLAT)

@@ -1,0 +1,67 @@
+"""Triton's auto-complete for a tritonnx model: the config's inputs, outputs and batching from the graph.
+
+Batching is decided the way Triton's onnxruntime backend decides it: a `max_batch_size` written
+in `config.pbtxt` wins (0 included: a graph whose first dims are all dynamic may still mix rows,
+a sum over the first axis say); otherwise the model batches when every input and output has a
+dynamic first dim, with Triton's default maximum of 4 and the dynamic batcher on, and does not
+batch otherwise. Either way a log line says what was decided and why.
+
+`config` is the `pb_utils.ModelConfig` that Triton hands to `auto_complete_config`; its class
+is plain Python, so this module runs (and is tested) without Triton.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from backend.onnx_io import read_graph_io
+
+# Triton's `default-max-batch-size` (its backends' default), which the Python model cannot read.
+DEFAULT_MAX_BATCH_SIZE = 4
+_WRITTEN_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:", re.MULTILINE)
+_SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
+
+
+def writes_max_batch_size(config_file: Path) -> bool:
+    """Whether `config.pbtxt` sets max_batch_size (Triton reports an absent one as 0)."""
+    try:
+        text = config_file.read_text()
+    except OSError:
+        return False  # no config.pbtxt: Triton infers the backend from model.py
+    uncommented = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+    return bool(_WRITTEN_MAX_BATCH.search(uncommented))
+
+
+def complete_config(config, onnx_file: Path, config_file: Path, log: Callable[[str], None]) -> None:
+    """Fill `config` (a pb_utils.ModelConfig) from the graph in `onnx_file`."""
+    current = config.as_dict()
+    name = current.get("name", onnx_file.parent.parent.name)
+    graph = read_graph_io(onnx_file)
+    max_batch_size = int(current.get("max_batch_size", 0))
+    if max_batch_size == 0 and not writes_max_batch_size(config_file):
+        reason = graph.cannot_batch()
+        if reason:
+            log(f"model '{name}': max_batch_size 0, the model cannot batch: {reason}")
+        else:
+            max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            config.set_max_batch_size(max_batch_size)
+            scheduler = next((s for s in _SCHEDULERS if s in current), None)
+            if scheduler is None:
+                config.set_dynamic_batching()
+            log(
+                f"model '{name}': every input and output has a dynamic first dim, so it batches: "
+                f"max_batch_size {max_batch_size}, {scheduler or 'dynamic_batching'} "
+                "(write max_batch_size in config.pbtxt to choose, 0 to turn batching off)"
+            )
+    inputs, outputs = graph.specs(max_batch_size > 0)
+    written = {entry["name"]: entry for entry in current.get("input", [])}
+    for spec in inputs:
+        entry = spec.as_config()
+        # An input listed by hand (for allow_ragged_batch, say) keeps its own `optional`.
+        if "optional" in written.get(spec.name, {}):
+            entry.pop("optional", None)
+        config.add_input(entry)
+    for spec in outputs:
+        config.add_output(spec.as_config())

@@ -1,0 +1,1 @@
+"""make conformance: ONNX's own test models served through tritonserver, every output checked."""
