@@ -17,8 +17,9 @@ BENCH_ARGS ?=
 TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
+CONFORMANCE_ARGS ?=
 
-.PHONY: help setup apt venv proto models serve test unit bench tune soak chaos clean
+.PHONY: help setup apt venv proto models serve test test-fast unit bench tune soak chaos conformance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,12 +35,12 @@ apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's l
 
 venv: apt $(STAMP) ## Create .venv with the pinned Python dependencies and tritonserver 2.51
 
-$(STAMP): requirements.txt requirements-serving.txt bench/requirements-bench.txt pyproject.toml
+$(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt requirements-triton.txt bench/requirements-bench.txt pyproject.toml
 	@echo ">> creating $(VENV) with pinned dependencies (first run: a few minutes)"
 	@[ -x $(PY) ] || $(PYTHON_SYSTEM) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt -r bench/requirements-bench.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
-	@# Only the server binary and Python backend files of the wheel are used, not its Python API.
-	$(PY) -m pip install --quiet --no-deps nvidia-pytriton==0.7.0 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -r bench/requirements-bench.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	@# Only the server binary and Python backend files of the wheel are used (see the file).
+	$(PY) -m pip install --quiet --no-deps -r requirements-triton.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# This checkout, editable: the Python stub finds `backend` in the venv wherever tritonserver starts.
 	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
@@ -55,10 +56,13 @@ models: venv ## Generate the demo ONNX models (seeded random weights; cached aft
 serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000)
 	$(PY) -m client.serve
 
-test: setup ## Run the whole test suite (unit tests, then integration tests against a real tritonserver)
+test: setup ## Run the whole test suite: unit, integration (a real tritonserver) and slow (overload, faults, bench smoke)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/slow
+
+test-fast: setup ## The inner loop: unit and integration tests only
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
 
-unit: venv proto ## Run the fast unit tests only
+unit: venv proto ## Run the unit tests only (no server, seconds)
 	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
 
 bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH_ARGS="--models mobilenet_v3_small ...")
@@ -73,7 +77,10 @@ soak: setup ## 10 minutes at ~70% of capacity: memory, /dev/shm and p99 sampled 
 
 chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model
 	$(PY) -m bench.overload $(CHAOS_ARGS)
-	$(PY) -m pytest -s -q tests/integration/test_faults.py
+	$(PY) -m pytest -s -q tests/slow/test_faults.py
+
+conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
+	$(PY) -m bench.conformance $(CONFORMANCE_ARGS)
 
 clean: ## Remove the venv, build outputs and generated models
 	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

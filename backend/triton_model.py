@@ -38,8 +38,9 @@ class OnnxRuntimeModel:
 
     @classmethod
     def config_file(cls) -> Path:
-        """This model's config.pbtxt: model.py sits in <model>/<version>/."""
-        return Path(inspect.getfile(cls)).resolve().parent.parent / "config.pbtxt"
+        """This model's config.pbtxt: model.py sits in <model>/<version>/ (as Triton names it: a
+        symlinked model.py, as `make tune` makes, stays with the candidate's config)."""
+        return Path(inspect.getfile(cls)).parent.parent / "config.pbtxt"
 
     def initialize(self, args: dict) -> None:
         # Imported here, not at the top: auto-complete runs in a stub process of its own that

@@ -65,7 +65,7 @@ def crash_in_child(run: Callable[[], object], timeout: float) -> str | None:
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return f"did not finish in {timeout:.0f}s"
+            return f"did not finish in {timeout:g}s"
         time.sleep(_CHILD_POLL_SECONDS)
     if os.WIFSIGNALED(status):
         return f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"

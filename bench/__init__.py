@@ -1,0 +1,12 @@
+"""Measurements: make bench, tune, soak, chaos (overload) and conformance.
+
+They run from the checkout, serve its model repository (or $TRITONNX_MODEL_REPOSITORY) and write
+their results under bench/results/ (not committed; kept reports go to bench/reports/).
+"""
+
+from pathlib import Path
+
+from backend.server.paths import Paths
+
+REPOSITORY = Paths.from_environment().model_repository
+RESULTS = Path(__file__).resolve().parent / "results"

@@ -16,17 +16,21 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
-from bench import loadgen
+from backend.server.process import free_ports
+from backend.server.triton import Ports
+from backend.server.stack import ServingStack
+from bench import REPOSITORY, RESULTS
 from bench.baseline.process import FastApiBaseline
 from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
 from bench.floor import measure_floor
 from bench.limit import measure_limit, measure_single_image
+from bench.load import loops
+from bench.load.http import HttpTarget
+from bench.load.targets import FacadeTarget, KServeTarget
+from bench.processes import tree_memory
 from bench.report import write_report
-from bench.resources import measure_triton_startup, tree_memory
-from client.serve import FacadeProcess
+from bench.startup import measure_triton_startup
 
-REPOSITORY = PROJECT_ROOT / "model_repository"
 CORES = len(os.sched_getaffinity(0))
 
 
@@ -40,7 +44,7 @@ def sweep(label: str, make_target, concurrencies: list[int], duration: float, cp
     points = []
     for concurrency in concurrencies:
         def run(concurrency=concurrency):
-            return loadgen.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
+            return loops.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
 
         result, cpu = cpu_of(run) if cpu_of else (run(), None)
         point = result.as_dict()
@@ -61,19 +65,14 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     before = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
     say(f"  best {before.best[1]:.1f} img/s ({before.best[0]}), single image p50 {before.single_p50_ms:.2f} ms")
 
-    triton = TritonServer(model_repository=REPOSITORY, ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
-                          log_file=workdir / f"tritonserver-{model}.log")
-    grpc_port, http_port = free_ports(2)
-    facade = FacadeProcess(
-        grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=workdir / f"facade-{model}.log",
-        admin_key=triton.admin_key,
+    stack = ServingStack(
+        REPOSITORY, workdir / model, backend_dir=workdir / "backends",
         # The health probe runs real inferences: keep it rare and on the model under test.
-        extra_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
+        facade_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
     )
     say(f"{model}: Triton direct and the facade ...")
-    triton.start()
     try:
-        triton.wait_ready(180)
+        triton = stack.start_triton()
         inferred = images_inferred(triton, model)
 
         def cpu_of(run, others=None, own_role=None):
@@ -97,18 +96,16 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             )
         # Only now: perf_analyzer unregisters every shared-memory region when it exits, the
         # facade's among them.
-        facade.start()
-        facade.wait_ready()
-        data["loadgen_kserve"] = sweep("Triton direct", lambda: loadgen.KServeTarget(triton.grpc_url, model, 1),
+        facade = stack.start_facade()
+        data["loadgen_kserve"] = sweep("Triton direct", lambda: KServeTarget(triton.grpc_url, model, 1),
                                        args.concurrency, args.duration, lambda run: cpu_of(run, own_role="client"))
-        data["facade"] = sweep("facade", lambda: loadgen.FacadeTarget(facade.grpc_url, model, 1),
+        data["facade"] = sweep("facade", lambda: FacadeTarget(facade.grpc_url, model, 1),
                                args.concurrency, args.duration,
                                lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"))
         data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
         data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
     finally:
-        facade.stop()
-        triton.stop()
+        stack.stop()
 
     # The same server and config with a model that computes nothing: what serving costs by itself.
     # At the lowest concurrency and where the CPU table is read (c=16, else the highest).
@@ -128,7 +125,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
                                  log_file=workdir / f"fastapi-{model}-{workers}.log") as server:
                 server.wait_ready(120)
                 memory = tree_memory(server.pid).as_dict()
-                points = sweep(f"FastAPI {workers}w", lambda: loadgen.HttpTarget(server.url, 1), args.concurrency, args.duration)
+                points = sweep(f"FastAPI {workers}w", lambda: HttpTarget(server.url, 1), args.concurrency, args.duration)
             for point in points:
                 point["setup"] = name
             data["fastapi"][name] = {"points": points}
@@ -172,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or PROJECT_ROOT / "bench" / "results" / started
+    out = args.out or RESULTS / started
     workdir = out / "logs"
     workdir.mkdir(parents=True, exist_ok=True)
     results = {

@@ -15,16 +15,13 @@ from dataclasses import dataclass
 import psutil
 import tritonclient.grpc as grpcclient
 
-from backend.tritonserver import TritonServer
+from backend.server.supervisor import live_stubs
+from backend.server.triton import TritonServer
 from bench.perf import PerfPoint, run_perf_analyzer
+from bench.processes import cpu_seconds
 
 # The roles a process on the serving path plays, in the order a report lists them.
 ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
-
-
-def _cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 @dataclass(frozen=True)
@@ -37,17 +34,15 @@ class CpuSnapshot:
 def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: str | None = None) -> CpuSnapshot:
     """CPU used so far by tritonserver, its stub processes and the `others` (role -> pid);
     `own_role` names this process's role (a load generator running in the benchmark itself)."""
-    seconds: dict[str, float] = {}
-    triton = psutil.Process(triton_pid)
-    seconds["tritonserver"] = _cpu_seconds(triton)
+    seconds = {"tritonserver": cpu_seconds(psutil.Process(triton_pid))}
     per_stub = {}
-    for child in triton.children(recursive=True):
+    for pid in live_stubs(triton_pid):
         try:
-            per_stub[child.pid] = _cpu_seconds(child)
+            per_stub[pid] = cpu_seconds(psutil.Process(pid))
         except psutil.Error:
             continue  # a stub that just exited
     for role, pid in (others or {}).items():
-        seconds[role] = seconds.get(role, 0.0) + _cpu_seconds(psutil.Process(pid))
+        seconds[role] = seconds.get(role, 0.0) + cpu_seconds(psutil.Process(pid))
     if own_role:
         seconds[own_role] = seconds.get(own_role, 0.0) + time.process_time()
     return CpuSnapshot(time.perf_counter(), seconds, per_stub)

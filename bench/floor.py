@@ -11,13 +11,13 @@ in-process figure.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
 
-from backend.tritonserver import Ports, TritonServer, free_ports
+from backend.server.repository import add_model
+from backend.server.stack import ServingStack
 from bench.cpu import perf_analyzer_with_cpu
 
 
@@ -56,30 +56,18 @@ def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
 def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
     """`workdir/floor-repo` holding `model` with its own config and model.py, and the floor graph."""
     source = repository / model
-    target = workdir / "floor-repo" / model
-    (target / "1").mkdir(parents=True)
     # The floor is not the model: it leaves no optimized copy in the model's cache, where it would
     # take the place of the model's own (backend.session_cache keeps two copies per model name).
-    (target / "config.pbtxt").write_text(
-        (source / "config.pbtxt").read_text()
-        + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
-    )
-    shutil.copy(source / "1" / "model.py", target / "1" / "model.py")
-    onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), target / "1" / "model.onnx")
-    return target.parent
+    config = (source / "config.pbtxt").read_text() + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
+    version = add_model(workdir / "floor-repo", model, config, source / "1" / "model.py")
+    onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), version / "model.onnx")
+    return workdir / "floor-repo"
 
 
 def measure_floor(
     model: str, repository: Path, workdir: Path, concurrencies: list[int], measurement_ms: int, cores: int
 ) -> list[dict]:
     """perf_analyzer at each concurrency against the floor copy of `model`, with the CPU per image."""
-    server = TritonServer(
-        model_repository=floor_repository(model, repository, workdir), ports=Ports(*free_ports(3)),
-        backend_dir=workdir / "backends", log_file=workdir / f"tritonserver-{model}-floor.log",
-    )
-    server.start()
-    try:
-        server.wait_ready(180)
-        return [perf_analyzer_with_cpu(server, model, c, measurement_ms, cores) for c in concurrencies]
-    finally:
-        server.stop()
+    stack = ServingStack(floor_repository(model, repository, workdir), workdir / f"{model}-floor", with_facade=False)
+    with stack:
+        return [perf_analyzer_with_cpu(stack.triton, model, c, measurement_ms, cores) for c in concurrencies]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.output import write_json  # noqa: E402
 
 
 def _ratio(value: float | None, reference: float | None) -> str:
@@ -119,7 +120,7 @@ def cpu_rows(data: dict) -> list[str]:
 
 def write_report(out: Path, results: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_json(out / "results.json", results)
     lines = [
         f"# tritonnx benchmark {results['started']}",
         "",

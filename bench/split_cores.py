@@ -21,15 +21,20 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
-from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
-from bench import loadgen
-from bench.resources import one_model_repository
-from client.serve import FacadeProcess
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from bench import REPOSITORY, RESULTS
+from bench.load import loops
+from bench.load.targets import FacadeTarget, KServeTarget
+
+T = TypeVar("T")
 
 
 def split(cores: set[int]) -> tuple[set[int], set[int]]:
@@ -41,13 +46,13 @@ def split(cores: set[int]) -> tuple[set[int], set[int]]:
     return set(ordered[:half]), set(ordered[half:])
 
 
-def _started_on(cores: set[int], start) -> None:
+def _started_on(cores: set[int], start: Callable[[], T]) -> T:
     """Run `start()` with this process pinned to `cores`, so the processes it spawns (and all their
     threads) inherit them; this process's own cores are restored after."""
     own = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:
-        start()
+        return start()
     finally:
         os.sched_setaffinity(0, own)
 
@@ -81,25 +86,19 @@ def main(argv: list[str] | None = None) -> int:
 
     server_cores, client_cores = split(os.sched_getaffinity(0))
     started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = args.out or PROJECT_ROOT / "bench" / "results" / f"{started}-split"
+    out = args.out or RESULTS / f"{started}-split"
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-split-"))
-    triton = TritonServer(model_repository=one_model_repository(args.model, workdir), ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
-                          log_file=out / "tritonserver.log")
-    grpc_port, http_port = free_ports(2)
-    facade = FacadeProcess(
-        grpc_port=grpc_port, http_port=http_port, triton_url=triton.grpc_url, log_file=out / "facade.log",
-        admin_key=triton.admin_key,
-        extra_args=["--default-model", args.model, "--health-interval", "30", "--max-in-flight", "1024"],
+    stack = ServingStack(
+        link_models(workdir / "repo", {args.model: REPOSITORY / args.model}), out, backend_dir=workdir / "backends",
+        facade_args=["--default-model", args.model, "--health-interval", "30", "--max-in-flight", "1024"],
     )
     print(f"tritonserver on cores {sorted(server_cores)}, facade and load generator on {sorted(client_cores)}", flush=True)
     runs: dict[str, list[dict]] = {"Triton direct": [], "facade": []}
     own = os.sched_getaffinity(0)
     try:
-        _started_on(server_cores, triton.start)
-        triton.wait_ready(180)
-        _started_on(client_cores, facade.start)
-        facade.wait_ready()
+        triton = _started_on(server_cores, stack.start_triton)
+        facade = _started_on(client_cores, stack.start_facade)
         os.sched_setaffinity(0, client_cores)  # the load generator runs in this process
         # Where the processes really run (every thread of each): the layout, checked.
         placed = {
@@ -107,18 +106,17 @@ def main(argv: list[str] | None = None) -> int:
             "facade": _cores_of([facade.process.pid]),
         }
         targets = {
-            "Triton direct": lambda: loadgen.KServeTarget(triton.grpc_url, args.model, 1),
-            "facade": lambda: loadgen.FacadeTarget(facade.grpc_url, args.model, 1),
+            "Triton direct": lambda: KServeTarget(triton.grpc_url, args.model, 1),
+            "facade": lambda: FacadeTarget(facade.grpc_url, args.model, 1),
         }
         for round_ in range(1, args.rounds + 1):
             for name, make_target in targets.items():
-                result = loadgen.run(make_target(), args.concurrency, duration_s=args.duration, warmup_s=1.0)
+                result = loops.run(make_target(), args.concurrency, duration_s=args.duration, warmup_s=1.0)
                 runs[name].append(result.as_dict())
                 print(f"[round {round_}/{args.rounds}] {result.summary()}", flush=True)
     finally:
         os.sched_setaffinity(0, own)
-        facade.stop()
-        triton.stop()
+        stack.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
     median = {name: statistics.median(p["images_per_s"] for p in points) for name, points in runs.items()}

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.tritonserver import DEFAULT_REPOSITORY, Ports, TritonServer, free_ports
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from bench import REPOSITORY
 from bench.perf import PerfAnalyzerError, run_perf_analyzer
 
 
@@ -73,17 +75,10 @@ def measure(
 ) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-tune-"))
     try:
-        source = repository / model
-        (workdir / "repo" / model / "1").mkdir(parents=True)
-        for item in (source / "1").iterdir():
-            (workdir / "repo" / model / "1" / item.name).symlink_to(item.resolve())
-        (workdir / "repo" / model / "config.pbtxt").write_text(apply((source / "config.pbtxt").read_text(), candidate))
-        server = TritonServer(
-            model_repository=workdir / "repo", ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
-            log_file=workdir / "tritonserver.log",
-        )
-        with server:
-            server.wait_ready(180)
+        config = apply((repository / model / "config.pbtxt").read_text(), candidate)
+        with ServingStack(link_models(workdir / "repo", {model: repository / model}, {model: config}), workdir,
+                          with_facade=False) as stack:
+            server = stack.triton
             points = {}
             for concurrency in concurrencies:
                 point = run_perf_analyzer(
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Example: python -m bench.tune --model mobilenet_v3_small --instances 1 2 3 --delays 0 1000",
     )
     parser.add_argument("--model", required=True)
-    parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
+    parser.add_argument("--repository", type=Path, default=REPOSITORY)
     parser.add_argument("--instances", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--threads", nargs="+", type=int, default=[0], help="intra-op threads; 0 = cores / instances")
     parser.add_argument("--delays", nargs="+", type=int, default=[0, 500, 2000], help="max_queue_delay_microseconds")

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from backend.tritonserver import ADMIN_HEADER, GRPC_ADMIN_HEADER, known_admin_key
+from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, known_admin_key
 
 PROTOCOLS = ("grpc", "http")
 

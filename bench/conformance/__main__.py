@@ -21,7 +21,7 @@ from pathlib import Path
 import onnx
 import onnxruntime as ort
 
-from backend.tritonserver import PROJECT_ROOT
+from bench import RESULTS
 from bench.conformance.corpus import Case, Screened, corpus_root, discover, screen
 from bench.conformance.serving import REFUSAL_CAUSES, ConformanceRun, Verdict
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = datetime.now(timezone.utc)
-    output = args.output or PROJECT_ROOT / "bench" / "results" / f"{started:%Y%m%dT%H%M%SZ}-conformance"
+    output = args.output or RESULTS / f"{started:%Y%m%dT%H%M%SZ}-conformance"
     cases = discover()
     chosen = select(cases, args.pattern, args.limit)
     say(f"{len(chosen)} of {len(cases)} cases from {corpus_root()}; screening with in-process ONNX Runtime ...")

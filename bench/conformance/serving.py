@@ -27,10 +27,10 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend.tritonserver import PROJECT_ROOT, Ports, TritonServer, free_ports
+from backend.server.repository import add_model
+from backend.server.stack import ServingStack
 from bench.conformance.corpus import DataSet, Screened, mismatch
 
-STOCK_MODEL_PY = PROJECT_ROOT / "model_repository" / "resnet50" / "1" / "model.py"
 # Policy only: one CPU instance; inputs, outputs and batching come from auto-complete.
 POLICY_CONFIG = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
 LOADS_AT_ONCE = 4  # tritonserver's default --model-load-thread-count
@@ -77,10 +77,7 @@ def _gist(detail: str) -> str:
 def write_repository(cases: Iterable[Screened], directory: Path) -> None:
     """One model per case: policy-only config.pbtxt, the stock model.py and the case's model.onnx."""
     for screened in cases:
-        version = directory / screened.case.model_name / "1"
-        version.mkdir(parents=True, exist_ok=True)
-        (version.parent / "config.pbtxt").write_text(POLICY_CONFIG)
-        shutil.copyfile(STOCK_MODEL_PY, version / "model.py")
+        version = add_model(directory, screened.case.model_name, POLICY_CONFIG)
         shutil.copyfile(screened.case.model_file, version / "model.onnx")
 
 
@@ -148,31 +145,24 @@ class ConformanceRun:
     def run(self) -> list[Verdict]:
         repository = self.workdir / "repository"
         write_repository(self.cases, repository)
-        server = TritonServer(
-            model_repository=repository,
-            ports=Ports(*free_ports(3)),
-            backend_dir=self.workdir / "backends",
-            log_file=self.workdir / "tritonserver.log",
-            http=False,
-            startup_models=(),
-            cwd=self.workdir,  # not the checkout: the stub must find `backend` installed
+        stack = ServingStack(
+            repository, self.workdir, with_facade=False, triton_http=False, startup_models=(), all_models_ready=False,
+            triton_cwd=self.workdir,  # not the checkout: the stub must find `backend` installed
             # The corpus's optimized copies stay with the run, not in the user's cache.
-            extra_env={"TRITONNX_ORT_CACHE_DIR": str(self.workdir / "ort-cache")},
+            triton_env={"TRITONNX_ORT_CACHE_DIR": str(self.workdir / "ort-cache")},
         )
         started = time.monotonic()
-        with server:
-            server.wait_ready(timeout=120)
-            with grpcclient.InferenceServerClient(server.grpc_url) as client:
-                chunks = [self.cases[i : i + self.chunk_size] for i in range(0, len(self.cases), self.chunk_size)]
-                for number, chunk in enumerate(chunks, 1):
-                    self._serve_chunk(client, chunk, server.admin_headers)
-                    done = sum(len(c) for c in chunks[:number])
-                    correct = sum(v.correct for v in self.verdicts)
-                    elapsed = time.monotonic() - started
-                    self.progress(
-                        f"chunk {number}/{len(chunks)}: {done}/{len(self.cases)} served, {correct} correct, "
-                        f"{elapsed:.0f}s, about {elapsed / done * (len(self.cases) - done):.0f}s left"
-                    )
+        with stack, grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+            chunks = [self.cases[i : i + self.chunk_size] for i in range(0, len(self.cases), self.chunk_size)]
+            for number, chunk in enumerate(chunks, 1):
+                self._serve_chunk(client, chunk, stack.triton.admin_headers)
+                done = sum(len(c) for c in chunks[:number])
+                correct = sum(v.correct for v in self.verdicts)
+                elapsed = time.monotonic() - started
+                self.progress(
+                    f"chunk {number}/{len(chunks)}: {done}/{len(self.cases)} served, {correct} correct, "
+                    f"{elapsed:.0f}s, about {elapsed / done * (len(self.cases) - done):.0f}s left"
+                )
         return self.verdicts
 
     def _serve_chunk(self, client: grpcclient.InferenceServerClient, chunk: list[Screened], headers: dict[str, str]) -> None:

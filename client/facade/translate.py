@@ -54,6 +54,7 @@ class TensorInfo:
     name: str
     datatype: str  # KServe v2 name, e.g. FP32
     shape: tuple[int, ...]  # full shape as Triton's metadata gives it; -1 accepts any size
+    optional: bool = False  # an input a request may leave out (the model has a default)
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,15 @@ class ModelInfo:
     def from_triton(
         cls, metadata: service_pb2.ModelMetadataResponse, config: service_pb2.ModelConfigResponse, version: str
     ) -> "ModelInfo":
+        optional = {t.name for t in config.config.input if t.optional}
+
         def tensors(items) -> tuple[TensorInfo, ...]:
-            return tuple(TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape)) for t in items)
+            return tuple(TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape), t.name in optional) for t in items)
 
         return cls(metadata.name, version, tensors(metadata.inputs), tensors(metadata.outputs), config.config.max_batch_size)
 
     def describe_inputs(self) -> str:
-        return ", ".join(f"{t.name} ({t.datatype} {list(t.shape)})" for t in self.inputs)
+        return ", ".join(f"{t.name} ({t.datatype} {list(t.shape)}{', optional' if t.optional else ''})" for t in self.inputs)
 
 
 def _datatype_of(dtype: int, name: str) -> str:
@@ -186,7 +189,7 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
         specs = {t.name: t for t in info.inputs}
         given = [t.name for t in message.inputs]
         unknown = sorted(set(given) - set(specs))
-        missing = [name for name in specs if name not in given]
+        missing = [name for name, spec in specs.items() if name not in given and not spec.optional]
         if unknown or missing or len(given) != len(set(given)):
             raise InvalidArgument(
                 f"inputs {given} do not match the model's: model '{info.name}' expects {info.describe_inputs()}"

@@ -10,7 +10,7 @@ import time
 import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from backend.tritonserver import GRPC_ADMIN_HEADER
+from backend.server.admin import GRPC_ADMIN_HEADER
 from client.facade.errors import Internal, NotFound, Unavailable, from_triton
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo

@@ -6,7 +6,6 @@ one named here) and the stock `model.py`, as a user adding the file would.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,9 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.tritonserver import PROJECT_ROOT
+from backend.server.repository import add_model
 
-STOCK_MODEL_PY = PROJECT_ROOT / "model_repository" / "resnet50" / "1" / "model.py"
 POLICY = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
 
 # Every ONNX element type Triton's Python backend carries, with its numpy dtype.
@@ -173,10 +171,7 @@ def write_repository(directory: Path) -> dict[str, Path]:
     """Every model of MODELS under `directory`; returns each model's .onnx file."""
     files = {}
     for name, (build, config) in MODELS.items():
-        version = directory / name / "1"
-        version.mkdir(parents=True)
-        (directory / name / "config.pbtxt").write_text(config)
-        shutil.copyfile(STOCK_MODEL_PY, version / "model.py")
+        version = add_model(directory, name, config)
         model = build()
         if name == "external_weights":
             onnx.save(model, version / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,

@@ -15,10 +15,9 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend.tritonserver import Ports, TritonServer, free_ports
+from backend.server.stack import ServingStack
 from tests.integration.any_models import CARRIED_TYPES, MODELS, REFUSED, write_repository
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
@@ -26,21 +25,14 @@ def served(tmp_path_factory):
     """(server, {model: onnx file}): every model of any_models, loaded at start-up."""
     workdir = tmp_path_factory.mktemp("any-models")
     files = write_repository(workdir / "repository")
-    server = TritonServer(
-        model_repository=workdir / "repository",
-        ports=Ports(*free_ports(3)),
-        backend_dir=workdir / "backends",
-        log_file=workdir / "tritonserver.log",
-        http=False,
-        cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` here
-        extra_env={"TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache")},
+    stack = ServingStack(
+        workdir / "repository", workdir, with_facade=False, triton_http=False,
+        all_models_ready=False,  # two models are meant to fail
+        triton_cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` here
+        triton_env={"TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache")},
     )
-    server.start()
-    try:
-        server.wait_ready(timeout=180, all_models=False)  # two models are meant to fail
-        yield server, files
-    finally:
-        server.stop()
+    with stack:
+        yield stack.triton, files
 
 
 @pytest.fixture(scope="module")

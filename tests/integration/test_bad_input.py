@@ -24,12 +24,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend.tritonserver import PROJECT_ROOT
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.integration.conftest import FACADE_MAX_MESSAGE_BYTES, onnx_file
-from tests.integration.kserve import reference_session
+from tests.serving import CHECKOUT, FACADE_MAX_MESSAGE_BYTES, onnx_file
+from tests.kserve import reference_session
 
-pytestmark = pytest.mark.integration
 
 IMAGE = [1, 3, 224, 224]
 # The models' first output: `predictions` of a simple facade response.
@@ -509,7 +507,7 @@ def test_bad_input_direct_to_triton(case, triton_client, triton_channel, triton)
 
 
 def readme_rows() -> dict[str, list[str]]:
-    text = (PROJECT_ROOT / "README.md").read_text()
+    text = (CHECKOUT / "README.md").read_text()
     section = text.split("## What a bad request gets", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():

@@ -9,11 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from backend.tritonserver import ADMIN_KEY_ENV
-from tests.integration.conftest import MODELS, onnx_file
-from tests.integration.kserve import reference_session
+from backend.server.admin import ADMIN_KEY_ENV
+from tests.serving import MODELS, onnx_file
+from tests.kserve import reference_session
 
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(autouse=True)

@@ -16,18 +16,18 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from backend.tritonserver import PROJECT_ROOT, free_ports
+from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.integration.conftest import (
+from tests.serving import (
+    CHECKOUT,
     FACADE_MAX_IN_FLIGHT,
     onnx_file,
     start_facade,
 )
-from tests.integration.kserve import assert_close, infer, reference_session
+from tests.kserve import assert_close, infer, reference_session
 
-pytestmark = pytest.mark.integration
 IMAGE_SHAPE = [1, 3, 224, 224]
-PROTO_DIR = PROJECT_ROOT / "client" / "proto"
+PROTO_DIR = CHECKOUT / "client" / "proto"
 
 
 @pytest.fixture(scope="module")

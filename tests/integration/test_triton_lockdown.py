@@ -3,7 +3,6 @@ reachable by clients), inference does not; HTTP can be turned off and the facade
 
 from __future__ import annotations
 
-import shutil
 import socket
 import urllib.error
 import urllib.request
@@ -13,11 +12,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.tritonserver import Ports, TritonServer, free_ports
-from tests.integration.conftest import MODEL_REPOSITORY, start_facade
-from tests.integration.kserve import make_inputs
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from tests.serving import MODEL_REPOSITORY, start_facade
+from tests.kserve import make_inputs
 
-pytestmark = pytest.mark.integration
 
 RESTRICTED_GRPC_CALLS = {
     "model config": lambda c, h: c.get_model_config("resnet50", headers=h),
@@ -68,13 +67,9 @@ def test_administrative_http_apis_need_the_key(triton, path):
 
 
 def test_without_http_the_facade_still_serves(tmp_path):
-    repository = tmp_path / "repository"
-    shutil.copytree(MODEL_REPOSITORY / "mobilenet_v3_small", repository / "mobilenet_v3_small",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    server = TritonServer(model_repository=repository, ports=Ports(*free_ports(3)), backend_dir=tmp_path / "backends",
-                          log_file=tmp_path / "tritonserver.log", http=False)
-    with server:
-        server.wait_ready(120)
+    repository = link_models(tmp_path / "repository", {"mobilenet_v3_small": MODEL_REPOSITORY / "mobilenet_v3_small"})
+    with ServingStack(repository, tmp_path, with_facade=False, triton_http=False) as stack:
+        server = stack.triton
         with pytest.raises(OSError):  # nothing listens on the HTTP port
             socket.create_connection(("127.0.0.1", server.ports.http), timeout=1).close()
         assert [m["state"] for m in server.model_states()] == ["READY"]

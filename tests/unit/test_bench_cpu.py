@@ -1,14 +1,12 @@
 """CPU per image by process (bench.cpu): the arithmetic on recorded snapshots, and a real snapshot."""
 
 import os
-import subprocess
-import sys
 import time
 
-import psutil
 import pytest
 
 from bench.cpu import CpuSnapshot, measured, per_image, snapshot
+from tests.unit.test_bench_processes import fake_tritonserver, stop
 
 
 def test_cpu_per_image_splits_by_role_and_counts_idle_core_time():
@@ -27,13 +25,9 @@ def test_nothing_served_gives_no_figures():
     assert per_image(empty, empty, images=0, cores=2) == {}
 
 
-def test_a_real_process_tree_is_measured_while_the_run_works():
-    # A stand-in for tritonserver with one busy child, as the stubs are.
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
-        "child = subprocess.Popen([sys.executable, '-c', 'import time\\nend = time.time() + 30\\nwhile time.time() < end: pass'])\n"
-        "time.sleep(30)\n"
-    )])
+def test_a_real_process_tree_is_measured_while_the_run_works(tmp_path):
+    # A stand-in for tritonserver with one busy child started as a stub is, and one child that is no stub.
+    parent = fake_tritonserver(tmp_path, ["busy_0_0"], busy=True)
     try:
         time.sleep(0.5)  # the child is up and spinning
         served = iter([0, 100])
@@ -42,9 +36,6 @@ def test_a_real_process_tree_is_measured_while_the_run_works():
         assert result == "done" and cpu["images"] == 100
         assert cpu["stubs"] > 2.0  # ~0.6 s of a busy child over 100 images is ~6 ms each
         assert cpu["tritonserver"] < cpu["stubs"] and "client" in cpu
-        assert snapshot(parent.pid).per_stub  # the child is seen as a stub
+        assert len(snapshot(parent.pid).per_stub) == 1  # the stub is seen as one, the other child is not
     finally:
-        for process in psutil.Process(parent.pid).children(recursive=True):
-            process.kill()
-        parent.kill()
-        parent.wait()
+        stop(parent)

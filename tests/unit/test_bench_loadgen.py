@@ -1,4 +1,5 @@
-"""bench.loadgen against tiny in-process servers (grpc.aio, sync grpc, aiohttp): no Triton."""
+"""The load engine (bench.load targets and closed loop) and the bench.loadgen command, against tiny
+in-process servers (grpc.aio, sync grpc, aiohttp): no Triton."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import math
 import time
 from concurrent import futures
+from functools import partial
 
 import grpc
 import numpy as np
@@ -15,7 +17,9 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from bench import loadgen
-from bench.loadgen import FacadeTarget, HttpTarget, KServeTarget, LoadResult, VerificationError, run, run_load
+from bench.load.http import HttpTarget
+from bench.load.loops import LoadResult, run, run_load
+from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
 from client.proto import inference_pb2
 
 pytestmark = pytest.mark.timeout(30)
@@ -298,6 +302,40 @@ def test_facade_verification_rejects_wrong_batch():
 
     with pytest.raises(VerificationError, match=r"first response \(3 bytes\) is not a inference.PredictResponse"):
         load(lambda url: FacadeTarget(url, "resnet50", 1), Garbage(), concurrency=1, duration_s=0.2)
+
+
+def _made(made: list, kind, url: str, **options):
+    """A target of `kind`, kept in `made` for the test to read after the run."""
+    made.append(kind(url, "resnet50", 1, **options))
+    return made[-1]
+
+
+def test_given_images_are_sent_in_turn_and_every_answer_is_checked():
+    images = [np.full((1, 3, 224, 224), value, np.float32) for value in (1.0, 2.0)]
+    for kind, answer in ((KServeTarget, 0.0), (FacadeTarget, 0.5)):  # what the fake answers
+        # The first image's expected output is the fake's answer, the second's is not.
+        expected = [np.full(1000, answer, np.float32), np.full(1000, answer + 1, np.float32)]
+        fake, made = Fake(), []
+        result, _ = load(partial(_made, made, kind, images=images, expected=expected), fake,
+                         concurrency=1, duration_s=5, warmup_s=0, max_requests=6)
+        assert result.requests == 6 and result.requests + result.warmup_requests == fake.calls
+        assert not fake.all_same
+        # The verification call is not compared; the 6 calls alternate, from the first image.
+        assert made[0].wrong == 3
+        second = made[0].payloads[1]
+        if kind is KServeTarget:  # named as the model's metadata names its input
+            request = service_pb2.ModelInferRequest.FromString(second)
+            assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [("input", "FP32", [1, 3, 224, 224])]
+            data = request.raw_input_contents[0]
+        else:
+            request = inference_pb2.PredictRequest.FromString(second)
+            assert list(request.shape) == [1, 3, 224, 224] and request.dtype == inference_pb2.FP32
+            data = request.raw_data
+        assert (np.frombuffer(data, "<f4") == 2.0).all()
+    with pytest.raises(ValueError, match="a batch of 2"):
+        FacadeTarget("127.0.0.1:1", "resnet50", 2, images=images)
+    with pytest.raises(ValueError, match="one array of images each"):
+        FacadeTarget("127.0.0.1:1", "resnet50", 1, images=images, expected=expected[:1])
 
 
 async def _http_server(fake: Fake, body_bytes_per_image: int = 4000):

@@ -178,3 +178,16 @@ def test_an_empty_tensor_a_model_takes_is_forwarded_with_no_bytes():
     call = to_infer_request(decoded(raw_data=b"", shape=[2, 0]), flexible, None)
     assert [(t.name, t.datatype, list(t.shape)) for t in call.header.inputs] == [("x", "FP32", [2, 0])]
     assert [len(p) for p in call.payloads] == [0]
+
+
+def test_an_optional_input_may_be_left_out_and_a_required_one_not():
+    with_default = ModelInfo(
+        "m", "1", (TensorInfo("x", "FP32", (2,)), TensorInfo("bias", "FP32", (2,), optional=True)),
+        (TensorInfo("y", "FP32", (2,)),), 0,
+    )
+    x = np.ones(2, np.float32)
+    call = to_infer_request(decoded(inputs=[tensor("x", x, inference_pb2.FP32)]), with_default, None)
+    assert [t.name for t in call.header.inputs] == ["x"]
+    with pytest.raises(InvalidArgument, match=r"missing: \['x'\]") as caught:
+        to_infer_request(decoded(inputs=[tensor("bias", x, inference_pb2.FP32)]), with_default, None)
+    assert "bias (FP32 [2], optional)" in caught.value.message

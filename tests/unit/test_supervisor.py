@@ -1,9 +1,9 @@
 """The supervisor's reading of stub command lines, its count of missing instances and its reload
-config (the healing itself is tested against a real tritonserver in tests/integration/test_faults.py)."""
+config (the healing itself is tested against a real tritonserver in tests/slow/test_faults.py)."""
 
 from __future__ import annotations
 
-from backend.supervisor import RELOAD_PARAMETER, Stub, instance_count, reload_config, short_models
+from backend.server.supervisor import RELOAD_PARAMETER, Stub, instance_count, reload_config, short_models
 
 STUB_ARGS = [
     "/work/build/backends/python/triton_python_backend_stub", "/repo/mobilenet_v3_small/1/model.py",

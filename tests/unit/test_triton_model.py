@@ -139,3 +139,36 @@ def test_initialize_names_the_model_when_the_graph_cannot_batch(pb_utils, tmp_pa
     onnx.save(model, tmp_path / "fixed.onnx")
     with pytest.raises(RuntimeError, match="model 'm': input 'x' has a fixed first dim 1"):
         served(pb_utils, tmp_path / "fixed.onnx")
+
+
+def test_the_written_max_batch_size_is_told_from_an_absent_one(tmp_path):
+    from backend.autocomplete import writes_max_batch_size
+
+    config = tmp_path / "config.pbtxt"
+    assert not writes_max_batch_size(config)  # no config.pbtxt at all
+    config.write_text('backend: "python"\n# max_batch_size: 8 (a comment)\ninstance_group [ { count: 1 } ]\n')
+    assert not writes_max_batch_size(config)
+    config.write_text('backend: "python"\n  max_batch_size : 0\n')
+    assert writes_max_batch_size(config)
+
+
+def test_an_input_listed_by_hand_keeps_its_own_optional_flag(pb_utils, tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    bias = numpy_helper.from_array(np.zeros(2, np.float32), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "bias"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("bias", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "model.onnx")
+    written = {"name": "bias", "data_type": "TYPE_INVALID", "dims": [], "optional": False}
+    config = pb_utils.ModelConfig(json.dumps(empty_config("m", 0, [written])))
+    model_class(pb_utils, tmp_path / "model.onnx", "max_batch_size: 0\n").auto_complete_config(config)
+    assert {i["name"]: i.get("optional", False) for i in config.as_dict()["input"]} == {"bias": False, "x": False}
+    config = pb_utils.ModelConfig(json.dumps(empty_config("m", 0)))
+    model_class(pb_utils, tmp_path / "model.onnx", "max_batch_size: 0\n").auto_complete_config(config)
+    assert {i["name"]: i.get("optional", False) for i in config.as_dict()["input"]} == {"x": False, "bias": True}

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
-from backend.process import ServerError
-from backend.tritonserver import TritonServer
+from backend.server.process import ServerError
+from backend.server.triton import TritonServer
 
 log = logging.getLogger("tritonnx.supervisor")
 
@@ -166,17 +168,13 @@ class TritonSupervisor:
         self._stubs = live | {p: s for p, s in self._stubs.items() if s.model in self._suspects and p not in live}
         return reloaded
 
-    def _client(self):
-        import tritonclient.grpc as grpcclient  # only the serving process needs the client
-
+    def _client(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.server.grpc_url)
 
     # While tritonserver stops (SIGTERM unloads every model, which looks like lost stubs) or loads,
     # it answers "Server not ready" or "unknown model": nothing to heal, and the process watch
     # restarts a server that exits.
     def _served_config(self, model: str) -> dict | None:
-        from tritonclient.utils import InferenceServerException
-
         with self._client() as client:
             try:
                 return client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
@@ -184,8 +182,6 @@ class TritonSupervisor:
                 return None
 
     def _model_ready(self, model: str) -> bool:
-        from tritonclient.utils import InferenceServerException
-
         with self._client() as client:
             try:
                 return client.is_model_ready(model)

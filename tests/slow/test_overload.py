@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from bench.overload import REJECTIONS, DirectRoute, FacadeRoute, expected_outputs, measure
-from tests.integration.conftest import FACADE_MAX_IN_FLIGHT, onnx_file
+from bench.overload import REJECTIONS, expected_outputs, measure, path_target
+from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
 
-pytestmark = pytest.mark.integration
 
 MODEL = "resnet50"  # the slowest model: a cheap load generator still exceeds its capacity
 
@@ -23,12 +22,12 @@ def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton
     rng = np.random.default_rng(7)
     images = [rng.standard_normal((1, 3, 224, 224), dtype=np.float32) for _ in range(3)]
     expected = expected_outputs(onnx_file(MODEL), images)
-    route = (FacadeRoute(facade.grpc_url, MODEL, images) if route_name == "facade"
-             else DirectRoute(triton.grpc_url, MODEL, images))
+    url = facade.grpc_url if route_name == "facade" else triton.grpc_url
+    target = path_target(route_name, url, MODEL, images, expected)
     pids = {"tritonserver": triton.process.pid, "facade": facade.process.pid}
     # Capacity is measured within the facade's in-flight cap: above it a closed loop only spins on rejections.
     concurrency = FACADE_MAX_IN_FLIGHT if route_name == "facade" else 48
-    result = asyncio.run(measure(route, expected, pids, seconds=15, capacity_seconds=6,
+    result = asyncio.run(measure(route_name, target, pids, seconds=15, capacity_seconds=6,
                                  capacity_concurrency=concurrency))
     print(result.summary())
 

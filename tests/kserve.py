@@ -84,8 +84,16 @@ def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
 
 
 def execution_counts(
-    client: grpcclient.InferenceServerClient, model: str, admin_headers: Mapping[str, str]
+    client: grpcclient.InferenceServerClient, model: str, admin_headers: Mapping[str, str], at_least: int = 0
 ) -> tuple[int, int]:
-    """(inference_count, execution_count) of a model since the server started (statistics are restricted)."""
-    stats = client.get_inference_statistics(model, headers=dict(admin_headers)).model_stats[0]
-    return stats.inference_count, stats.execution_count
+    """(inference_count, execution_count) of a model since the server started (statistics are restricted).
+
+    Triton counts a request when the model's instance releases it, which may come just after the
+    answer: with `at_least`, wait (5 s at most) until that many inferences are counted.
+    """
+    deadline = time.monotonic() + 5
+    while True:
+        stats = client.get_inference_statistics(model, headers=dict(admin_headers)).model_stats[0]
+        if stats.inference_count >= at_least or time.monotonic() > deadline:
+            return stats.inference_count, stats.execution_count
+        time.sleep(0.05)

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
 
 
 def test_split_cores_places_the_server_apart_from_the_facade_and_reports_both(tmp_path):

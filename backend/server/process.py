@@ -2,12 +2,14 @@
 
 Both tritonserver (with its Python stub processes) and the facade are run this way by `make
 serve`, the tests and the benchmark; stopping the group stops everything the server started.
+Tests and benchmarks put them on free loopback ports, so they run next to `make serve`.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -17,6 +19,18 @@ from pathlib import Path
 
 class ServerError(RuntimeError):
     """A server could not be found, started, or made ready."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS has just handed out as free."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 @dataclass

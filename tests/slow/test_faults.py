@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import threading
 import time
@@ -22,13 +21,14 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.supervisor import Stub, TritonSupervisor, live_stubs
-from backend.tritonserver import Ports, TritonServer, free_ports
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from backend.server.supervisor import Stub, TritonSupervisor, live_stubs
+from backend.server.triton import TritonServer
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.integration.conftest import MODEL_REPOSITORY, onnx_file, start_facade
-from tests.integration.kserve import assert_close, reference_session
+from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
+from tests.kserve import assert_close, reference_session
 
-pytestmark = pytest.mark.integration
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]
@@ -46,29 +46,13 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
-    repository = workdir / "repository"
-    shutil.copytree(TEST_MODELS / "slow", repository / "slow")
-    (repository / MODEL / "1").mkdir(parents=True)
-    shutil.copy(MODEL_REPOSITORY / MODEL / "config.pbtxt", repository / MODEL / "config.pbtxt")
-    for item in ("model.py", "model.onnx"):
-        (repository / MODEL / "1" / item).symlink_to(MODEL_REPOSITORY / MODEL / "1" / item)
-    triton = TritonServer(model_repository=repository, ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
-                          log_file=workdir / "tritonserver.log")
-    supervisor = TritonSupervisor(triton, interval=0.1)
-    triton.start()
-    facade = None
-    try:
-        triton.wait_ready(180)
-        supervisor.start()
-        facade = start_facade(triton, workdir, "--default-model", MODEL, "--health-interval", "0.5",
-                              "--health-timeout", "2")
-        with grpc.insecure_channel(facade.grpc_url) as channel:
-            yield Stack(triton, supervisor, facade, inference_pb2_grpc.InferenceServiceStub(channel))
-    finally:
-        supervisor.stop()
-        if facade is not None:
-            facade.stop()
-        triton.stop()
+    repository = link_models(workdir / "repository", {"slow": TEST_MODELS / "slow", MODEL: MODEL_REPOSITORY / MODEL})
+    serving = ServingStack(
+        repository, workdir, supervised=True, supervisor_interval=0.1,
+        facade_args=[*FACADE_TEST_ARGS, "--default-model", MODEL, "--health-interval", "0.5", "--health-timeout", "2"],
+    )
+    with serving, grpc.insecure_channel(serving.facade.grpc_url) as channel:
+        yield Stack(serving.triton, serving.supervisor, serving.facade, inference_pb2_grpc.InferenceServiceStub(channel))
 
 
 def image(seed: int) -> np.ndarray:

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.integration
 
 
 def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):

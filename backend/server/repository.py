@@ -1,0 +1,48 @@
+"""Scratch model repositories: a few models of another repository, or a model made from a file.
+
+A benchmark, the tuner, the tests and the conformance run each serve a repository of their own:
+models linked from the demo repository (each version's files symlinked, `config.pbtxt` copied or
+replaced) or new ones with the stock `model.py` and a policy-only `config.pbtxt`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from backend.server.paths import Paths
+
+
+def stock_model_py() -> Path:
+    """The 4-line model.py every model of the demo repository has."""
+    return Paths.from_environment().model_repository / "resnet50" / "1" / "model.py"
+
+
+def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[str, str] | None = None) -> Path:
+    """`directory` serving `models` (name -> a model's folder in another repository): every version's
+    files symlinked, config.pbtxt copied unless `configs` gives its text. Returns `directory`."""
+    for name, source in models.items():
+        target = directory / name
+        target.mkdir(parents=True)
+        for version in (v for v in source.iterdir() if v.is_dir() and v.name.isdigit()):
+            (target / version.name).mkdir()
+            for item in version.iterdir():
+                (target / version.name / item.name).symlink_to(item.resolve())
+        config = (configs or {}).get(name)
+        if config is None:
+            shutil.copyfile(source / "config.pbtxt", target / "config.pbtxt")
+        else:
+            (target / "config.pbtxt").write_text(config)
+    return directory
+
+
+def add_model(directory: Path, name: str, config: str, model_py: Path | None = None) -> Path:
+    """`directory/name` with `config` as config.pbtxt and `model_py` (default: the stock one) in
+    version 1; returns the version folder, where the caller puts `model.onnx` (and any external
+    data beside it)."""
+    version = directory / name / "1"
+    version.mkdir(parents=True)
+    (directory / name / "config.pbtxt").write_text(config)
+    shutil.copyfile(model_py or stock_model_py(), version / "model.py")
+    return version

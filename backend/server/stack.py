@@ -1,0 +1,100 @@
+"""The serving stack: tritonserver, optionally supervised, and optionally the facade in front of it.
+
+One context manager for `make serve`, the benchmarks and the tests:
+
+    with ServingStack(repository, workdir) as stack:       # free loopback ports
+        stub = InferenceServiceStub(grpc.insecure_channel(stack.facade.grpc_url))
+
+Logs go to `workdir` (tritonserver.log, facade.log); Triton's Python backend is assembled in
+`workdir/backends` unless `backend_dir` says otherwise. Stopping drains the facade first, then
+stops the supervisor and tritonserver with its stubs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from backend.server.admin import new_admin_key
+from backend.server.facade import FacadeProcess, start_facade
+from backend.server.process import free_ports
+from backend.server.supervisor import TritonSupervisor
+from backend.server.triton import Ports, TritonServer
+
+
+@dataclass
+class ServingStack:
+    repository: Path
+    workdir: Path
+    triton_ports: Ports | None = None  # None: free loopback ports
+    facade_ports: tuple[int, int] | None = None  # (gRPC, HTTP); None: free loopback ports
+    with_facade: bool = True
+    facade_args: list[str] = field(default_factory=list)
+    supervised: bool = False
+    supervisor_interval: float = 0.2  # seconds between its looks at the stubs
+    triton_http: bool = True
+    startup_models: tuple[str, ...] = ("*",)
+    all_models_ready: bool = True  # a model that failed to load fails the start (else: listed by model_states)
+    admin_key: str = field(default_factory=new_admin_key)
+    backend_dir: Path | None = None
+    triton_cwd: Path | None = None
+    triton_env: dict[str, str] = field(default_factory=dict)
+    ready_timeout: float = 180.0
+    triton: TritonServer = field(init=False)
+    supervisor: TritonSupervisor | None = field(init=False, default=None)
+    facade: FacadeProcess | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.triton = TritonServer(
+            model_repository=self.repository,
+            ports=self.triton_ports or Ports(*free_ports(3)),
+            backend_dir=self.backend_dir or self.workdir / "backends",
+            log_file=self.workdir / "tritonserver.log",
+            http=self.triton_http,
+            startup_models=self.startup_models,
+            admin_key=self.admin_key,
+            cwd=self.triton_cwd,
+            extra_env=self.triton_env,
+        )
+        if self.supervised:
+            self.supervisor = TritonSupervisor(self.triton, self.supervisor_interval, self.ready_timeout)
+
+    def start(self) -> ServingStack:
+        """tritonserver (and its supervisor), then the facade when the stack has one."""
+        self.start_triton()
+        if self.with_facade:
+            self.start_facade()
+        return self
+
+    def start_triton(self) -> TritonServer:
+        self.triton.start()
+        self.triton.wait_ready(self.ready_timeout, all_models=self.all_models_ready)
+        if self.supervisor is not None:
+            self.supervisor.start()
+        return self.triton
+
+    def start_facade(self) -> FacadeProcess:
+        self.facade = start_facade(
+            self.triton.grpc_url, self.admin_key, self.workdir / "facade.log", self.facade_args, self.facade_ports,
+            timeout=self.ready_timeout,
+        )
+        return self.facade
+
+    def stop(self) -> dict[str, int | None]:
+        """Facade first (it drains), then the supervisor, then tritonserver; their exit codes."""
+        codes = {"facade": self.facade.stop() if self.facade is not None else None}
+        if self.supervisor is not None:
+            self.supervisor.stop()
+        codes["tritonserver"] = self.triton.stop()
+        return codes
+
+    def __enter__(self) -> ServingStack:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

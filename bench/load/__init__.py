@@ -1,0 +1,3 @@
+"""The one load engine of the benchmarks: targets to call (`targets`, `http`), the closed and open
+loops that call them (`loops`) and what they saw, summed up (`stats`). `make bench`, `make soak`,
+`make chaos` and `python -m bench.loadgen` all drive their load through it."""

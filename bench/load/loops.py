@@ -1,0 +1,236 @@
+"""The load loops: a closed loop that measures what a target sustains, and an open loop that offers
+a fixed rate whatever the answers do. Both are bounded in calls and in time and stop by themselves:
+every call carries its target's deadline, and calls still in flight at the end are awaited within
+that deadline (plus a margin against a hang), then cancelled.
+
+Closed loop (`run_load`): `concurrency` workers, each looping send -> await -> record, for a warm-up
+(not recorded), then for the measured window, which ends at `duration_s` or after `max_requests`
+calls, whichever comes first. Per call a worker does two `perf_counter()` calls and one append (it
+shares the cores with the servers it loads: every cycle it spends is taken from them). The
+generator's CPU time (`time.process_time()`, all threads, user + system) over the window is
+reported as `client_cpu` = CPU seconds / wall seconds (1.0 = one full core).
+
+Accounting: a call belongs to the measured window if it was SENT after the warm-up ended; no call
+is sent once the window is over, and calls still in flight then are awaited and recorded. So
+`requests + sum(errors)` is exactly the number of calls sent in the window, and `warmup_requests`
+(which includes the one verification call) the number sent before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+from bench.load.stats import OK, Tally, percentiles
+from bench.load.targets import Target
+
+# In-flight calls finish within their own deadline; this margin only guards against a hang.
+HANG_MARGIN_S = 10.0
+
+
+@dataclass
+class LoadResult:
+    target: str  # "triton-grpc", "facade", "facade-floats", "fastapi"
+    model: str
+    batch: int
+    concurrency: int
+    requests: int  # successful calls in the measured window
+    errors: dict[str, int] = field(default_factory=dict)  # status (gRPC code name / HTTP status) -> count
+    seconds: float = 0.0  # the measured window
+    throughput_rps: float = 0.0
+    images_per_s: float = 0.0  # throughput_rps * batch
+    p50_ms: float = math.nan
+    p95_ms: float = math.nan
+    p99_ms: float = math.nan
+    mean_ms: float = math.nan
+    client_cpu: float = 0.0  # the generator's CPU seconds / wall seconds over the window; 1.0 = one core
+    warmup_requests: int = 0  # calls sent before the window (verification call included), not recorded
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        errors = ", ".join(f"{code} {count}" for code, count in sorted(self.errors.items())) or "none"
+        return (
+            f"{self.target:<13} {self.model:<18} batch {self.batch:<2} conc {self.concurrency:>3}: "
+            f"{self.throughput_rps:8.1f} req/s {self.images_per_s:8.1f} img/s | "
+            f"p50 {self.p50_ms:8.1f}  p95 {self.p95_ms:8.1f}  p99 {self.p99_ms:8.1f}  mean {self.mean_ms:8.1f} ms | "
+            f"client CPU {self.client_cpu * 100:5.1f}% of a core | errors: {errors} | "
+            f"{self.requests} ok in {self.seconds:.2f} s"
+        )
+
+
+async def run_load(target: Target, concurrency: int, duration_s: float, warmup_s: float = 1.0,
+                   max_requests: int = 100_000, *, verify: bool = True) -> LoadResult:
+    """Closed-loop load: `concurrency` workers, each send -> await -> record.
+
+    Opens the target (channel / session, in this loop) unless it is already open, and closes what
+    it opened. The first call is verified (decoded) and raises `VerificationError` if wrong, unless
+    `verify` is off (a target that checks every answer against expected outputs needs no sample).
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
+    if max_requests < 1:
+        raise ValueError(f"max_requests must be at least 1, got {max_requests}")
+    if not duration_s > 0 or warmup_s < 0:
+        raise ValueError(f"duration_s must be > 0 and warmup_s >= 0, got {duration_s} and {warmup_s}")
+    opened_here = not target.is_open
+    if opened_here:
+        await target.open(concurrency)
+    try:
+        if verify:
+            await target.verify()
+        return await _drive(target, concurrency, duration_s, warmup_s, max_requests, warm=int(verify))
+    finally:
+        if opened_here:
+            await target.close()
+
+
+def run(target: Target, concurrency: int, duration_s: float, warmup_s: float = 1.0,
+        max_requests: int = 100_000) -> LoadResult:
+    """`run_load` in a fresh event loop; the channel / session is created in it and closed."""
+    return asyncio.run(run_load(target, concurrency, duration_s, warmup_s, max_requests))
+
+
+async def _drive(target: Target, concurrency: int, duration_s: float, warmup_s: float, max_requests: int,
+                 warm: int) -> LoadResult:
+    call = target.call
+    perf = time.perf_counter
+    tally = Tally()
+    record = tally.add
+    measuring = stopping = False
+    sent = 0  # calls sent in the window; `warm` counts those before it, the verification call included
+    stop = asyncio.Event()
+
+    async def worker() -> None:
+        nonlocal sent, warm, stopping
+        try:
+            while not stopping:
+                if not measuring:
+                    warm += 1
+                    await call()
+                    continue
+                sent += 1
+                if sent >= max_requests:
+                    stopping = True
+                    stop.set()
+                started = perf()
+                error = await call()
+                record(error or OK, perf() - started)
+        except BaseException:
+            stopping = True
+            stop.set()
+            raise
+
+    workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
+    try:
+        if warmup_s > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), warmup_s)  # only a crashed worker sets it this early
+            except asyncio.TimeoutError:
+                pass
+        cpu_start, window_start = time.process_time(), perf()
+        measuring = True
+        by_duration = False
+        if not stopping:
+            try:
+                await asyncio.wait_for(stop.wait(), duration_s)
+            except asyncio.TimeoutError:
+                by_duration = True
+        stopping = True
+        window_end = perf()
+        await asyncio.wait_for(asyncio.gather(*workers), target.timeout_s + HANG_MARGIN_S)
+        done, cpu_end = perf(), time.process_time()
+    finally:
+        for task in workers:
+            task.cancel()
+
+    # A duration-bounded window is its nominal span: the calls counted are those SENT in it, which
+    # in a closed loop is unbiased. A window cut by max_requests lasts until its last response.
+    seconds = (window_end if by_duration else done) - window_start
+    latencies = tally.ms()
+    result = LoadResult(
+        target=target.name, model=target.model, batch=target.batch, concurrency=concurrency,
+        requests=len(latencies), errors=tally.errors, seconds=seconds,
+        client_cpu=(cpu_end - cpu_start) / (done - window_start) if done > window_start else 0.0,
+        warmup_requests=warm,
+    )
+    if seconds > 0:
+        result.throughput_rps = result.requests / seconds
+        result.images_per_s = result.throughput_rps * target.batch
+    if len(latencies):
+        result.p50_ms, result.p95_ms, result.p99_ms = percentiles(latencies, [50, 95, 99])
+        result.mean_ms = float(latencies.mean())
+    return result
+
+
+class OpenLoop:
+    """Starts `target.call()` on a fixed schedule, `rate` a second, from `run(duration)` until the
+    schedule reaches `duration`, `max_calls` or `stop()`, with at most `max_outstanding` in flight.
+    A call due while that many are pending is skipped and counted, so the offered load never queues
+    up (the soak); with `wait_when_full` it is sent as soon as one of them ends, so exactly the
+    scheduled calls are sent (the overload). Runs in the caller's event loop."""
+
+    def __init__(self, target: Target, rate: float, max_outstanding: int, max_calls: int, *,
+                 wait_when_full: bool = False) -> None:
+        if rate <= 0 or max_outstanding < 1 or max_calls < 1:
+            raise ValueError(f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, "
+                             f"{max_calls}")
+        self.target, self.rate, self.max_outstanding, self.max_calls = target, rate, max_outstanding, max_calls
+        self.wait_when_full = wait_when_full
+        self.total = Tally()  # the whole run
+        self.interval = Tally()  # since the last `take()`
+        self.sent = 0
+        self.stopping = False
+        self._pending: set[asyncio.Task] = set()
+
+    def take(self) -> Tally:
+        """What the calls since the last take saw; a new interval starts."""
+        taken, self.interval = self.interval, Tally()
+        return taken
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    async def _one(self) -> None:
+        started = time.perf_counter()
+        error = await self.target.call()
+        status, seconds = error or OK, time.perf_counter() - started
+        for tally in (self.total, self.interval):
+            tally.add(status, seconds)
+
+    async def run(self, duration: float) -> None:
+        perf = time.perf_counter
+        period = 1.0 / self.rate
+        begin = perf()
+        scheduled = 0
+        while not self.stopping and scheduled < self.max_calls and scheduled * period < duration:
+            due = begin + scheduled * period
+            now = perf()
+            if due > now:
+                await asyncio.sleep(due - now)
+                continue
+            for tally in (self.total, self.interval):
+                tally.max_lag = max(tally.max_lag, now - due)
+            scheduled += 1
+            if len(self._pending) >= self.max_outstanding:
+                if not self.wait_when_full:
+                    for tally in (self.total, self.interval):
+                        tally.skipped += 1
+                    continue
+                while len(self._pending) >= self.max_outstanding:
+                    await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+            self.sent += 1
+            task = asyncio.ensure_future(self._one())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=self.target.timeout_s + HANG_MARGIN_S)
+        for task in list(self._pending):
+            task.cancel()

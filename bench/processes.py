@@ -1,0 +1,164 @@
+"""The serving processes as the benchmarks see them: memory (PSS, since tritonserver and its stub
+processes share pages), CPU time, the Python stubs (found as the supervisor finds them) and the
+/dev/shm files they use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from backend.server.supervisor import live_stubs
+
+MIB = 2**20
+SHM_DIR = Path("/dev/shm")
+FACADE_REGION_PREFIX = "tritonnx_facade_"
+SERVERS = ("facade", "tritonserver")  # the Watcher's labels of the two servers; stubs go by instance
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One process at one moment; open fds and threads only when asked for."""
+
+    rss_mib: float
+    pss_mib: float
+    cpu_seconds: float
+    fds: int | None = None
+    threads: int | None = None
+
+
+def usage(process: psutil.Process, counts: bool = False) -> Usage | None:
+    """What `process` uses now, with its open fds and threads when `counts`; None once it is gone."""
+    try:
+        with process.oneshot():
+            fds, threads = (process.num_fds(), process.num_threads()) if counts else (None, None)
+            memory = process.memory_full_info()
+            return Usage(memory.rss / MIB, memory.pss / MIB, cpu_seconds(process), fds, threads)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+@dataclass(frozen=True)
+class Memory:
+    rss_mib: float
+    pss_mib: float
+    processes: int
+
+    def as_dict(self) -> dict:
+        return {"rss_mib": round(self.rss_mib, 1), "pss_mib": round(self.pss_mib, 1), "processes": self.processes}
+
+
+def tree_memory(pid: int) -> Memory:
+    """RSS and PSS summed over a process and all its descendants."""
+    root = psutil.Process(pid)
+    processes = [root, *root.children(recursive=True)]
+    used = [u for u in map(usage, processes) if u is not None]
+    return Memory(sum(u.rss_mib for u in used), sum(u.pss_mib for u in used), len(processes))
+
+
+def gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def mapped_shm_files(pid: int) -> set[str]:
+    """Names of the /dev/shm files a process has mapped (from /proc/<pid>/maps)."""
+    names = set()
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                at = line.find(" /dev/shm/")
+                if at >= 0:
+                    name = line[at + len(" /dev/shm/"):].rstrip("\n")
+                    names.add(name.removesuffix(" (deleted)"))
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    return names
+
+
+def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int]:
+    """(files present, bytes allocated, apparent bytes) of the named files in /dev/shm."""
+    present = allocated = apparent = 0
+    for name in names:
+        try:
+            stat = (directory / name).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        present += 1
+        allocated += stat.st_blocks * 512
+        apparent += stat.st_size
+    return present, allocated, apparent
+
+
+class Watcher:
+    """The facade, tritonserver and its stubs (each named by its model instance), sampled: memory,
+    CPU, open fds and threads of the servers, and the /dev/shm files any of them uses."""
+
+    def __init__(self, triton_pid: int, facade_pid: int) -> None:
+        self.triton = psutil.Process(triton_pid)
+        self.facade = psutil.Process(facade_pid)
+        self.shm_names: set[str] = {f"{FACADE_REGION_PREFIX}{facade_pid}"}
+        self.stub_pids: dict[str, list[int]] = {}  # instance -> every pid seen, in order
+        self.all_pids: set[int] = {triton_pid, facade_pid}
+        self.missing: set[str] = set()  # stub instances seen before and absent from the last look
+        self._cpu: dict[str, float] = {}
+        self._previous_elapsed: float | None = None
+
+    def processes(self) -> dict[str, psutil.Process]:
+        found = {"facade": self.facade, "tritonserver": self.triton}
+        for stub in sorted(live_stubs(self.triton.pid).values(), key=lambda stub: stub.instance):
+            self.shm_names.add(stub.shm_region)
+            pids = self.stub_pids.setdefault(stub.instance, [])
+            if not pids or pids[-1] != stub.pid:
+                pids.append(stub.pid)
+            self.all_pids.add(stub.pid)
+            try:
+                found[stub.instance] = psutil.Process(stub.pid)
+            except psutil.NoSuchProcess:
+                continue  # died since the look: missing
+        self.missing = set(self.stub_pids) - set(found)
+        return found
+
+    def sample(self, elapsed: float) -> dict:
+        """One row: `rss_mib.<label>`, `pss_mib.<label>`, `cpu.<label>` (cores since the last sample)
+        of every process, `fds.` and `threads.` of the servers, the PSS total and /dev/shm."""
+        row: dict = {}
+        pss_total = 0.0
+        for label, process in self.processes().items():
+            used = usage(process, counts=label in SERVERS)
+            if used is None:
+                continue
+            if used.fds is not None:
+                row[f"fds.{label}"], row[f"threads.{label}"] = used.fds, used.threads
+            row[f"rss_mib.{label}"] = round(used.rss_mib, 2)
+            row[f"pss_mib.{label}"] = round(used.pss_mib, 2)
+            pss_total += used.pss_mib
+            if label in self._cpu and self._previous_elapsed is not None and elapsed > self._previous_elapsed:
+                row[f"cpu.{label}"] = round((used.cpu_seconds - self._cpu[label]) / (elapsed - self._previous_elapsed), 3)
+            self._cpu[label] = used.cpu_seconds
+            self.shm_names |= mapped_shm_files(process.pid)
+        self._previous_elapsed = elapsed
+        row["pss_mib.total"] = round(pss_total, 2)
+        present, allocated, apparent = shm_usage(self.shm_names)
+        row["shm_files"] = present
+        row["shm_mib"] = round(allocated / MIB, 3)
+        row["shm_size_mib"] = round(apparent / MIB, 3)
+        return row
+
+    def alive_pids(self) -> list[int]:
+        alive = []
+        for pid in sorted(self.all_pids):
+            try:
+                if not gone(psutil.Process(pid)):
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive

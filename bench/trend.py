@@ -1,0 +1,96 @@
+"""Does a series grow? The soak's check of memory (and p99) samples for leaks.
+
+The second half of a run (the first holds the warm-up: allocator arenas, caches, first batches of
+each size) is fitted with a least-squares line and with the Theil-Sen slope (the median of the
+pairwise slopes: one late step, e.g. an arena grown once for a batch size seen for the first time,
+barely moves it, steady growth moves it fully); a series is flagged when both slopes, projected to
+10 minutes, exceed BOTH an absolute growth and a fraction of its mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+GROWTH_MIB_PER_10MIN = 10.0
+GROWTH_FRACTION = 0.05
+TEN_MINUTES = 600.0
+
+
+@dataclass
+class Trend:
+    series: str
+    unit: str
+    samples: int  # samples in the fit window (the second half of the run)
+    start: float  # first sample of the whole run
+    end: float  # last sample
+    peak: float
+    mean: float  # over the fit window
+    growth_per_10min: float  # least-squares slope over the fit window x 600 s
+    robust_growth_per_10min: float  # Theil-Sen slope (median of the pairwise slopes) x 600 s
+    growth_fraction: float  # the smaller of the two growths / mean
+    flagged: bool  # both growths above both thresholds
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> float:
+    """Slope (value units per time unit) of the least-squares line; NaN for fewer than 2 distinct times."""
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(values, dtype=float)
+    if len(t) < 2 or np.ptp(t) == 0:
+        return math.nan
+    t_mean = t.mean()
+    return float(((t - t_mean) * (v - v.mean())).sum() / ((t - t_mean) ** 2).sum())
+
+
+def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
+    """Median of the slopes between every pair of samples: a single step (a cache or arena filled
+    once) moves it little, steady growth moves it as much as the least-squares line. NaN for fewer
+    than 2 distinct times."""
+    t = np.asarray(times, dtype=float)
+    v = np.asarray(values, dtype=float)
+    i, j = np.triu_indices(len(t), k=1)
+    dt = t[j] - t[i]
+    keep = dt != 0
+    if not keep.any():
+        return math.nan
+    return float(np.median((v[j] - v[i])[keep] / dt[keep]))
+
+
+def trend(series: str, times: Sequence[float], values: Sequence[float], *, unit: str = "MiB",
+          abs_threshold: float = GROWTH_MIB_PER_10MIN, fraction_threshold: float = GROWTH_FRACTION,
+          min_samples: int = 3) -> Trend:
+    """Fit the second half of the run (samples at or after the midpoint of the first and last
+    times) with least squares and with Theil-Sen; flag when both projected 10-minute growths
+    exceed both thresholds (absolute, and as a fraction of the window's mean). NaN values (e.g. a
+    sample of a process that was not there yet) are left out."""
+    points = [(t, v) for t, v in zip(times, values) if v is not None and math.isfinite(v)]
+    if not points:
+        nan = math.nan
+        return Trend(series, unit, 0, nan, nan, nan, nan, nan, nan, nan, False, "no samples")
+    start, end = points[0][1], points[-1][1]
+    peak = max(v for _, v in points)
+    middle = (points[0][0] + points[-1][0]) / 2
+    window_t = [t for t, _ in points if t >= middle]
+    window_v = [v for t, v in points if t >= middle]
+    mean = float(np.mean(window_v))
+    if len(window_t) < min_samples:
+        return Trend(series, unit, len(window_t), start, end, peak, mean, math.nan, math.nan, math.nan, False,
+                     f"fewer than {min_samples} samples in the second half: not judged")
+    growth = least_squares_slope(window_t, window_v) * TEN_MINUTES
+    robust = theil_sen_slope(window_t, window_v) * TEN_MINUTES
+    smaller = min(growth, robust)
+    fraction = smaller / mean if mean else (math.inf if smaller > 0 else 0.0)
+    over = [g > abs_threshold and (g / mean if mean else math.inf) > fraction_threshold for g in (growth, robust)]
+    note = ""
+    if over[0] and not over[1]:
+        note = "least squares rises but the pairwise median does not: a step, not a steady trend"
+    elif over[1] and not over[0]:
+        note = "the pairwise median rises but least squares does not"
+    return Trend(series, unit, len(window_t), start, end, peak, mean, growth, robust, fraction, all(over), note)

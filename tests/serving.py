@@ -1,0 +1,30 @@
+"""What the integration and slow tests share: the checkout's repository and facades in front of a
+test Triton (the fixtures themselves are in tests/conftest.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from backend.server import facade as facade_process
+from backend.server.facade import FacadeProcess
+from backend.server.triton import TritonServer
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+MODEL_REPOSITORY = CHECKOUT / "model_repository"
+MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier")
+
+# The facade under test: a small in-flight cap and message limit make backpressure and size
+# limits testable with a few requests.
+FACADE_MAX_IN_FLIGHT = 8
+FACADE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+FACADE_TEST_ARGS = ["--max-in-flight", str(FACADE_MAX_IN_FLIGHT), "--max-message-bytes", str(FACADE_MAX_MESSAGE_BYTES),
+                    "--health-interval", "1"]
+
+
+def start_facade(triton: TritonServer, workdir: Path, *extra: str) -> FacadeProcess:
+    """A facade of its own in front of `triton`, ready; the caller stops it."""
+    return facade_process.start_facade(triton.grpc_url, triton.admin_key, workdir / "facade.log", [*FACADE_TEST_ARGS, *extra])
+
+
+def onnx_file(model: str) -> Path:
+    return MODEL_REPOSITORY / model / "1" / "model.onnx"
