@@ -44,17 +44,24 @@ class StartupError(RuntimeError):
 
 
 class Facade:
-    def __init__(self, settings: FacadeSettings) -> None:
+    """The facade's servers. Ports 0 bind free ports; `grpc_port` and `http_port` are the ones
+    bound, once `start()` returned."""
+
+    def __init__(self, settings: FacadeSettings, gateway: TritonGateway | None = None) -> None:
+        """`gateway`: Triton's, built from the settings when not given (tests give a stand-in with
+        its interface). The facade owns it: `stop()` closes it."""
         self.settings = settings
         self.metrics = FacadeMetrics()
-        self.gateway = TritonGateway(
-            settings.triton_url,
-            settings.max_message_bytes,
-            settings.model_info_ttl,
-            shm_slots=settings.shm_slots,
-            shm_slot_bytes=settings.shm_slot_bytes,
-            admin_key=settings.admin_key,
-        )
+        if gateway is None:
+            gateway = TritonGateway(
+                settings.triton_url,
+                settings.max_message_bytes,
+                settings.model_info_ttl,
+                shm_slots=settings.shm_slots,
+                shm_slot_bytes=settings.shm_slot_bytes,
+                admin_key=settings.admin_key,
+            )
+        self.gateway = gateway
         self.health_servicer = health.aio.HealthServicer()
         self.monitor = HealthMonitor(
             self.gateway,
@@ -73,6 +80,8 @@ class Facade:
         self._http: web.AppRunner | None = None
         self._monitor_task: asyncio.Task | None = None
         self._trim_task: asyncio.Task | None = None
+        self.grpc_port = 0
+        self.http_port = 0
 
     async def start(self) -> None:
         s = self.settings
@@ -115,6 +124,7 @@ class Facade:
         if bound == 0:
             await self.gateway.close()  # removes the shared-memory region it created
             raise StartupError(f"cannot listen on {address} for gRPC (is the port taken?)")
+        self.grpc_port = bound
         await self._grpc.start()
 
         app = web.Application()
@@ -127,14 +137,15 @@ class Facade:
         except OSError as error:
             await self.stop(0)
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
+        self.http_port = self._http.addresses[0][1]
         self._monitor_task = asyncio.create_task(self.monitor.run())
         self._trim_task = asyncio.create_task(release_free_memory(self.servicer.admission))
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
-            address, "TLS" if s.tls_cert else "plaintext", " with bearer token" if s.auth_token else "",
-            ", reflection" if s.reflection else "", s.host, s.http_port, s.triton_url, s.default_model,
-            s.max_in_flight,
+            f"{s.host}:{self.grpc_port}", "TLS" if s.tls_cert else "plaintext",
+            " with bearer token" if s.auth_token else "", ", reflection" if s.reflection else "",
+            s.host, self.http_port, s.triton_url, s.default_model, s.max_in_flight,
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import grpc
 
-from client.facade.errors import FacadeError, InvalidArgument, Overloaded
+from client.facade.errors import FacadeError, Internal, InvalidArgument, Overloaded
 from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
 from client.facade.translate import to_infer_request, to_predict_response
 from client.facade.triton import TritonGateway
@@ -23,6 +23,9 @@ from client.proto import inference_pb2
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 log = logging.getLogger("tritonnx.facade")
+# What a caller learns of a failure nobody foresaw (a bug): no class names, paths or tracebacks,
+# which stay in the log.
+UNEXPECTED_FAILURE = "the facade failed to serve the request; see its log"
 
 
 class Admission:
@@ -122,29 +125,41 @@ class InferenceServicer:
         )
 
     async def _serve(self, decoded: DecodedRequest | WireError, time_remaining: float | None) -> EncodedResponse:
-        """One request, measured; raises FacadeError."""
+        """One request, measured: the error boundary of Predict and PredictStream. Every failure
+        comes out as a FacadeError, except cancellation, which propagates."""
         started = time.perf_counter()
-        model = UNRESOLVED_MODEL
         try:
             if isinstance(decoded, WireError):
                 raise InvalidArgument(f"malformed PredictRequest: {decoded}")
             with self.admission.slot():
                 model, response = await self.predictor.predict(decoded, time_remaining)
+            self.metrics.latency.labels(model).observe(time.perf_counter() - started)
+            self.metrics.request_bytes.labels(model).observe(_payload_bytes(decoded))
+            outputs = response.message.outputs
+            self.metrics.response_bytes.labels(model).observe(
+                sum(len(t.raw_data) for t in outputs)
+                or (0 if response.predictions is None else response.predictions.nbytes)
+            )
+            # Counted last: a request is OK or failed, never both.
+            self.metrics.requests.labels(model, grpc.StatusCode.OK.name).inc()
+            return response
         except FacadeError as error:
-            self.metrics.requests.labels(self.predictor.model_label(decoded), error.code.name).inc()
-            self.metrics.rejections.labels(error.reason).inc()
+            self._count_failure(decoded, error)
             raise
         except asyncio.CancelledError:
             self.metrics.requests.labels(self.predictor.model_label(decoded), grpc.StatusCode.CANCELLED.name).inc()
             raise
-        self.metrics.requests.labels(model, grpc.StatusCode.OK.name).inc()
-        self.metrics.latency.labels(model).observe(time.perf_counter() - started)
-        self.metrics.request_bytes.labels(model).observe(_payload_bytes(decoded))
-        outputs = response.message.outputs
-        self.metrics.response_bytes.labels(model).observe(
-            sum(len(t.raw_data) for t in outputs) or (0 if response.predictions is None else response.predictions.nbytes)
-        )
-        return response
+        except Exception as error:
+            # Left to gRPC, a bug would reach the caller as UNKNOWN with its class name, uncounted;
+            # in a PredictStream its request would go unanswered, or stall the stream to its deadline.
+            log.exception("a request failed unexpectedly; answered INTERNAL")
+            failure = Internal(UNEXPECTED_FAILURE)
+            self._count_failure(decoded, failure)
+            raise failure from error
+
+    def _count_failure(self, decoded: DecodedRequest | WireError, error: FacadeError) -> None:
+        self.metrics.requests.labels(self.predictor.model_label(decoded), error.code.name).inc()
+        self.metrics.rejections.labels(error.reason).inc()
 
     async def predict(self, decoded: DecodedRequest | WireError, context: grpc.aio.ServicerContext) -> EncodedResponse:
         try:

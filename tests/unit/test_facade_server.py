@@ -1,0 +1,250 @@
+"""The facade in-process: a real `Facade` on free loopback ports, a real gRPC channel and HTTP
+client, and a stand-in for Triton's gateway, so no tritonserver or subprocess is needed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+
+import aiohttp
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2
+
+from client.facade.errors import NotFound, Unavailable
+from client.facade.server import Facade, StartupError
+from client.facade.service import UNEXPECTED_FAILURE
+from client.facade.settings import FacadeSettings
+from client.facade.translate import InferCall, ModelInfo, TensorInfo
+from client.proto import inference_pb2, inference_pb2_grpc
+
+DOUBLE = ModelInfo("double", "", (TensorInfo("x", "FP32", (-1, 4)),), (TensorInfo("y", "FP32", (-1, 4)),), 8)
+HEALTH_PROBE_ID = "tritonnx-health"
+# Well below the suite's per-test timeout: a test that hangs fails here, with its stack.
+TEST_SECONDS = 10.0
+
+
+class FakeGateway:
+    """TritonGateway's interface over one model, `double` (y = 2 * x). A request whose id starts
+    with "boom" makes it raise what no one maps: a bug's exception."""
+
+    def __init__(self) -> None:
+        self.last_failure: tuple[float, str] | None = None
+        self.down = False  # every call fails as when Triton is unreachable
+        self.hold: asyncio.Event | None = None  # when set, inferences (not health probes) wait for it
+        self.closed = False
+
+    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+        if name != DOUBLE.name:
+            raise NotFound(f"model '{name}' is not served; ready models: double")
+        return DOUBLE
+
+    def knows(self, name: str, version: str) -> bool:
+        return name == DOUBLE.name
+
+    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
+        if self.down:
+            raise Unavailable("model 'double' cannot take the request now: retry later")
+        if self.hold is not None and call.header.id != HEALTH_PROBE_ID:
+            await self.hold.wait()
+        if call.header.id.startswith("boom"):
+            raise RuntimeError("lost the slot table in /opt/tritonnx/client/facade/secret.py")
+        doubled = 2 * np.frombuffer(call.payloads[0], "<f4")
+        output = service_pb2.ModelInferResponse.InferOutputTensor(
+            name="y", datatype="FP32", shape=call.header.inputs[0].shape
+        )
+        return service_pb2.ModelInferResponse(
+            model_name=DOUBLE.name, outputs=[output], raw_output_contents=[doubled.tobytes()]
+        )
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def run(test: Callable[[], Coroutine[None, None, None]]) -> None:
+    """Each test on an event loop of its own, as grpcio's own asyncio tests do."""
+    asyncio.run(asyncio.wait_for(test(), TEST_SECONDS))
+
+
+def settings(**overrides) -> FacadeSettings:
+    # Ports 0: free ones; probes every 50 ms so health changes show within a test.
+    fields = {"port": 0, "http_port": 0, "default_model": "double", "health_interval": 0.05, "health_timeout": 1.0}
+    return FacadeSettings(**{**fields, **overrides})
+
+
+@asynccontextmanager
+async def serving(gateway: FakeGateway, **overrides) -> AsyncIterator[tuple[Facade, grpc.aio.Channel]]:
+    facade = Facade(settings(**overrides), gateway)
+    await facade.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{facade.grpc_port}") as channel:
+            yield facade, channel
+    finally:
+        await facade.stop(0)
+
+
+def request(request_id: str, values: list[float]) -> inference_pb2.PredictRequest:
+    return inference_pb2.PredictRequest(request_id=request_id, data=values, shape=[1, len(values)])
+
+
+def count(facade: Facade, metric: str, **labels: str) -> float:
+    return facade.metrics.registry.get_sample_value(metric, labels) or 0.0
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait for what another task does (bounded by TEST_SECONDS), instead of a fixed sleep."""
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
+def test_the_facade_binds_free_ports_and_answers_with_the_gateways_output():
+    async def test() -> None:
+        async with serving(FakeGateway()) as (facade, channel):
+            assert facade.grpc_port > 0 and facade.http_port > 0 and facade.grpc_port != facade.http_port
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            response = await stub.Predict(request("r1", [1, 2, 3, 4.5]))
+            assert list(response.predictions) == [2, 4, 6, 9] and list(response.shape) == [1, 4]
+            assert response.request_id == "r1" and response.model_name == "double"
+            assert not response.HasField("error")
+            assert count(facade, "tritonnx_facade_requests_total", model="double", code="OK") == 1
+
+    run(test)
+
+
+def test_an_unexpected_exception_is_answered_internal_plainly_logged_and_counted(caplog):
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Predict(request("boom-1", [1, 2, 3, 4]))
+            assert caught.value.code() == grpc.StatusCode.INTERNAL
+            assert caught.value.details() == UNEXPECTED_FAILURE  # no class name, path or traceback
+            assert count(facade, "tritonnx_facade_requests_total", model="double", code="INTERNAL") == 1
+            assert count(facade, "tritonnx_facade_rejections_total", reason="internal") == 1
+            assert facade.servicer.admission.in_flight == 0
+            # The servicer goes on serving.
+            response = await stub.Predict(request("r2", [0.5, 0, 0, 1]))
+            assert list(response.predictions) == [1, 0, 0, 2]
+
+    with caplog.at_level(logging.ERROR, logger="tritonnx.facade"):
+        run(test)
+    [record] = [r for r in caplog.records if r.name == "tritonnx.facade" and r.exc_info]
+    assert record.exc_info[0] is RuntimeError and "secret.py" in str(record.exc_info[1])
+    assert gateway.closed  # the facade owns the gateway it was given
+
+
+def test_a_failing_request_in_a_stream_gets_an_error_response_and_the_stream_goes_on():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        gateway.hold = asyncio.Event()
+        async with serving(gateway) as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+
+            async def requests() -> AsyncIterator[inference_pb2.PredictRequest]:
+                for request_id, values in (("r1", [1, 1, 1, 1]), ("boom-2", [2, 2, 2, 2]), ("r3", [3, 0, 0, 3])):
+                    yield request(request_id, values)
+
+            call = stub.PredictStream(requests())
+            # All three in flight at once: the failure comes while the stream waits for the others.
+            await until(lambda: facade.servicer.admission.in_flight == 3)
+            gateway.hold.set()
+            responses = {response.request_id: response async for response in call}
+            assert await call.code() == grpc.StatusCode.OK
+            assert sorted(responses) == ["boom-2", "r1", "r3"]
+            failed = responses["boom-2"]
+            assert failed.error.code == grpc.StatusCode.INTERNAL.value[0]
+            assert failed.error.message == UNEXPECTED_FAILURE and not failed.predictions
+            assert list(responses["r1"].predictions) == [2, 2, 2, 2] and not responses["r1"].HasField("error")
+            assert list(responses["r3"].predictions) == [6, 0, 0, 6] and not responses["r3"].HasField("error")
+            assert count(facade, "tritonnx_facade_requests_total", model="double", code="OK") == 2
+            assert count(facade, "tritonnx_facade_requests_total", model="double", code="INTERNAL") == 1
+
+    run(test)
+
+
+def test_health_follows_the_probe_inference_over_http_and_grpc():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (facade, channel), aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{facade.http_port}/health"
+            grpc_health = health_pb2_grpc.HealthStub(channel)
+
+            async def check() -> tuple[int, dict, int]:
+                async with http.get(url) as answer:
+                    body = await answer.json()
+                status = (await grpc_health.Check(health_pb2.HealthCheckRequest(service=""))).status
+                return answer.status, body, status
+
+            code, body, status = await check()
+            assert (code, body["status"], body["model"]) == (200, "SERVING", "double")
+            assert status == health_pb2.HealthCheckResponse.SERVING
+
+            gateway.down = True
+            await until(lambda: not facade.monitor.report.serving)
+            code, body, status = await check()
+            assert (code, body["status"]) == (503, "NOT_SERVING") and body["detail"].startswith("UNAVAILABLE")
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            gateway.down = False
+            await until(lambda: facade.monitor.report.serving)
+            assert (await check())[0] == 200
+
+    run(test)
+
+
+def test_beyond_max_in_flight_calls_are_refused_with_resource_exhausted():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        gateway.hold = asyncio.Event()
+        async with serving(gateway, max_in_flight=1, retry_after_ms=150) as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            first = asyncio.ensure_future(stub.Predict(request("r1", [1, 2, 3, 4])))
+            await until(lambda: facade.servicer.admission.in_flight == 1)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Predict(request("r2", [1, 2, 3, 4]))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert ("grpc-retry-pushback-ms", "150") in tuple(caught.value.trailing_metadata())
+            assert count(facade, "tritonnx_facade_rejections_total", reason="overloaded") == 1
+            gateway.hold.set()
+            assert list((await first).predictions) == [2, 4, 6, 8]
+
+    run(test)
+
+
+def test_a_cancelled_call_is_counted_cancelled_and_frees_its_slot():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        gateway.hold = asyncio.Event()
+        async with serving(gateway) as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            call = stub.Predict(request("r1", [1, 2, 3, 4]))
+            await until(lambda: facade.servicer.admission.in_flight == 1)
+            call.cancel()
+            await until(lambda: count(facade, "tritonnx_facade_requests_total", model="double", code="CANCELLED") == 1)
+            await until(lambda: facade.servicer.admission.in_flight == 0)
+            assert count(facade, "tritonnx_facade_requests_total", model="double", code="INTERNAL") == 0
+
+    run(test)
+
+
+def test_a_taken_port_is_a_startup_error_that_closes_the_gateway():
+    async def test() -> None:
+        async with serving(FakeGateway()) as (facade, _):
+            for ports, protocol in (({"port": facade.grpc_port}, "gRPC"), ({"http_port": facade.http_port}, "HTTP")):
+                gateway = FakeGateway()
+                taken = next(iter(ports.values()))
+                with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{taken} for {protocol}"):
+                    await Facade(settings(**ports), gateway).start()
+                assert gateway.closed
+
+    run(test)
