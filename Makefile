@@ -11,7 +11,7 @@ APT_PACKAGES := libpython3.11 libb64-0d
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
-PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2_grpc.py
+PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2.pyi client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 TUNE_ARGS ?=
@@ -19,7 +19,7 @@ SOAK_ARGS ?=
 CHAOS_ARGS ?=
 CONFORMANCE_ARGS ?=
 
-.PHONY: help setup apt venv proto models serve test test-fast unit bench tune soak chaos conformance clean
+.PHONY: help setup apt venv proto models serve lint format test test-fast unit bench tune soak chaos conformance clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,10 +45,10 @@ $(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt require
 	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@touch $@
 
-proto: $(PROTO_OUT) ## Generate the Python code of client/proto/inference.proto (a build output, not committed)
+proto: $(PROTO_OUT) ## Generate the Python code (and its type stub) of client/proto/inference.proto (build outputs)
 
-$(PROTO_OUT): client/proto/inference.proto $(STAMP)
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. client/proto/inference.proto
+$(PROTO_OUT) &: client/proto/inference.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. client/proto/inference.proto
 
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
 	$(PY) -m backend.demo_models --repository model_repository $(MODELS)
@@ -56,14 +56,26 @@ models: venv ## Generate the demo ONNX models (seeded random weights; cached aft
 serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000)
 	$(PY) -m client.serve
 
+lint: venv proto ## ruff (lint and format check) and mypy on backend/ and client/; `make format` rewrites
+	$(PY) -m ruff check backend client bench tests
+	$(PY) -m ruff format --check backend client bench tests
+	$(PY) -m mypy
+
+format: venv ## Format the code and apply ruff's safe fixes
+	$(PY) -m ruff format backend client bench tests
+	$(PY) -m ruff check --fix backend client bench tests
+
+# Unit tests need no server and run on every core; the others share one tritonserver per run.
 test: setup ## Run the whole test suite: unit, integration (a real tritonserver) and slow (overload, faults, bench smoke)
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration tests/slow
+	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
+	$(PY) -m pytest $(PYTEST_ARGS) tests/integration tests/slow
 
 test-fast: setup ## The inner loop: unit and integration tests only
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit tests/integration
+	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
+	$(PY) -m pytest $(PYTEST_ARGS) tests/integration
 
 unit: venv proto ## Run the unit tests only (no server, seconds)
-	$(PY) -m pytest $(PYTEST_ARGS) tests/unit
+	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
 
 bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH_ARGS="--models mobilenet_v3_small ...")
 	$(PY) -m bench $(BENCH_ARGS)

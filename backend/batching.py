@@ -51,7 +51,7 @@ def stack(requests: Sequence[PreparedRequest], signature: ModelSignature) -> dic
     for name in requests[0].feeds:
         arrays = [request.feeds[name] for request in requests]
         if name in signature.ragged_inputs:
-            inner = tuple(max(dims) for dims in zip(*(a.shape[1:] for a in arrays)))
+            inner = tuple(max(dims) for dims in zip(*(a.shape[1:] for a in arrays), strict=True))
             arrays = [_pad_to(a, a.shape[:1] + inner) for a in arrays]
         feeds[name] = np.concatenate(arrays, axis=0)
     return feeds
@@ -60,15 +60,17 @@ def stack(requests: Sequence[PreparedRequest], signature: ModelSignature) -> dic
 def split(
     outputs: Mapping[str, np.ndarray], requests: Sequence[PreparedRequest], signature: ModelSignature
 ) -> list[dict[str, np.ndarray]]:
-    """Cut every output along the batch dim into one dict per request (views, not copies), and
-    cut dims that follow a padded input back to the request's own size."""
+    """Cut every output along the batch dim into one dict per request (views, not copies).
+
+    Dims that follow a padded input are cut back to the request's own size.
+    """
     bounds = np.cumsum([0, *(request.batch_size for request in requests)])
     cuts = {
         spec.name: [(axis + 1, name) for axis, name in enumerate(spec.dim_names) if name in signature.ragged_dims]
         for spec in signature.outputs
     }
     parts = []
-    for request, start, stop in zip(requests, bounds[:-1], bounds[1:]):
+    for request, start, stop in zip(requests, bounds[:-1], bounds[1:], strict=True):
         part = {}
         for name, array in outputs.items():
             index = [slice(start, stop)]

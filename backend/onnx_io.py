@@ -12,9 +12,14 @@ import mmap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from backend.errors import ModelConfigError
 from backend.tensors import TensorSpec, tensor_spec
+
+Span = tuple[int, int]  # a message's (start, end) in the file
+Buffer = mmap.mmap  # the file, mapped: never read whole
+
 
 # Field numbers of onnx.proto3.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
@@ -58,7 +63,9 @@ class GraphTensor:
     def spec(self, batched: bool, role: str) -> TensorSpec:
         if self.kind != "tensor":
             article = "an" if self.kind[0] in "aeiou" else "a"
-            raise ModelConfigError(f"{role} '{self.name}' is {article} {self.kind}, not a tensor: Triton carries tensors only")
+            raise ModelConfigError(
+                f"{role} '{self.name}' is {article} {self.kind}, not a tensor: Triton carries tensors only"
+            )
         return tensor_spec(self.name, self.elem_type, self.shape, batched, self.has_default, role)
 
 
@@ -82,9 +89,11 @@ class GraphIO:
         return inputs, tuple(t.spec(batched, "output") for t in self.outputs)
 
     def cannot_batch(self) -> str | None:
-        """Why Triton's batcher cannot stack requests of this graph, or None when it can: as
-        Triton's onnxruntime backend decides, every input and output needs a dynamic first dim
-        (inputs with a default aside, see `specs`)."""
+        """Why Triton's batcher cannot stack requests of this graph, or None when it can.
+
+        As Triton's onnxruntime backend decides, every input and output needs a dynamic first dim (inputs with a default
+        aside, see `specs`).
+        """
         for role, tensors in (("input", self.inputs), ("output", self.outputs)):
             for tensor in tensors:
                 if tensor.batchable or (role == "input" and tensor.has_default):
@@ -98,7 +107,8 @@ class GraphIO:
                 return f"{role} '{tensor.name}' has a fixed first dim {tensor.shape[0]}"
         return None
 
-def _varint(data, pos: int) -> tuple[int, int]:
+
+def _varint(data: Buffer, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(data):
@@ -111,113 +121,118 @@ def _varint(data, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(data, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, int | tuple[int, int]]]:
-    """(field number, wire type, value) of a message's top-level fields; a length-delimited
-    value is its (start, end) span, never a copy."""
+class _Field(NamedTuple):
+    """One top-level field of a protobuf message.
+
+    A varint's `value`, or a length-delimited field's `span` (start, end) in the file, never a copy.
+    """
+
+    number: int
+    wire: int
+    value: int = 0
+    span: Span = (0, 0)
+
+
+_LENGTH_DELIMITED = 2
+
+
+def _fields(data: Buffer, start: int = 0, end: int | None = None) -> Iterator[_Field]:
     pos, end = start, len(data) if end is None else end
     while pos < end:
         key, pos = _varint(data, pos)
-        field, wire = key >> 3, key & 7
+        number, wire = key >> 3, key & 7
         if wire == 0:
             value, pos = _varint(data, pos)
-        elif wire == 2:
+            field = _Field(number, wire, value=value)
+        elif wire == _LENGTH_DELIMITED:
             length, pos = _varint(data, pos)
-            value, pos = (pos, pos + length), pos + length
+            field, pos = _Field(number, wire, span=(pos, pos + length)), pos + length
         elif wire in (1, 5):
-            value, pos = None, pos + (8 if wire == 1 else 4)
+            field, pos = _Field(number, wire), pos + (8 if wire == 1 else 4)
         else:
             raise ModelConfigError(f"unexpected protobuf wire type {wire} in the ONNX file")
         if pos > end:
             raise ModelConfigError("the ONNX file is truncated or not an ONNX model")
-        yield field, wire, value
+        yield field
 
 
-def _text(data, span: tuple[int, int]) -> str:
+def _messages(data: Buffer, span: Span, number: int) -> Iterator[Span]:
+    """The spans of the length-delimited fields `number` (sub-messages, strings) in the message at `span`."""
+    return (f.span for f in _fields(data, *span) if f.number == number and f.wire == _LENGTH_DELIMITED)
+
+
+def _text(data: Buffer, span: Span) -> str:
     return bytes(data[span[0] : span[1]]).decode()
 
 
-def _value_info(data, span: tuple[int, int], defaults: frozenset[str] = frozenset()) -> GraphTensor:
+def _value_info(data: Buffer, span: Span, defaults: frozenset[str] = frozenset()) -> GraphTensor:
     name, kind, elem, dims, has_shape = "", "unknown", 0, [], False
-    for field, _, value in _fields(data, *span):
-        if field == _VALUE_NAME:
-            name = _text(data, value)
-        elif field == _VALUE_TYPE:
-            for type_field, wire, tensor_span in _fields(data, *value):
-                if wire != 2 or type_field not in _TYPE_KINDS:
-                    continue
-                kind = _TYPE_KINDS[type_field]
-                if type_field != _TYPE_TENSOR:
-                    continue
-                for tensor_field, _, tensor_value in _fields(data, *tensor_span):
-                    if tensor_field == _TENSOR_TYPE_ELEM:
-                        elem = tensor_value
-                    elif tensor_field == _TENSOR_TYPE_SHAPE:
-                        has_shape = True
-                        for dim_field, _, dim_span in _fields(data, *tensor_value):
-                            if dim_field == _SHAPE_DIM:
-                                dims.append(_dim(data, dim_span))
+    for name_span in _messages(data, span, _VALUE_NAME):
+        name = _text(data, name_span)
+    for type_span in _messages(data, span, _VALUE_TYPE):
+        for field in _fields(data, *type_span):
+            if field.wire != _LENGTH_DELIMITED or field.number not in _TYPE_KINDS:
+                continue
+            kind = _TYPE_KINDS[field.number]
+            if field.number != _TYPE_TENSOR:
+                continue
+            for tensor_field in _fields(data, *field.span):
+                if tensor_field.number == _TENSOR_TYPE_ELEM:
+                    elem = tensor_field.value
+                elif tensor_field.number == _TENSOR_TYPE_SHAPE:
+                    has_shape = True
+                    dims += [_dim(data, dim_span) for dim_span in _messages(data, tensor_field.span, _SHAPE_DIM)]
     return GraphTensor(name, kind, elem, tuple(dims) if has_shape else None, name in defaults)
 
 
-def _dim(data, span: tuple[int, int]) -> int | str | None:
-    for field, _, value in _fields(data, *span):
-        if field == _DIM_VALUE:
-            return value
-        if field == _DIM_PARAM:
-            return _text(data, value)
+def _dim(data: Buffer, span: Span) -> int | str | None:
+    for field in _fields(data, *span):
+        if field.number == _DIM_VALUE:
+            return field.value
+        if field.number == _DIM_PARAM:
+            return _text(data, field.span)
     return None
 
 
-def _op_types(data, graph: tuple[int, int], found: set[str]) -> None:
-    for field, wire, value in _fields(data, *graph):
-        if field == _GRAPH_NODE and wire == 2:
-            _node_op_types(data, value, found)
+def _op_types(data: Buffer, graph: Span, found: set[str]) -> None:
+    for node in _messages(data, graph, _GRAPH_NODE):
+        _node_op_types(data, node, found)
 
 
-def _node_op_types(data, node: tuple[int, int], found: set[str]) -> None:
-    for field, wire, value in _fields(data, *node):
-        if field == _NODE_OP_TYPE and wire == 2:
-            found.add(_text(data, value))
-        elif field == _NODE_ATTRIBUTE and wire == 2:
-            for attr_field, attr_wire, attr_value in _fields(data, *value):
-                if attr_field in (_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS) and attr_wire == 2:
-                    _op_types(data, attr_value, found)  # If, Loop, Scan bodies
+def _node_op_types(data: Buffer, node: Span, found: set[str]) -> None:
+    found.update(_text(data, op) for op in _messages(data, node, _NODE_OP_TYPE))
+    for attribute in _messages(data, node, _NODE_ATTRIBUTE):
+        for number in (_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS):
+            for subgraph in _messages(data, attribute, number):
+                _op_types(data, subgraph, found)  # If, Loop, Scan bodies
 
 
 def read_graph_io(onnx_file: Path) -> GraphIO:
-    """The graph's inputs (an input that is also an initializer marked as having a default) and
-    outputs, and the operator types of the graph, its subgraphs and its local functions."""
+    """The graph's inputs and outputs, and the operator types it uses.
+
+    An input that is also an initializer is marked as having a default; the operator types
+    include those of subgraphs and local functions.
+    """
     if onnx_file.stat().st_size == 0:
         raise ModelConfigError(f"{onnx_file.name} is empty")
     with open(onnx_file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        graph, functions = None, []
-        for field, wire, value in _fields(data):
-            if field == _MODEL_GRAPH and wire == 2:
-                graph = value
-            elif field == _MODEL_FUNCTIONS and wire == 2:
-                functions.append(value)
+        whole = (0, len(data))
+        graph = next(_messages(data, whole, _MODEL_GRAPH), None)
         if graph is None:
             raise ModelConfigError(f"{onnx_file.name} has no graph: is it an ONNX model?")
-        input_spans, output_spans, initializers = [], [], set()
-        for field, wire, value in _fields(data, *graph):
-            if wire != 2:
-                continue
-            if field == _GRAPH_INPUT:
-                input_spans.append(value)
-            elif field == _GRAPH_OUTPUT:
-                output_spans.append(value)
-            elif field == _GRAPH_INITIALIZER:
-                initializers.update(_text(data, v) for f, w, v in _fields(data, *value) if f == _TENSOR_NAME and w == 2)
+        initializers = frozenset(
+            _text(data, name)
+            for initializer in _messages(data, graph, _GRAPH_INITIALIZER)
+            for name in _messages(data, initializer, _TENSOR_NAME)
+        )
         op_types: set[str] = set()
         _op_types(data, graph, op_types)
-        for function in functions:
-            for field, wire, value in _fields(data, *function):
-                if field == _FUNCTION_NODE and wire == 2:
-                    _node_op_types(data, value, op_types)
-        defaults = frozenset(initializers)
+        for function in _messages(data, whole, _MODEL_FUNCTIONS):
+            for node in _messages(data, function, _FUNCTION_NODE):
+                _node_op_types(data, node, op_types)
         return GraphIO(
-            tuple(_value_info(data, span, defaults) for span in input_spans),
-            tuple(_value_info(data, span) for span in output_spans),
+            tuple(_value_info(data, span, initializers) for span in _messages(data, graph, _GRAPH_INPUT)),
+            tuple(_value_info(data, span) for span in _messages(data, graph, _GRAPH_OUTPUT)),
             frozenset(op_types),
         )
 

@@ -30,6 +30,7 @@ Result = dict[str, np.ndarray] | RequestError
 # ONNX Runtime's messages name its own source files and C++ functions; a caller needs neither.
 _ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ (?:[^()]*\([^)]*\) )?")
 _WARM_UP_CHILD_SECONDS = 120.0
+_warn = logging.getLogger(__name__).warning  # where a runner logs when it is given no logger
 
 
 def _caller_message(error: Exception) -> str:
@@ -44,7 +45,7 @@ class OnnxModelRunner:
         session: ort.InferenceSession,
         signature: ModelSignature,
         run_options: ort.RunOptions | None = None,
-        log: Callable[[str], None] = logging.getLogger(__name__).warning,
+        log: Callable[[str], None] = _warn,
     ) -> None:
         self.session = session
         self.signature = signature
@@ -66,8 +67,8 @@ class OnnxModelRunner:
         settings: SessionSettings,
         max_batch_size: int,
         ragged_inputs: frozenset[str] = frozenset(),
-        log: Callable[[str], None] = logging.getLogger(__name__).warning,
-    ) -> "OnnxModelRunner":
+        log: Callable[[str], None] = _warn,
+    ) -> OnnxModelRunner:
         graph = read_graph_io(onnx_file)
         inputs, outputs = graph.specs(max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
@@ -82,12 +83,17 @@ class OnnxModelRunner:
         return runner
 
     def warm_up(self) -> None:
-        """Run the smallest request of ones once: ONNX Runtime allocates on its first run, which
-        would otherwise land on the first caller. A failure is logged; the model serves anyway."""
+        """Run the smallest request of ones once.
+
+        ONNX Runtime allocates on its first run, which would otherwise land on the first caller. A failure is logged;
+        the model serves anyway.
+        """
         try:
             self._run(warm_up_feeds(self.signature.inputs, self.signature.batched))
         except Exception as error:  # noqa: BLE001 - not every model takes ones
-            self._log(f"model '{self.signature.name}': warm-up with ones failed ({_caller_message(error)}); serving anyway")
+            self._log(
+                f"model '{self.signature.name}': warm-up with ones failed ({_caller_message(error)}); serving anyway"
+            )
 
     def warm_up_in_child_first(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> None:
         """Warm up only if a forked child survives the same run (see backend.warmup)."""
@@ -103,7 +109,9 @@ class OnnxModelRunner:
         if crash is None:
             self.warm_up()
         else:
-            self._log(f"model '{self.signature.name}': warm-up with ones {crash} in a child process; serving without warm-up")
+            self._log(
+                f"model '{self.signature.name}': warm-up with ones {crash} in a child process; serving without warm-up"
+            )
 
     def infer(self, requests: Sequence[Tensors]) -> list[Result]:
         """One result per request, in order: its outputs, or the error that ended it alone."""
@@ -117,7 +125,9 @@ class OnnxModelRunner:
 
         indices = list(prepared)
         if self.signature.batched:
-            groups = [[indices[i] for i in group] for group in group_compatible(list(prepared.values()), self.signature)]
+            groups = [
+                [indices[i] for i in group] for group in group_compatible(list(prepared.values()), self.signature)
+            ]
         else:
             groups = [[index] for index in indices]  # no batch dim: each request is one whole run
         for group in groups:
@@ -149,12 +159,12 @@ class OnnxModelRunner:
             )
             self._run_alone(group, indices, results)
             return
-        for index, request_outputs in zip(indices, split(outputs, group, self.signature)):
+        for index, request_outputs in zip(indices, split(outputs, group, self.signature), strict=True):
             results[index] = request_outputs
 
     def _run_alone(self, group: list[PreparedRequest], indices: list[int], results: list[Result | None]) -> None:
         alone: dict[int, dict[str, np.ndarray] | Exception] = {}
-        for request, index in zip(group, indices):
+        for request, index in zip(group, indices, strict=True):
             try:
                 alone[index] = self._run(request.feeds)
             except Exception as single_error:  # noqa: BLE001
@@ -172,12 +182,14 @@ class OnnxModelRunner:
         rank = int(self.signature.batched)
         return {
             name: a.reshape(a.shape + (1,)) if name in self._scalar_outputs and a.ndim == rank else a
-            for name, a in zip(self._output_names, arrays)
+            for name, a in zip(self._output_names, arrays, strict=True)
         }
 
     def _request_error(self, error: Exception, blamed_alone: bool) -> RequestError:
         """Invalid input when ONNX Runtime says so, or when the model has run fine for other requests."""
         if blamed_alone or isinstance(error, InvalidArgument):
-            return InvalidInputError(f"model '{self.signature.name}' cannot run on this input: {_caller_message(error)}")
+            return InvalidInputError(
+                f"model '{self.signature.name}' cannot run on this input: {_caller_message(error)}"
+            )
         self._log(f"model '{self.signature.name}' failed: {error}")
         return ModelExecutionError(f"model '{self.signature.name}' failed to run: {_caller_message(error)}")

@@ -48,8 +48,15 @@ def _cpu_flags() -> str:
 def cache_key(onnx_file: Path, level: ort.GraphOptimizationLevel) -> str:
     stat = onnx_file.stat()
     identity = "|".join(
-        [str(onnx_file.resolve()), str(stat.st_size), str(stat.st_mtime_ns), level.name, ort.__version__,
-         platform.machine(), _cpu_flags()]
+        [
+            str(onnx_file.resolve()),
+            str(stat.st_size),
+            str(stat.st_mtime_ns),
+            level.name,
+            ort.__version__,
+            platform.machine(),
+            _cpu_flags(),
+        ]
     )
     return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
@@ -63,8 +70,10 @@ def create_session(
     """A CPU session for `onnx_file`, from the optimized copy when there is one (and making it when not)."""
     providers = ["CPUExecutionProvider"]
     level = options.graph_optimization_level
-    if cache_dir is None or level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL or (
-        onnx_file.stat().st_size > _LARGEST_MODEL_BYTES
+    if (
+        cache_dir is None
+        or level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        or (onnx_file.stat().st_size > _LARGEST_MODEL_BYTES)
     ):
         return ort.InferenceSession(str(onnx_file), options, providers=providers)
     model = onnx_file.parent.parent.name
@@ -98,11 +107,11 @@ def create_session(
 
 def _drop_old_copies(cache_dir: Path, model: str) -> None:
     """Keep the most recently used copies of this model name (other versions, other checkouts)."""
-    used = {}
+    used: dict[Path, float] = {}
     for copy in cache_dir.glob(f"{model}-*.onnx"):
         try:
             used[copy] = copy.stat().st_mtime
         except FileNotFoundError:  # another instance dropped it just now
             continue
-    for old in sorted(used, key=used.get, reverse=True)[COPIES_KEPT_PER_MODEL:]:
+    for old in sorted(used, key=lambda copy: used[copy], reverse=True)[COPIES_KEPT_PER_MODEL:]:
         old.unlink(missing_ok=True)

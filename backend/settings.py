@@ -76,7 +76,7 @@ class SessionSettings:
     warm_up: bool = True
 
     @classmethod
-    def from_model_config(cls, model_config: dict, cores: int | None = None) -> "SessionSettings":
+    def from_model_config(cls, model_config: dict, cores: int | None = None) -> SessionSettings:
         """Read the settings; unset thread counts share the cores evenly between instances.
 
         Each Triton CPU instance is its own process with its own session: letting every session

@@ -75,8 +75,7 @@ def datatype_name(dtype: np.dtype) -> str:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One model input or output as the graph declares it; dims exclude the batch dim when the
-    model batches.
+    """One model input or output as the graph declares it; dims exclude the batch dim when the model batches.
 
     A dim of -1 accepts any size (0 included). `dim_names` holds the graph's symbolic name of
     each dim (None where it has none): dims that share a name, like `sequence` of `input_ids`
@@ -115,9 +114,9 @@ class TensorSpec:
         shape = "scalar, sent as [1]" if self.scalar else str(list(self.dims))
         return f"{self.name} ({datatype_name(self.dtype)} {shape}{', optional' if self.optional else ''})"
 
-    def as_config(self) -> dict:
+    def as_config(self) -> dict[str, object]:
         """The entry Triton's auto-complete expects for `add_input` / `add_output`."""
-        entry = {"name": self.name, "data_type": self.config_type, "dims": self.config_dims}
+        entry: dict[str, object] = {"name": self.name, "data_type": self.config_type, "dims": self.config_dims}
         if self.optional:
             entry["optional"] = True
         return entry

@@ -20,7 +20,7 @@ from backend.autocomplete import complete_config
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
 
 
-def _triton_error(error: RequestError) -> "pb_utils.TritonError":
+def _triton_error(error: RequestError) -> pb_utils.TritonError:
     code = pb_utils.TritonError.INVALID_ARG if isinstance(error, InvalidInputError) else pb_utils.TritonError.INTERNAL
     return pb_utils.TritonError(str(error), code)
 
@@ -38,8 +38,11 @@ class OnnxRuntimeModel:
 
     @classmethod
     def config_file(cls) -> Path:
-        """This model's config.pbtxt: model.py sits in <model>/<version>/ (as Triton names it: a
-        symlinked model.py, as `make tune` makes, stays with the candidate's config)."""
+        """The model's config.pbtxt, beside the <version>/ folder of model.py.
+
+        The path is model.py's as Triton names it, so a symlinked model.py (as `make tune` makes)
+        stays with the candidate's config.
+        """
         return Path(inspect.getfile(cls)).parent.parent / "config.pbtxt"
 
     def initialize(self, args: dict) -> None:
@@ -70,7 +73,7 @@ class OnnxRuntimeModel:
         return [self._response(result) for result in self.runner.infer(feeds)]
 
     @staticmethod
-    def _response(result: dict | RequestError) -> "pb_utils.InferenceResponse":
+    def _response(result: dict | RequestError) -> pb_utils.InferenceResponse:
         if isinstance(result, RequestError):
             return pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(result))
         return pb_utils.InferenceResponse(

@@ -124,14 +124,14 @@ def prepare_request(inputs: Mapping[str, np.ndarray], signature: ModelSignature)
             continue
         array = _check_rank(spec, _check_dtype(spec, inputs[spec.name], signature), signature)
         shape = array.shape[1:] if signature.batched else array.shape
-        for actual, wanted in zip(shape, spec.dims):
+        for actual, wanted in zip(shape, spec.dims, strict=True):  # the rank is checked above
             if wanted != -1 and actual != wanted:
                 raise InvalidInputError(
                     f"input '{spec.name}' has shape {list(array.shape)}, which does not fit "
                     f"{list(spec.dims)}{' after the batch dim' if signature.batched else ''}: "
                     f"{signature.expected()}"
                 )
-        for actual, dim_name in zip(shape, spec.dim_names):
+        for actual, dim_name in zip(shape, spec.dim_names, strict=False):  # no names: nothing to match
             if dim_name is None:
                 continue
             first_input, size = named_dims.setdefault(dim_name, (spec.name, actual))

@@ -17,8 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from backend.server.process import free_ports
-from backend.server.triton import Ports
 from backend.server.stack import ServingStack
+from backend.server.triton import Ports
 from bench import REPOSITORY, RESULTS
 from bench.baseline.process import FastApiBaseline
 from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
@@ -39,10 +39,14 @@ def say(message: str) -> None:
 
 
 def sweep(label: str, make_target, concurrencies: list[int], duration: float, cpu_of=None) -> list[dict]:
-    """One load generator run per concurrency; `cpu_of(run)` runs it and measures where the CPU
-    went (see bench.cpu), for servers whose processes the benchmark can see."""
+    """One load generator run per concurrency.
+
+    `cpu_of(run)` runs it and measures where the CPU went (see bench.cpu), for servers whose processes the benchmark can
+    see.
+    """
     points = []
     for concurrency in concurrencies:
+
         def run(concurrency=concurrency):
             return loops.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
 
@@ -66,7 +70,9 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     say(f"  best {before.best[1]:.1f} img/s ({before.best[0]}), single image p50 {before.single_p50_ms:.2f} ms")
 
     stack = ServingStack(
-        REPOSITORY, workdir / model, backend_dir=workdir / "backends",
+        REPOSITORY,
+        workdir / model,
+        backend_dir=workdir / "backends",
         # The health probe runs real inferences: keep it rare and on the model under test.
         facade_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
     )
@@ -87,8 +93,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             if concurrency == 1:  # ... and just after it, tritonserver idle meanwhile
                 single_after = measure_single_image(onnx_file, CORES, seconds=args.limit_seconds / 2)
                 data["single_image_beside_c1"] = {
-                    "p50_ms": (single_before[0] + single_after[0]) / 2, "p99_ms": (single_before[1] + single_after[1]) / 2,
-                    "before_p50_ms": single_before[0], "after_p50_ms": single_after[0],
+                    "p50_ms": (single_before[0] + single_after[0]) / 2,
+                    "p99_ms": (single_before[1] + single_after[1]) / 2,
+                    "before_p50_ms": single_before[0],
+                    "after_p50_ms": single_after[0],
                 }
             say(
                 f"  perf_analyzer c={concurrency}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
@@ -97,11 +105,20 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         # Only now: perf_analyzer unregisters every shared-memory region when it exits, the
         # facade's among them.
         facade = stack.start_facade()
-        data["loadgen_kserve"] = sweep("Triton direct", lambda: KServeTarget(triton.grpc_url, model, 1),
-                                       args.concurrency, args.duration, lambda run: cpu_of(run, own_role="client"))
-        data["facade"] = sweep("facade", lambda: FacadeTarget(facade.grpc_url, model, 1),
-                               args.concurrency, args.duration,
-                               lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"))
+        data["loadgen_kserve"] = sweep(
+            "Triton direct",
+            lambda: KServeTarget(triton.grpc_url, model, 1),
+            args.concurrency,
+            args.duration,
+            lambda run: cpu_of(run, own_role="client"),
+        )
+        data["facade"] = sweep(
+            "facade",
+            lambda: FacadeTarget(facade.grpc_url, model, 1),
+            args.concurrency,
+            args.duration,
+            lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"),
+        )
         data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
         data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
     finally:
@@ -113,19 +130,28 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     say(f"{model}: the serving floor (same config, inputs and outputs, no compute) at c={floor_at} ...")
     data["floor"] = measure_floor(model, REPOSITORY, workdir, floor_at, int(args.duration * 1000), CORES)
     for point in data["floor"]:
-        say(f"  floor c={point['concurrency']}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
-            f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image")
+        say(
+            f"  floor c={point['concurrency']}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+            f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image"
+        )
 
     data["fastapi"] = {}
     if not args.skip_fastapi:
         for workers in sorted({1, CORES}):
             name = f"{workers} worker(s) x {max(1, CORES // workers)} thread(s)"
             say(f"{model}: FastAPI baseline, {name} ...")
-            with FastApiBaseline(onnx_file, free_ports(1)[0], workers, max(1, CORES // workers),
-                                 log_file=workdir / f"fastapi-{model}-{workers}.log") as server:
+            with FastApiBaseline(
+                onnx_file,
+                free_ports(1)[0],
+                workers,
+                max(1, CORES // workers),
+                log_file=workdir / f"fastapi-{model}-{workers}.log",
+            ) as server:
                 server.wait_ready(120)
                 memory = tree_memory(server.pid).as_dict()
-                points = sweep(f"FastAPI {workers}w", lambda: HttpTarget(server.url, 1), args.concurrency, args.duration)
+                points = sweep(
+                    f"FastAPI {workers}w", lambda: HttpTarget(server.url, 1), args.concurrency, args.duration
+                )
             for point in points:
                 point["setup"] = name
             data["fastapi"][name] = {"points": points}
@@ -135,8 +161,11 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     after = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
     say(f"  best {after.best[1]:.1f} img/s ({after.best[0]})")
     data["limit"] = {
-        "before": before.best[1], "after": after.best[1], "images_per_s": (before.best[1] + after.best[1]) / 2,
-        "layout": before.best[0], "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
+        "before": before.best[1],
+        "after": after.best[1],
+        "images_per_s": (before.best[1] + after.best[1]) / 2,
+        "layout": before.best[0],
+        "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
         "cpu_ms_per_image": (before.cpu_ms_per_image[before.best[0]] + after.cpu_ms_per_image[after.best[0]]) / 2,
         "cores": CORES,
         "single_p99_ms": (before.single_p99_ms + after.single_p99_ms) / 2,
@@ -148,9 +177,12 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     first = measure_triton_startup(model, Ports(*free_ports(3)))
     startup = measure_triton_startup(model, Ports(*free_ports(3)))
     data["servers"][f"tritonserver ({model} only, idle)"] = {
-        **startup.as_dict(), "first_ready_seconds": round(first.ready_seconds, 2),
+        **startup.as_dict(),
+        "first_ready_seconds": round(first.ready_seconds, 2),
     }
-    say(f"  READY after {first.ready_seconds:.2f}s, then {startup.ready_seconds:.2f}s; PSS {startup.memory.pss_mib:.0f} MiB")
+    say(
+        f"  READY after {first.ready_seconds:.2f}s, then {startup.ready_seconds:.2f}s; PSS {startup.memory.pss_mib:.0f} MiB"
+    )
     return data
 
 
@@ -163,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_small"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured point; default: %(default)s")
-    parser.add_argument("--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s")
+    parser.add_argument(
+        "--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s"
+    )
     parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")
     args = parser.parse_args(argv)

@@ -32,8 +32,10 @@ class CpuSnapshot:
 
 
 def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: str | None = None) -> CpuSnapshot:
-    """CPU used so far by tritonserver, its stub processes and the `others` (role -> pid);
-    `own_role` names this process's role (a load generator running in the benchmark itself)."""
+    """CPU used so far by tritonserver, its stub processes and the `others` (role -> pid).
+
+    `own_role` names this process's role (a load generator running in the benchmark itself).
+    """
     seconds = {"tritonserver": cpu_seconds(psutil.Process(triton_pid))}
     per_stub = {}
     for pid in live_stubs(triton_pid):
@@ -48,9 +50,13 @@ def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: st
     return CpuSnapshot(time.perf_counter(), seconds, per_stub)
 
 
-def per_image(before: CpuSnapshot, after: CpuSnapshot, images: int, cores: int, extra: dict[str, float] | None = None) -> dict:
-    """CPU milliseconds per image by role between two snapshots, `idle` being the cores' unused
-    time; `extra` adds CPU seconds measured elsewhere (perf_analyzer's, from its own rusage)."""
+def per_image(
+    before: CpuSnapshot, after: CpuSnapshot, images: int, cores: int, extra: dict[str, float] | None = None
+) -> dict:
+    """CPU milliseconds per image by role between two snapshots, `idle` being the cores' unused time.
+
+    `extra` adds CPU seconds measured elsewhere (perf_analyzer's, from its own rusage).
+    """
     if images <= 0:
         return {}
     wall = after.at - before.at
@@ -67,12 +73,19 @@ def per_image(before: CpuSnapshot, after: CpuSnapshot, images: int, cores: int, 
 
 
 def measured(
-    run: Callable[[], object], triton_pid: int, images_served: Callable[[], int], cores: int,
-    others: dict[str, int] | None = None, own_role: str | None = None,
+    run: Callable[[], object],
+    triton_pid: int,
+    images_served: Callable[[], int],
+    cores: int,
+    others: dict[str, int] | None = None,
+    own_role: str | None = None,
     extra_cpu: Callable[[object, float], dict[str, float]] | None = None,
 ) -> tuple[object, dict]:
-    """`run()`'s result and the CPU per image while it ran. `images_served` reads Triton's count
-    of images inferred; `extra_cpu(result, wall)` adds CPU seconds of processes that ended."""
+    """`run()`'s result and the CPU per image while it ran.
+
+    `images_served` reads Triton's count of images inferred; `extra_cpu(result, wall)` adds CPU seconds of processes
+    that ended.
+    """
     images_before, before = images_served(), snapshot(triton_pid, others, own_role)
     result = run()
     after, images_after = snapshot(triton_pid, others, own_role), images_served()
@@ -82,6 +95,7 @@ def measured(
 
 def images_inferred(server: TritonServer, model: str) -> Callable[[], int]:
     """A reader of Triton's own count of the images `model` inferred: the denominator of `measured`."""
+
     def count() -> int:
         with grpcclient.InferenceServerClient(server.grpc_url) as client:
             stats = client.get_inference_statistics(model, headers=server.admin_headers, as_json=True)
@@ -91,12 +105,26 @@ def images_inferred(server: TritonServer, model: str) -> Callable[[], int]:
 
 
 def perf_analyzer_with_cpu(server: TritonServer, model: str, concurrency: int, measurement_ms: int, cores: int) -> dict:
-    """One perf_analyzer point (system shared memory) with the CPU per image while it ran,
-    perf_analyzer's own from its rusage."""
-    def run() -> PerfPoint:
-        return run_perf_analyzer(model, server.grpc_url, concurrency, measurement_ms=measurement_ms, shared_memory=True,
-                                 headers=server.admin_headers)
+    """One perf_analyzer point (system shared memory) with the CPU per image while it ran.
 
-    point, cpu = measured(run, server.process.pid, images_inferred(server, model), cores,
-                          extra_cpu=lambda point, wall: {"client": point.client_cpu * wall})
+    perf_analyzer's own CPU comes from its rusage.
+    """
+
+    def run() -> PerfPoint:
+        return run_perf_analyzer(
+            model,
+            server.grpc_url,
+            concurrency,
+            measurement_ms=measurement_ms,
+            shared_memory=True,
+            headers=server.admin_headers,
+        )
+
+    point, cpu = measured(
+        run,
+        server.process.pid,
+        images_inferred(server, model),
+        cores,
+        extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
+    )
     return {**point.as_dict(), "cpu_ms_per_image": cpu}

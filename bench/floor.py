@@ -1,5 +1,6 @@
-"""The serving floor: what Triton, the Python backend and this project's model code cost with no
-model compute at all.
+"""The serving floor.
+
+What Triton, the Python backend and this project's model code cost with no model compute at all.
 
 A "floor" copy of a model has the same inputs and outputs, and outputs of the right shape filled
 with zeros; it is served from a repository of its own with the model's own `config.pbtxt` and
@@ -22,8 +23,11 @@ from bench.cpu import perf_analyzer_with_cpu
 
 
 def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Same inputs and outputs as `model`; every output is zeros, its first dim taken from the
-    first input's first dim (the batch) when it is not fixed, its other free dims 1."""
+    """Same inputs and outputs as `model`.
+
+    Every output is zeros, its first dim taken from the first input's first dim (the batch) when it is not fixed, its
+    other free dims 1.
+    """
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]
@@ -58,7 +62,9 @@ def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
     source = repository / model
     # The floor is not the model: it leaves no optimized copy in the model's cache, where it would
     # take the place of the model's own (backend.session_cache keeps two copies per model name).
-    config = (source / "config.pbtxt").read_text() + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
+    config = (
+        source / "config.pbtxt"
+    ).read_text() + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
     version = add_model(workdir / "floor-repo", model, config, source / "1" / "model.py")
     onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), version / "model.onnx")
     return workdir / "floor-repo"

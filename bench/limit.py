@@ -46,8 +46,10 @@ def _images(batch: int) -> np.ndarray:
 
 
 def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> tuple[float, float]:
-    """Images per second with every session looping on its own thread for `seconds`, and the
-    CPU milliseconds this process spent per image meanwhile."""
+    """Images per second with every session looping on its own thread for `seconds`.
+
+    Also the CPU milliseconds this process spent per image meanwhile.
+    """
     data = _images(batch)
     name = sessions[0].get_inputs()[0].name
     for session in sessions:  # warm up: first runs allocate
@@ -85,8 +87,10 @@ def measure_limit(
 
 
 def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[float, float]:
-    """p50 and p99 ms of one image run back to back, with the session (thread count) that serves it
-    fastest: small models lose more to thread synchronisation than they gain from a second thread."""
+    """p50 and p99 ms of one image run back to back, with the session (thread count) that serves it fastest.
+
+    Small models lose more to thread synchronisation than they gain from a second thread.
+    """
     data, name = _images(1), sessions[0].get_inputs()[0].name
     best: list[float] | None = None
     for session in sessions:
@@ -102,8 +106,11 @@ def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[floa
 
 
 def measure_single_image(onnx_file: Path, threads: int = 2, seconds: float = 2.0) -> tuple[float, float]:
-    """In-process single-image p50 and p99 ms on their own: the reference for a served lone request,
-    measured right beside it, since this machine's speed drifts between minutes."""
+    """In-process single-image p50 and p99 ms on their own.
+
+    The reference for a served lone request, measured right beside it, since this machine's speed drifts between
+    minutes.
+    """
     whole = _session(onnx_file, threads)
     one_thread = _session(onnx_file, 1)
     for session in (whole, one_thread):  # first runs allocate

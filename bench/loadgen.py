@@ -48,17 +48,26 @@ def main(argv: list[str] | None = None) -> int:
             "http --url http://127.0.0.1:8080 --concurrency 1 8 --json"
         ),
     )
-    parser.add_argument("--target", required=True, choices=("kserve", "facade", "facade-floats", "http"),
-                        help="what to load (see below)")
+    parser.add_argument(
+        "--target",
+        required=True,
+        choices=("kserve", "facade", "facade-floats", "http"),
+        help="what to load (see below)",
+    )
     parser.add_argument("--url", required=True, help="HOST:PORT for gRPC targets, http://HOST:PORT for http")
     parser.add_argument("--model", default="resnet50", help="model name (a label only for http); default: resnet50")
     parser.add_argument("--batch", type=int, default=1, help="images (or sequences) per request; default: 1")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1], metavar="N",
-                        help="one run per value, e.g. 1 2 4; default: 1")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1], metavar="N", help="one run per value, e.g. 1 2 4; default: 1"
+    )
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run; default: 10")
     parser.add_argument("--warmup", type=float, default=1.0, help="unrecorded seconds before each run; default: 1")
-    parser.add_argument("--max-requests", type=int, default=100_000,
-                        help="end a run after this many measured calls if the duration has not passed; default: 100000")
+    parser.add_argument(
+        "--max-requests",
+        type=int,
+        default=100_000,
+        help="end a run after this many measured calls if the duration has not passed; default: 100000",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the random input data; default: 0")
     parser.add_argument("--json", action="store_true", help="print one JSON object per run instead of a text line")
     args = parser.parse_args(argv)

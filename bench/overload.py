@@ -106,7 +106,9 @@ class OverloadResult:
         if not self.statuses.get(rejection):
             self.problems.append("nothing was rejected: the load did not exceed capacity")
         if self.late_rejections:
-            self.problems.append(f"{self.late_rejections} rejections took longer than {REJECTION_SECONDS * 1000:.0f} ms")
+            self.problems.append(
+                f"{self.late_rejections} rejections took longer than {REJECTION_SECONDS * 1000:.0f} ms"
+            )
         if self.accepted_p99_ms > P99_FACTOR * self.reference_p99_ms:
             self.problems.append(f"accepted p99 {self.accepted_p99_ms:.0f} ms > {P99_FACTOR}x reference")
         if self.wrong_outputs:
@@ -130,6 +132,7 @@ async def measure(
     factor: float = 3.0,
     capacity_concurrency: int = 48,
     capacity_seconds: float = 8.0,
+    reference_seconds: float = 10.0,
     max_outstanding: int = 1024,
     say: Callable[[str], None] = say,
 ) -> OverloadResult:
@@ -145,31 +148,43 @@ async def measure(
         idle = _pss(server_pids)
         offered = factor * capacity
         say(f"{path}: {capacity:.1f}/s; offering {offered:.1f}/s for {seconds:.0f}s ...")
-        load = OpenLoop(target, offered, max_outstanding, max_calls=max(1, int(offered * seconds)),
-                        wait_when_full=True)
+        load = OpenLoop(target, offered, max_outstanding, max_calls=max(1, int(offered * seconds)), wait_when_full=True)
         started = time.perf_counter()
         await load.run(seconds)
         wall = time.perf_counter() - started
         accepted = load.total.ms(OK)
         concurrency = max(1, round(len(accepted) / wall * float(accepted.mean()) / 1000)) if len(accepted) else 1
         say(f"{path}: reference, closed loop at {concurrency} (the accepted requests' concurrency) ...")
-        reference = await run_load(target, concurrency, max(capacity_seconds, 10.0), warmup_s=0, verify=False)
+        reference = await run_load(target, concurrency, reference_seconds, warmup_s=0, verify=False)
         await asyncio.sleep(3)  # let arenas and queues settle
         after = _pss(server_pids)
     finally:
         await target.close()
 
     rejected = load.total.ms(REJECTIONS[path])
-    (accepted_p50, accepted_p99), (rejection_p99,) = percentiles(accepted, [50, 99], 0.0), percentiles(rejected, [99], 0.0)
+    (accepted_p50, accepted_p99), (rejection_p99,) = (
+        percentiles(accepted, [50, 99], 0.0),
+        percentiles(rejected, [99], 0.0),
+    )
     result = OverloadResult(
-        path=path, model=target.model, capacity_rps=capacity, offered_rps=offered, seconds=seconds,
-        statuses=load.total.statuses, wrong_outputs=target.wrong,
-        accepted_rps=len(accepted) / wall, accepted_p50_ms=accepted_p50, accepted_p99_ms=accepted_p99,
+        path=path,
+        model=target.model,
+        capacity_rps=capacity,
+        offered_rps=offered,
+        seconds=seconds,
+        statuses=load.total.statuses,
+        wrong_outputs=target.wrong,
+        accepted_rps=len(accepted) / wall,
+        accepted_p50_ms=accepted_p50,
+        accepted_p99_ms=accepted_p99,
         accepted_concurrency=concurrency,
         reference_p99_ms=reference.p99_ms if reference.requests else 0.0,
-        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0, rejection_p99_ms=rejection_p99,
+        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0,
+        rejection_p99_ms=rejection_p99,
         late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()),
-        memory_idle_mib=idle, memory_after_mib=after, problems=[],
+        memory_idle_mib=idle,
+        memory_after_mib=after,
+        problems=[],
     )
     result.judge()
     return result
@@ -177,8 +192,9 @@ async def measure(
 
 def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
     """Start tritonserver (supervised) and the facade on free ports, overload each path in turn."""
-    stack = ServingStack(REPOSITORY, out, supervised=True,
-                         facade_args=["--default-model", args.model, "--health-interval", "5"])
+    stack = ServingStack(
+        REPOSITORY, out, supervised=True, facade_args=["--default-model", args.model, "--health-interval", "5"]
+    )
     rng = np.random.default_rng(0)
     images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(4)]
     expected = expected_outputs(REPOSITORY / args.model / "1" / "model.onnx", images)
@@ -208,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", nargs="+", choices=["facade", "direct"], default=["facade", "direct"])
     parser.add_argument("--seconds", type=float, default=60.0, help="overload duration per path; default: %(default)s")
     parser.add_argument("--factor", type=float, default=3.0, help="offered load / capacity; default: %(default)s")
-    parser.add_argument("--out", type=Path,
-                        help="logs and results.json go here; default: bench/results/<UTC timestamp>-overload")
+    parser.add_argument(
+        "--out", type=Path, help="logs and results.json go here; default: bench/results/<UTC timestamp>-overload"
+    )
     args = parser.parse_args(argv)
     _, out = run_folder(args.out, "overload")
     results = run_stack(args, out)

@@ -72,28 +72,50 @@ def run_perf_analyzer(
     input_data: str = "random",
     headers: dict[str, str] | None = None,
 ) -> PerfPoint:
-    """One perf_analyzer measurement. With `shared_memory`, inputs and outputs travel through
-    system shared memory registered once, as a local client of Triton can do: the client's
-    copies then cost next to nothing on the cores the server runs on. `shapes` are perf_analyzer
-    `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
-    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary).
-    `headers` go with every call (Triton's restricted APIs need `TritonServer.admin_headers`)."""
+    """One perf_analyzer measurement.
+
+    With `shared_memory`, inputs and outputs travel through system shared memory registered once, as a local client of
+    Triton can do: the client's copies then cost next to nothing on the cores the server runs on. `shapes` are
+    perf_analyzer `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
+    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary). `headers` go
+    with every call (Triton's restricted APIs need `TritonServer.admin_headers`).
+    """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
-            str(VENV_BIN / "perf_analyzer"), "-m", model, "-i", "grpc", "-u", url, "-b", str(batch),
-            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(measurement_ms),
-            "--max-trials", str(max_trials), "--stability-percentage", "100", "-f", str(report), "--verbose-csv",
+            str(VENV_BIN / "perf_analyzer"),
+            "-m",
+            model,
+            "-i",
+            "grpc",
+            "-u",
+            url,
+            "-b",
+            str(batch),
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
+            "--measurement-interval",
+            str(measurement_ms),
+            "--max-trials",
+            str(max_trials),
+            "--stability-percentage",
+            "100",
+            "-f",
+            str(report),
+            "--verbose-csv",
             *(["--shared-memory", "system"] if shared_memory else []),
             *(arg for shape in shapes for arg in ("--shape", shape)),
-            "--input-data", input_data,
+            "--input-data",
+            input_data,
             *(arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")),
         ]
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300, check=False)
         after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
         if done.returncode != 0 or not report.exists():
-            raise PerfAnalyzerError(f"perf_analyzer exited with {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}")
+            raise PerfAnalyzerError(
+                f"perf_analyzer exited with {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+            )
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return parse(model, batch, report.read_text(), done.stdout, client_cpu=cpu / wall)
 

@@ -1,6 +1,8 @@
-"""The serving processes as the benchmarks see them: memory (PSS, since tritonserver and its stub
-processes share pages), CPU time, the Python stubs (found as the supervisor finds them) and the
-/dev/shm files they use."""
+"""The serving processes as the benchmarks see them.
+
+Memory (PSS, since tritonserver and its stub processes share pages), CPU time, the Python stubs (found as the supervisor
+finds them) and the /dev/shm files they use.
+"""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def mapped_shm_files(pid: int) -> set[str]:
             for line in maps:
                 at = line.find(" /dev/shm/")
                 if at >= 0:
-                    name = line[at + len(" /dev/shm/"):].rstrip("\n")
+                    name = line[at + len(" /dev/shm/") :].rstrip("\n")
                     names.add(name.removesuffix(" (deleted)"))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
@@ -99,8 +101,10 @@ def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int
 
 
 class Watcher:
-    """The facade, tritonserver and its stubs (each named by its model instance), sampled: memory,
-    CPU, open fds and threads of the servers, and the /dev/shm files any of them uses."""
+    """The facade, tritonserver and its stubs (each named by its model instance), sampled.
+
+    Memory, CPU, open fds and threads of the servers, and the /dev/shm files any of them uses.
+    """
 
     def __init__(self, triton_pid: int, facade_pid: int) -> None:
         self.triton = psutil.Process(triton_pid)
@@ -128,8 +132,11 @@ class Watcher:
         return found
 
     def sample(self, elapsed: float) -> dict:
-        """One row: `rss_mib.<label>`, `pss_mib.<label>`, `cpu.<label>` (cores since the last sample)
-        of every process, `fds.` and `threads.` of the servers, the PSS total and /dev/shm."""
+        """One row.
+
+        `rss_mib.<label>`, `pss_mib.<label>`, `cpu.<label>` (cores since the last sample) of every process, `fds.` and
+        `threads.` of the servers, the PSS total and /dev/shm.
+        """
         row: dict = {}
         pss_total = 0.0
         for label, process in self.processes().items():
@@ -142,7 +149,9 @@ class Watcher:
             row[f"pss_mib.{label}"] = round(used.pss_mib, 2)
             pss_total += used.pss_mib
             if label in self._cpu and self._previous_elapsed is not None and elapsed > self._previous_elapsed:
-                row[f"cpu.{label}"] = round((used.cpu_seconds - self._cpu[label]) / (elapsed - self._previous_elapsed), 3)
+                row[f"cpu.{label}"] = round(
+                    (used.cpu_seconds - self._cpu[label]) / (elapsed - self._previous_elapsed), 3
+                )
             self._cpu[label] = used.cpu_seconds
             self.shm_names |= mapped_shm_files(process.pid)
         self._previous_elapsed = elapsed

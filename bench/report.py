@@ -52,7 +52,9 @@ def summary_rows(model: str, data: dict) -> list[str]:
         )
     # The in-process reference measured just before and after the c=1 point when there is one.
     beside = data.get("single_image_beside_c1")
-    single, when = (beside["p50_ms"], "measured beside it") if beside else (data["limit"]["single_p50_ms"], "with the limit")
+    single, when = (
+        (beside["p50_ms"], "measured beside it") if beside else (data["limit"]["single_p50_ms"], "with the limit")
+    )
     if one:
         rows.append(
             f"| c=1 p50, Triton direct vs in-process single image ({when}) | {one['p50_ms']:.2f} vs {single:.2f} ms | | "
@@ -68,8 +70,11 @@ def summary_rows(model: str, data: dict) -> list[str]:
 
 
 def cpu_rows(data: dict) -> list[str]:
-    """The CPU each process spent per image at c=16 (else the highest concurrency measured), next
-    to in-process ONNX Runtime's: with the cores saturated, cores / CPU per image is the ceiling."""
+    """The CPU each process spent per image, next to in-process ONNX Runtime's.
+
+    Read at c=16, else at the highest concurrency measured: with the cores saturated,
+    cores / CPU per image is the ceiling.
+    """
     cores = data["limit"].get("cores")
     measured_at = {p["concurrency"] for p in data["perf_analyzer"]}
     concurrency = 16 if 16 in measured_at else max(measured_at, default=0)
@@ -82,7 +87,9 @@ def cpu_rows(data: dict) -> list[str]:
         )
     ]
     measured = [(name, p) for name, p in measured if p]
-    floor = next((p for p in data.get("floor", []) if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None)
+    floor = next(
+        (p for p in data.get("floor", []) if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None
+    )
     if not (measured or floor) or "cpu_ms_per_image" not in data["limit"] or not cores:
         return []
     limit = data["limit"]["images_per_s"]
@@ -105,12 +112,16 @@ def cpu_rows(data: dict) -> list[str]:
     for name, p in measured:
         cpu = p["cpu_ms_per_image"]
         ceiling = cores * 1000 / cpu["total"] if cpu["total"] else 0.0
-        cells = " | ".join(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ("stubs", "tritonserver", "facade", "client", "idle"))
+        cells = " | ".join(
+            f"{cpu[role]:.2f}" if role in cpu else "-" for role in ("stubs", "tritonserver", "facade", "client", "idle")
+        )
         lines.append(f"| {name} | {cells} | {cpu['total']:.2f} | {ceiling:.0f} img/s | {_ratio(ceiling, limit)} |")
     if floor:
         cpu = floor["cpu_ms_per_image"]
         ceiling = cores * 1000 / (cpu["total"] + data["limit"]["cpu_ms_per_image"])
-        cells = " | ".join(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ("stubs", "tritonserver", "facade", "client", "idle"))
+        cells = " | ".join(
+            f"{cpu[role]:.2f}" if role in cpu else "-" for role in ("stubs", "tritonserver", "facade", "client", "idle")
+        )
         lines.append(
             f"| serving floor, perf_analyzer (a model that computes nothing; batch {floor['avg_batch']:.2f}) | {cells} | "
             f"{cpu['total']:.2f} | {ceiling:.0f} img/s with in-process ONNX Runtime | {_ratio(ceiling, limit)} |"
@@ -170,10 +181,14 @@ def write_report(out: Path, results: dict) -> None:
                 )
         lines += cpu_rows(data)
         lines += [
-            "", "### Start-up and memory", "",
+            "",
+            "### Start-up and memory",
+            "",
             "tritonserver starts twice: first with the model files wherever the kernel's page cache left them, then "
             "warm; memory is the warm start's, idle after warm-up.",
-            "", "| server | ready s | first start, ready s | RSS MiB | PSS MiB | processes |", "|---|---|---|---|---|---|",
+            "",
+            "| server | ready s | first start, ready s | RSS MiB | PSS MiB | processes |",
+            "|---|---|---|---|---|---|",
         ]
         for name, item in data["servers"].items():
             lines.append(
@@ -187,14 +202,18 @@ def write_report(out: Path, results: dict) -> None:
 
 def plot_model(out: Path, model: str, data: dict) -> None:
     series = {
-        "Triton direct (perf_analyzer, shm)": [(p["concurrency"], p["throughput"], p["p50_ms"], p["p99_ms"]) for p in data["perf_analyzer"]],
+        "Triton direct (perf_analyzer, shm)": [
+            (p["concurrency"], p["throughput"], p["p50_ms"], p["p99_ms"]) for p in data["perf_analyzer"]
+        ],
         "Triton direct (project generator)": [
             (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["loadgen_kserve"]
         ],
         "facade": [(p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["facade"]],
     }
     for name, setup in data["fastapi"].items():
-        series[f"FastAPI {name}"] = [(p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in setup["points"]]
+        series[f"FastAPI {name}"] = [
+            (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in setup["points"]
+        ]
 
     figure, axis = plt.subplots(figsize=(8, 5))
     for name, points in series.items():
@@ -210,8 +229,14 @@ def plot_model(out: Path, model: str, data: dict) -> None:
     figure, axis = plt.subplots(figsize=(8, 5))
     for name, points in series.items():
         line = axis.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=f"{name} p50")[0]
-        axis.plot([p[0] for p in points], [p[3] for p in points], marker="x", linestyle=":", color=line.get_color(),
-                  label=f"{name} p99")
+        axis.plot(
+            [p[0] for p in points],
+            [p[3] for p in points],
+            marker="x",
+            linestyle=":",
+            color=line.get_color(),
+            label=f"{name} p99",
+        )
     axis.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="latency ms", title=f"{model}: latency")
     axis.set_xticks([p[0] for p in series["facade"]], [str(p[0]) for p in series["facade"]])
     axis.legend(fontsize=7, ncol=2)

@@ -62,10 +62,14 @@ def interval_row(tally: Tally, seconds: float) -> dict:
     ok, errors = tally.count(), tally.errors
     p50, p99 = percentiles(tally.ms(), [50, 99])
     return {
-        "ok": ok, "rps": round(ok / seconds, 2) if seconds > 0 else 0.0,
-        "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
-        "errors": sum(errors.values()), "errors_by_status": " ".join(f"{k}:{v}" for k, v in errors.items()),
-        "skipped": tally.skipped, "max_lag_ms": round(tally.max_lag * 1000, 2),
+        "ok": ok,
+        "rps": round(ok / seconds, 2) if seconds > 0 else 0.0,
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(p99, 3),
+        "errors": sum(errors.values()),
+        "errors_by_status": " ".join(f"{k}:{v}" for k, v in errors.items()),
+        "skipped": tally.skipped,
+        "max_lag_ms": round(tally.max_lag * 1000, 2),
     }
 
 
@@ -74,8 +78,15 @@ def _row(t_s: float, **columns: object) -> dict:
     return {"t_s": t_s, "time": datetime.now(timezone.utc).strftime("%H:%M:%S"), **columns}
 
 
-async def soak(args: argparse.Namespace, watcher: Watcher, facade_url: str, rate: float, stop: StopRequest,
-               rows: list[dict], failures: list[str]) -> OpenLoop:
+async def soak(
+    args: argparse.Namespace,
+    watcher: Watcher,
+    facade_url: str,
+    rate: float,
+    stop: StopRequest,
+    rows: list[dict],
+    failures: list[str],
+) -> OpenLoop:
     """The paced load and, every --interval, one sample row; returns the load's totals."""
     target = FacadeTarget(facade_url, args.model, 1, raw=True, timeout_s=args.deadline)
     await target.open(args.max_outstanding)
@@ -84,8 +95,9 @@ async def soak(args: argparse.Namespace, watcher: Watcher, facade_url: str, rate
         await target.verify()
         begin = time.perf_counter()
         rows.append(_row(0.0, **await asyncio.to_thread(watcher.sample, 0.0)))
-        stubs = sorted(k.split(".", 1)[1] for k in rows[-1] if k.startswith("rss_mib.")
-                       and k.split(".", 1)[1] not in SERVERS)
+        stubs = sorted(
+            k.split(".", 1)[1] for k in rows[-1] if k.startswith("rss_mib.") and k.split(".", 1)[1] not in SERVERS
+        )
         say(progress_line(rows[-1], stubs))
         paced = asyncio.ensure_future(loop_.run(args.duration))
         previous = begin
@@ -120,8 +132,14 @@ async def soak(args: argparse.Namespace, watcher: Watcher, facade_url: str, rate
     return loop_
 
 
-def judge(rows: list[dict], loop_: OpenLoop | None, args: argparse.Namespace, results: dict, failures: list[str],
-          warnings: list[str]) -> None:
+def judge(
+    rows: list[dict],
+    loop_: OpenLoop | None,
+    args: argparse.Namespace,
+    results: dict,
+    failures: list[str],
+    warnings: list[str],
+) -> None:
     """Trends, error accounting and stub restarts into `results`, reasons into failures/warnings."""
     trends = []
     memory_keys: list[str] = []
@@ -131,16 +149,25 @@ def judge(rows: list[dict], loop_: OpenLoop | None, args: argparse.Namespace, re
         t = trend(series_name(key), *series(rows, key))
         trends.append((key, t))
         if t.flagged:
-            failures.append(f"{t.series} grows {t.growth_per_10min:.1f} MiB per 10 min (least squares; Theil-Sen "
-                            f"{t.robust_growth_per_10min:.1f}), {t.growth_fraction:.0%} of its mean")
+            failures.append(
+                f"{t.series} grows {t.growth_per_10min:.1f} MiB per 10 min (least squares; Theil-Sen "
+                f"{t.robust_growth_per_10min:.1f}), {t.growth_fraction:.0%} of its mean"
+            )
     for key in ("fds.facade", "fds.tritonserver", "threads.facade", "threads.tritonserver"):
         trends.append((key, trend(series_name(key), *series(rows, key), unit="count", abs_threshold=math.inf)))
-    p99 = trend("p99", *series(rows[1:], "p99_ms"), unit="ms", abs_threshold=P99_GROWTH_MS_PER_10MIN,
-                fraction_threshold=P99_GROWTH_FRACTION)
+    p99 = trend(
+        "p99",
+        *series(rows[1:], "p99_ms"),
+        unit="ms",
+        abs_threshold=P99_GROWTH_MS_PER_10MIN,
+        fraction_threshold=P99_GROWTH_FRACTION,
+    )
     trends.append(("p99_ms", p99))
     if p99.flagged:
-        warnings.append(f"p99 rises {p99.growth_per_10min:.1f} ms per 10 min over the second half (Theil-Sen "
-                        f"{p99.robust_growth_per_10min:.1f})")
+        warnings.append(
+            f"p99 rises {p99.growth_per_10min:.1f} ms per 10 min over the second half (Theil-Sen "
+            f"{p99.robust_growth_per_10min:.1f})"
+        )
     idle = results.get("idle_sample", {})
     results["trends"] = [{**t.as_dict(), "column": key, "idle": idle.get(key)} for key, t in trends]
     if loop_ is None:
@@ -149,9 +176,15 @@ def judge(rows: list[dict], loop_: OpenLoop | None, args: argparse.Namespace, re
     latencies = total.ms()
     (p50, p99_ms), load_seconds = percentiles(latencies, [50, 99]), results.get("load_seconds") or 0.0
     results["totals"] = {
-        "scheduled": loop_.sent + total.skipped, "sent": loop_.sent, "ok": total.count(), "errors": total.errors,
-        "skipped": total.skipped, "ok_rps": total.count() / load_seconds if load_seconds else math.nan,
-        "p50_ms": p50, "p99_ms": p99_ms, "max_ms": float(latencies.max()) if len(latencies) else math.nan,
+        "scheduled": loop_.sent + total.skipped,
+        "sent": loop_.sent,
+        "ok": total.count(),
+        "errors": total.errors,
+        "skipped": total.skipped,
+        "ok_rps": total.count() / load_seconds if load_seconds else math.nan,
+        "p50_ms": p50,
+        "p99_ms": p99_ms,
+        "max_ms": float(latencies.max()) if len(latencies) else math.nan,
         "generator_cpu": results.get("generator_cpu", math.nan),
     }
     unexpected = {k: v for k, v in total.errors.items() if k not in DOCUMENTED_REJECTIONS}
@@ -159,25 +192,40 @@ def judge(rows: list[dict], loop_: OpenLoop | None, args: argparse.Namespace, re
     if unexpected:
         failures.append("calls failed: " + ", ".join(f"{k} {v}" for k, v in sorted(unexpected.items())))
     if loop_.sent and rejected / loop_.sent > args.max_rejected:
-        failures.append(f"{rejected} documented rejections = {rejected / loop_.sent:.2%} of calls, above "
-                        f"--max-rejected {args.max_rejected:.2%}")
+        failures.append(
+            f"{rejected} documented rejections = {rejected / loop_.sent:.2%} of calls, above "
+            f"--max-rejected {args.max_rejected:.2%}"
+        )
     elif rejected:
         warnings.append(f"{rejected} documented rejections ({rejected / loop_.sent:.3%} of calls)")
     if total.skipped:
         warnings.append(f"{total.skipped} calls skipped: {args.max_outstanding} were outstanding when they were due")
 
 
-def load_phases(args: argparse.Namespace, facade_url: str, watcher: Watcher, stop: StopRequest, rows: list[dict],
-         results: dict, failures: list[str]) -> OpenLoop:
+def load_phases(
+    args: argparse.Namespace,
+    facade_url: str,
+    watcher: Watcher,
+    stop: StopRequest,
+    rows: list[dict],
+    results: dict,
+    failures: list[str],
+) -> OpenLoop:
     """Capacity (unless --rate), the warm-up burst, then the paced load with its samples."""
     if args.rate:
         rate = args.rate
         say(f"offering {rate:.1f} req/s (--rate; capacity not measured)")
     else:
-        say(f"capacity: closed loop through the facade, {args.capacity_concurrency} concurrent, "
-            f"{args.capacity_seconds:.0f} s ...")
-        capacity = run(FacadeTarget(facade_url, args.model, 1, raw=True), args.capacity_concurrency,
-                       duration_s=args.capacity_seconds, warmup_s=2.0)
+        say(
+            f"capacity: closed loop through the facade, {args.capacity_concurrency} concurrent, "
+            f"{args.capacity_seconds:.0f} s ..."
+        )
+        capacity = run(
+            FacadeTarget(facade_url, args.model, 1, raw=True),
+            args.capacity_concurrency,
+            duration_s=args.capacity_seconds,
+            warmup_s=2.0,
+        )
         results["capacity"] = capacity.as_dict()
         say(f"  {capacity.summary()}")
         if capacity.throughput_rps <= 0 or capacity.errors:
@@ -187,15 +235,22 @@ def load_phases(args: argparse.Namespace, facade_url: str, watcher: Watcher, sto
         # Every stub meets the largest batches and Triton and the facade their most requests in flight
         # now, so that arenas and buffers sized once by that peak do not read as growth later.
         say(f"warm-up burst: closed loop, {args.max_outstanding} concurrent, {args.burst_seconds:.0f} s ...")
-        burst = run(FacadeTarget(facade_url, args.model, 1, raw=True, timeout_s=args.deadline),
-                    args.max_outstanding, duration_s=args.burst_seconds, warmup_s=0.0)
+        burst = run(
+            FacadeTarget(facade_url, args.model, 1, raw=True, timeout_s=args.deadline),
+            args.max_outstanding,
+            duration_s=args.burst_seconds,
+            warmup_s=0.0,
+        )
         results["burst"] = burst.as_dict()
         say(f"  {burst.summary()}")
         unexpected = {k: v for k, v in burst.errors.items() if k not in DOCUMENTED_REJECTIONS}
         if unexpected:
             failures.append(f"warm-up burst calls failed: {unexpected}")
-    say(f"offering {rate:.1f} req/s" + (f" ({args.load_fraction:.0%} of capacity)" if not args.rate else "")
-        + f" open loop for {args.duration:.0f} s, a sample every {args.interval:.0f} s")
+    say(
+        f"offering {rate:.1f} req/s"
+        + (f" ({args.load_fraction:.0%} of capacity)" if not args.rate else "")
+        + f" open loop for {args.duration:.0f} s, a sample every {args.interval:.0f} s"
+    )
     results["offered_rps"] = rate
     if stop.requested:
         raise ServerError("interrupted before the paced load")
@@ -223,8 +278,10 @@ def check_shutdown(watcher: Watcher, results: dict, failures: list[str]) -> None
     restarted = {name: pids for name, pids in watcher.stub_pids.items() if len(pids) > 1}
     if restarted:
         failures.append("stub processes restarted: " + ", ".join(f"{n} {p}" for n, p in sorted(restarted.items())))
-    say(f"/dev/shm files of these processes: {len(watcher.shm_names)} seen, left after shutdown: "
-        f"{', '.join(leftover) or 'none'}")
+    say(
+        f"/dev/shm files of these processes: {len(watcher.shm_names)} seen, left after shutdown: "
+        f"{', '.join(leftover) or 'none'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,31 +307,60 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of paced load; default: %(default)s")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples; default: %(default)s")
     parser.add_argument("--model", default="mobilenet_v3_small", help="model to load; default: %(default)s")
-    parser.add_argument("--load-fraction", type=float, default=0.7,
-                        help="share of the measured capacity to offer; default: %(default)s")
-    parser.add_argument("--rate", type=float,
-                        help="offer this many requests/s instead, and skip the capacity measurement")
-    parser.add_argument("--capacity-concurrency", type=int, default=16,
-                        help="concurrency of the closed-loop capacity run; default: %(default)s")
-    parser.add_argument("--capacity-seconds", type=float, default=15.0,
-                        help="measured seconds of the capacity run (after 2 s of warm-up); default: %(default)s")
-    parser.add_argument("--burst-seconds", type=float, default=10.0,
-                        help="before the paced load, a closed-loop burst at --max-outstanding concurrent calls so "
-                        "that buffers sized by the peak are grown before the fit window (0: none); "
-                        "default: %(default)s")
-    parser.add_argument("--deadline", type=float, default=10.0,
-                        help="deadline of every call, seconds; default: %(default)s")
-    parser.add_argument("--max-outstanding", type=int, default=64,
-                        help="calls in flight at most; a call due beyond it is skipped and counted; "
-                        "default: %(default)s")
-    parser.add_argument("--max-rejected", type=float, default=0.01,
-                        help="fail when RESOURCE_EXHAUSTED + UNAVAILABLE exceed this share of calls; "
-                        "default: %(default)s")
+    parser.add_argument(
+        "--load-fraction", type=float, default=0.7, help="share of the measured capacity to offer; default: %(default)s"
+    )
+    parser.add_argument(
+        "--rate", type=float, help="offer this many requests/s instead, and skip the capacity measurement"
+    )
+    parser.add_argument(
+        "--capacity-concurrency",
+        type=int,
+        default=16,
+        help="concurrency of the closed-loop capacity run; default: %(default)s",
+    )
+    parser.add_argument(
+        "--capacity-seconds",
+        type=float,
+        default=15.0,
+        help="measured seconds of the capacity run (after 2 s of warm-up); default: %(default)s",
+    )
+    parser.add_argument(
+        "--burst-seconds",
+        type=float,
+        default=10.0,
+        help="before the paced load, a closed-loop burst at --max-outstanding concurrent calls so "
+        "that buffers sized by the peak are grown before the fit window (0: none); "
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--deadline", type=float, default=10.0, help="deadline of every call, seconds; default: %(default)s"
+    )
+    parser.add_argument(
+        "--max-outstanding",
+        type=int,
+        default=64,
+        help="calls in flight at most; a call due beyond it is skipped and counted; default: %(default)s",
+    )
+    parser.add_argument(
+        "--max-rejected",
+        type=float,
+        default=0.01,
+        help="fail when RESOURCE_EXHAUSTED + UNAVAILABLE exceed this share of calls; default: %(default)s",
+    )
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-soak/")
     args = parser.parse_args(argv)
-    if not (args.duration > 0 and args.interval > 0 and 0 < args.load_fraction <= 1.5 and args.deadline > 0
-            and args.max_outstanding >= 1 and args.capacity_concurrency >= 1 and args.capacity_seconds > 0
-            and args.burst_seconds >= 0 and (args.rate is None or args.rate > 0)):
+    if not (
+        args.duration > 0
+        and args.interval > 0
+        and 0 < args.load_fraction <= 1.5
+        and args.deadline > 0
+        and args.max_outstanding >= 1
+        and args.capacity_concurrency >= 1
+        and args.capacity_seconds > 0
+        and args.burst_seconds >= 0
+        and (args.rate is None or args.rate > 0)
+    ):
         parser.error("durations, the interval, the deadline, --load-fraction (0-1.5) and the counts must be positive")
     if args.interval > args.duration:
         parser.error("--interval must not exceed --duration")
@@ -288,9 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine(),
         "settings": settings(args),
-        "thresholds": {"growth_mib_per_10min": GROWTH_MIB_PER_10MIN, "growth_fraction": GROWTH_FRACTION,
-                       "p99_growth_ms_per_10min": P99_GROWTH_MS_PER_10MIN, "p99_growth_fraction": P99_GROWTH_FRACTION,
-                       "documented_rejections": list(DOCUMENTED_REJECTIONS)},
+        "thresholds": {
+            "growth_mib_per_10min": GROWTH_MIB_PER_10MIN,
+            "growth_fraction": GROWTH_FRACTION,
+            "p99_growth_ms_per_10min": P99_GROWTH_MS_PER_10MIN,
+            "p99_growth_fraction": P99_GROWTH_FRACTION,
+            "documented_rejections": list(DOCUMENTED_REJECTIONS),
+        },
         "offered_rps": args.rate or math.nan,
     }
     rows: list[dict] = []
@@ -310,8 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         watcher = Watcher(triton.process.pid, facade.process.pid)
         results["idle_sample"] = watcher.sample(0.0)  # after start-up, before any load
         stubs = sorted(n for n in watcher.processes() if n not in SERVERS)
-        say(f"tritonserver pid {triton.process.pid} ({triton.grpc_url}), facade pid {facade.process.pid} "
-            f"({facade.grpc_url}), stubs: {', '.join(stubs)}")
+        say(
+            f"tritonserver pid {triton.process.pid} ({triton.grpc_url}), facade pid {facade.process.pid} "
+            f"({facade.grpc_url}), stubs: {', '.join(stubs)}"
+        )
         if stop.requested:
             raise ServerError("interrupted before the load")
         loop_ = load_phases(args, facade.grpc_url, watcher, stop, rows, results, failures)
@@ -322,8 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         say("stopping the facade, then tritonserver ...")
         results["exit_codes"] = stack.stop()
-        say(f"  facade exit code {results['exit_codes']['facade']}, "
-            f"tritonserver exit code {results['exit_codes']['tritonserver']}")
+        say(
+            f"  facade exit code {results['exit_codes']['facade']}, "
+            f"tritonserver exit code {results['exit_codes']['tritonserver']}"
+        )
 
     if watcher is not None:
         check_shutdown(watcher, results, failures)
@@ -337,9 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     results["samples"] = rows
     write_outputs(out, results, rows)
     for t in results.get("trends", []):
-        say(f"  {t['series']:<32} start {fmt(t['start']):>7} end {fmt(t['end']):>7} peak {fmt(t['peak']):>7} "
+        say(
+            f"  {t['series']:<32} start {fmt(t['start']):>7} end {fmt(t['end']):>7} peak {fmt(t['peak']):>7} "
             f"{t['unit']:<5} growth/10 min: LSQ {fmt(t['growth_per_10min'], 1):>7} Theil-Sen "
-            f"{fmt(t['robust_growth_per_10min'], 1):>7}{'  FLAGGED' if t['flagged'] else ''}")
+            f"{fmt(t['robust_growth_per_10min'], 1):>7}{'  FLAGGED' if t['flagged'] else ''}"
+        )
     for warning in warnings:
         say(f"warning: {warning}")
     say(f"verdict: {results['verdict']}" + (f" ({'; '.join(failures)})" if failures else ""))

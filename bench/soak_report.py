@@ -1,5 +1,7 @@
-"""What the soak says and writes: a progress line per sample; samples.csv, results.json, report.md and
-its plots (memory, latency, /dev/shm)."""
+"""What the soak says and writes.
+
+A progress line per sample; samples.csv, results.json, report.md and its plots (memory, latency, /dev/shm).
+"""
 
 from __future__ import annotations
 
@@ -179,12 +181,22 @@ def report(results: dict, rows: list[dict]) -> str:
     lines += [
         "",
         f"/dev/shm files of these processes seen during the run: {len(results.get('shm_files_seen', []))}; "
-        + ("left after shutdown: **" + ", ".join(leftover) + "**" if leftover else
-           "none left after shutdown" if leftover is not None else "not checked (run did not get that far)")
+        + (
+            "left after shutdown: **" + ", ".join(leftover) + "**"
+            if leftover
+            else "none left after shutdown"
+            if leftover is not None
+            else "not checked (run did not get that far)"
+        )
         + ".",
         "",
-        "Stub processes: " + (", ".join(f"{name} pid {'→'.join(map(str, pids))}" for name, pids in
-                                        sorted(results.get("stub_pids", {}).items())) or "none seen"),
+        "Stub processes: "
+        + (
+            ", ".join(
+                f"{name} pid {'→'.join(map(str, pids))}" for name, pids in sorted(results.get("stub_pids", {}).items())
+            )
+            or "none seen"
+        ),
         "",
         "## Samples",
         "",
@@ -210,5 +222,3 @@ def series_name(column: str) -> str:
     kind, _, label = column.partition(".")
     kind = {"rss_mib": "RSS", "pss_mib": "PSS", "fds": "open fds", "threads": "threads"}.get(kind, kind)
     return f"{kind} {label}".strip()
-
-

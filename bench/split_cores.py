@@ -47,8 +47,10 @@ def split(cores: set[int]) -> tuple[set[int], set[int]]:
 
 
 def _started_on(cores: set[int], start: Callable[[], T]) -> T:
-    """Run `start()` with this process pinned to `cores`, so the processes it spawns (and all their
-    threads) inherit them; this process's own cores are restored after."""
+    """Run `start()` with this process pinned to `cores`, and restore its own cores after.
+
+    The processes it spawns, and all their threads, inherit `cores`.
+    """
     own = os.sched_getaffinity(0)
     os.sched_setaffinity(0, cores)
     try:
@@ -90,10 +92,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-split-"))
     stack = ServingStack(
-        link_models(workdir / "repo", {args.model: REPOSITORY / args.model}), out, backend_dir=workdir / "backends",
+        link_models(workdir / "repo", {args.model: REPOSITORY / args.model}),
+        out,
+        backend_dir=workdir / "backends",
         facade_args=["--default-model", args.model, "--health-interval", "30", "--max-in-flight", "1024"],
     )
-    print(f"tritonserver on cores {sorted(server_cores)}, facade and load generator on {sorted(client_cores)}", flush=True)
+    print(
+        f"tritonserver on cores {sorted(server_cores)}, facade and load generator on {sorted(client_cores)}", flush=True
+    )
     runs: dict[str, list[dict]] = {"Triton direct": [], "facade": []}
     own = os.sched_getaffinity(0)
     try:
@@ -102,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, client_cores)  # the load generator runs in this process
         # Where the processes really run (every thread of each): the layout, checked.
         placed = {
-            "tritonserver and stubs": _cores_of([triton.process.pid, *(c.pid for c in psutil.Process(triton.process.pid).children())]),
+            "tritonserver and stubs": _cores_of(
+                [triton.process.pid, *(c.pid for c in psutil.Process(triton.process.pid).children())]
+            ),
             "facade": _cores_of([facade.process.pid]),
         }
         targets = {
@@ -123,9 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     p50 = {name: statistics.median(p["p50_ms"] for p in points) for name, points in runs.items()}
     ratio = median["facade"] / median["Triton direct"] if median["Triton direct"] else 0.0
     results = {
-        "started": started, "model": args.model, "concurrency": args.concurrency,
-        "server_cores": sorted(server_cores), "client_cores": sorted(client_cores), "placed": placed, "runs": runs,
-        "median_images_per_s": median, "median_p50_ms": p50, "facade_vs_direct": round(ratio, 3),
+        "started": started,
+        "model": args.model,
+        "concurrency": args.concurrency,
+        "server_cores": sorted(server_cores),
+        "client_cores": sorted(client_cores),
+        "placed": placed,
+        "runs": runs,
+        "median_images_per_s": median,
+        "median_p50_ms": p50,
+        "facade_vs_direct": round(ratio, 3),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2))
     lines = [
@@ -143,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     (out / "report.md").write_text("\n".join(lines))
-    print(f"facade / Triton direct: {ratio:.2f}x, p50 {p50['facade'] - p50['Triton direct']:+.2f} ms; report: {out / 'report.md'}",
-          flush=True)
+    print(
+        f"facade / Triton direct: {ratio:.2f}x, p50 {p50['facade'] - p50['Triton direct']:+.2f} ms; report: {out / 'report.md'}",
+        flush=True,
+    )
     return 0
 
 

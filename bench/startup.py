@@ -38,7 +38,8 @@ def measure_triton_startup(model: str, ports: Ports, repository: Path = REPOSITO
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-startup-"))
     try:
         server = TritonServer(
-            model_repository=link_models(workdir / "repo", {model: repository / model}), ports=ports,
+            model_repository=link_models(workdir / "repo", {model: repository / model}),
+            ports=ports,
             backend_dir=workdir / "backends",
             log_file=workdir / "tritonserver.log",
         )

@@ -50,9 +50,11 @@ def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> floa
 
 
 def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
-    """Median of the slopes between every pair of samples: a single step (a cache or arena filled
-    once) moves it little, steady growth moves it as much as the least-squares line. NaN for fewer
-    than 2 distinct times."""
+    """Median of the slopes between every pair of samples.
+
+    A single step (a cache or arena filled once) moves it little, steady growth moves it as much as the least-squares
+    line. NaN for fewer than 2 distinct times.
+    """
     t = np.asarray(times, dtype=float)
     v = np.asarray(values, dtype=float)
     i, j = np.triu_indices(len(t), k=1)
@@ -63,14 +65,24 @@ def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
     return float(np.median((v[j] - v[i])[keep] / dt[keep]))
 
 
-def trend(series: str, times: Sequence[float], values: Sequence[float], *, unit: str = "MiB",
-          abs_threshold: float = GROWTH_MIB_PER_10MIN, fraction_threshold: float = GROWTH_FRACTION,
-          min_samples: int = 3) -> Trend:
-    """Fit the second half of the run (samples at or after the midpoint of the first and last
-    times) with least squares and with Theil-Sen; flag when both projected 10-minute growths
-    exceed both thresholds (absolute, and as a fraction of the window's mean). NaN values (e.g. a
-    sample of a process that was not there yet) are left out."""
-    points = [(t, v) for t, v in zip(times, values) if v is not None and math.isfinite(v)]
+def trend(
+    series: str,
+    times: Sequence[float],
+    values: Sequence[float],
+    *,
+    unit: str = "MiB",
+    abs_threshold: float = GROWTH_MIB_PER_10MIN,
+    fraction_threshold: float = GROWTH_FRACTION,
+    min_samples: int = 3,
+) -> Trend:
+    """Fit the second half of the run with least squares and with Theil-Sen, and flag growth.
+
+    The second half is the samples at or after the midpoint of the first and last times. It is
+    flagged when both projected 10-minute growths exceed both thresholds (absolute, and as a
+    fraction of the window's mean). NaN values (e.g. a sample of a process that was not there
+    yet) are left out.
+    """
+    points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
     if not points:
         nan = math.nan
         return Trend(series, unit, 0, nan, nan, nan, nan, nan, nan, nan, False, "no samples")
@@ -81,8 +93,20 @@ def trend(series: str, times: Sequence[float], values: Sequence[float], *, unit:
     window_v = [v for t, v in points if t >= middle]
     mean = float(np.mean(window_v))
     if len(window_t) < min_samples:
-        return Trend(series, unit, len(window_t), start, end, peak, mean, math.nan, math.nan, math.nan, False,
-                     f"fewer than {min_samples} samples in the second half: not judged")
+        return Trend(
+            series,
+            unit,
+            len(window_t),
+            start,
+            end,
+            peak,
+            mean,
+            math.nan,
+            math.nan,
+            math.nan,
+            False,
+            f"fewer than {min_samples} samples in the second half: not judged",
+        )
     growth = least_squares_slope(window_t, window_v) * TEN_MINUTES
     robust = theil_sen_slope(window_t, window_v) * TEN_MINUTES
     smaller = min(growth, robust)

@@ -43,6 +43,7 @@ class Candidate:
 
 def apply(config: str, candidate: Candidate) -> str:
     """The config text with the candidate's values in place of the current ones."""
+
     def replace(pattern: str, value: str, text: str) -> str:
         updated, count = re.subn(pattern, value, text, count=1)
         if count != 1:
@@ -76,14 +77,21 @@ def measure(
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-tune-"))
     try:
         config = apply((repository / model / "config.pbtxt").read_text(), candidate)
-        with ServingStack(link_models(workdir / "repo", {model: repository / model}, {model: config}), workdir,
-                          with_facade=False) as stack:
+        with ServingStack(
+            link_models(workdir / "repo", {model: repository / model}, {model: config}), workdir, with_facade=False
+        ) as stack:
             server = stack.triton
             points = {}
             for concurrency in concurrencies:
                 point = run_perf_analyzer(
-                    model, server.grpc_url, concurrency, measurement_ms=int(seconds * 1000), shared_memory=True,
-                    shapes=shapes, input_data=input_data, headers=server.admin_headers,
+                    model,
+                    server.grpc_url,
+                    concurrency,
+                    measurement_ms=int(seconds * 1000),
+                    shared_memory=True,
+                    shapes=shapes,
+                    input_data=input_data,
+                    headers=server.admin_headers,
                 )
                 points[concurrency] = point.as_dict()
             return points
@@ -97,9 +105,12 @@ Points = dict[int, dict]  # concurrency -> perf_analyzer point (PerfPoint.as_dic
 def choose(
     results: list[tuple[Candidate, Points]], p99_budget_ms: float, lone_p50_budget_ms: float | None = None
 ) -> tuple[Candidate, Points] | None:
-    """The candidate with the highest throughput at the highest concurrency among those whose p99
-    there is within `p99_budget_ms` and, if given, whose p50 at the lowest concurrency (a lone
-    request) is within `lone_p50_budget_ms`; None if no candidate qualifies."""
+    """The candidate with the highest throughput at the highest concurrency, within the budgets.
+
+    A candidate qualifies when its p99 there is within `p99_budget_ms` and, if given, its p50 at
+    the lowest concurrency (a lone request) within `lone_p50_budget_ms`; None if none qualifies.
+    """
+
     def qualifies(points: Points) -> bool:
         top, lone = points[max(points)], points[min(points)]
         return top["p99_ms"] <= p99_budget_ms and (lone_p50_budget_ms is None or lone["p50_ms"] <= lone_p50_budget_ms)
@@ -131,32 +142,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="perf_analyzer measurement window")
     parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="at the highest concurrency")
     parser.add_argument(
-        "--lone-p50-budget-ms", type=float,
+        "--lone-p50-budget-ms",
+        type=float,
         help="p50 budget at the lowest concurrency (a request on its own); default: none",
     )
-    parser.add_argument("--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16")
+    parser.add_argument(
+        "--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16"
+    )
     parser.add_argument("--input-data", default="random", help='perf_analyzer --input-data; "zero" for token ids')
     parser.add_argument("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
     args = parser.parse_args(argv)
 
     preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
-    candidates = [Candidate(*values) for values in itertools.product(args.instances, args.threads, args.delays, preferred)]
+    candidates = [
+        Candidate(*values) for values in itertools.product(args.instances, args.threads, args.delays, preferred)
+    ]
     top = max(args.concurrency)
     results = []
     for index, candidate in enumerate(candidates, 1):
         started = time.monotonic()
         print(f"[{index}/{len(candidates)}] {candidate.describe()} ...", flush=True)
         try:
-            points = measure(args.model, args.repository, candidate, args.concurrency, args.seconds, tuple(args.shape), args.input_data)
+            points = measure(
+                args.model,
+                args.repository,
+                candidate,
+                args.concurrency,
+                args.seconds,
+                tuple(args.shape),
+                args.input_data,
+            )
         except PerfAnalyzerError as error:
             print(f"  failed: {error}", flush=True)
             continue
         results.append((candidate, points))
         print(
-            "  " + "; ".join(
+            "  "
+            + "; ".join(
                 f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
                 for c, p in points.items()
-            ) + f" ({time.monotonic() - started:.0f}s)",
+            )
+            + f" ({time.monotonic() - started:.0f}s)",
             flush=True,
         )
     lone = min(args.concurrency)

@@ -36,19 +36,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--model-repository", type=Path, default=paths.model_repository, help="default: %(default)s")
     parser.add_argument("--log-dir", type=Path, default=paths.build, help="server logs; default: %(default)s")
-    parser.add_argument("--triton-http", action=argparse.BooleanOptionalAction, default=True,
-                        help="serve Triton's HTTP endpoint on 8000 (the facade needs only gRPC; --no-triton-http "
-                        "turns it off); default: on")
-    parser.add_argument("--facade", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the facade in front of Triton (--no-facade: tritonserver alone); default: on")
+    parser.add_argument(
+        "--triton-http",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve Triton's HTTP endpoint on 8000 (the facade needs only gRPC; --no-triton-http "
+        "turns it off); default: on",
+    )
+    parser.add_argument(
+        "--facade",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the facade in front of Triton (--no-facade: tritonserver alone); default: on",
+    )
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     stack = ServingStack(
-        repository=args.model_repository.resolve(), workdir=args.log_dir, triton_ports=Ports(),
-        facade_ports=(50051, 3000), with_facade=args.facade, facade_args=args.facade_args, supervised=True,
-        triton_http=args.triton_http, all_models_ready=False,  # a model that failed is listed with its reason
+        repository=args.model_repository.resolve(),
+        workdir=args.log_dir,
+        triton_ports=Ports(),
+        facade_ports=(50051, 3000),
+        with_facade=args.facade,
+        facade_args=args.facade_args,
+        supervised=True,
+        triton_http=args.triton_http,
+        all_models_ready=False,  # a model that failed is listed with its reason
         backend_dir=paths.backends,
     )
     triton = stack.triton
@@ -68,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
             f"ready after {time.monotonic() - started:.1f}s\n"
             f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
             f"metrics {triton.metrics_url}\n"
-            + (f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
-               f"{facade.http_url}/metrics  {facade.http_url}/health\n" if facade else "")
+            + (
+                f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
+                f"{facade.http_url}/metrics  {facade.http_url}/health\n"
+                if facade
+                else ""
+            )
             + f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key in {key_place}\n"
             "Ctrl-C stops it.",
             flush=True,

@@ -1,5 +1,4 @@
-"""What `triton_health` and `triton_infer` share: URL defaults, one client for both protocols,
-and error messages.
+"""What `triton_health` and `triton_infer` share: URL defaults, one client for both protocols, and error messages.
 
 tritonclient's gRPC and HTTP clients have the same methods but answer differently (gRPC JSON
 carries int64 values as strings and leaves default fields out, the config comes wrapped in
@@ -62,9 +61,7 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="server address (default: from the environment, see below)",
     )
-    parser.add_argument(
-        "--protocol", choices=PROTOCOLS, default="grpc", help="protocol to talk (default: grpc)"
-    )
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="grpc", help="protocol to talk (default: grpc)")
 
 
 def resolve_url(args: argparse.Namespace) -> str:
@@ -73,8 +70,10 @@ def resolve_url(args: argparse.Namespace) -> str:
 
 
 def describe_error(exc: InferenceServerException) -> str:
-    """`<status>: <message>`; gRPC statuses lose their `StatusCode.` prefix so that both protocols
-    read alike (`NOT_FOUND` / `404`)."""
+    """`<status>.
+
+    <message>`; gRPC statuses lose their `StatusCode.` prefix so that both protocols read alike (`NOT_FOUND` / `404`).
+    """
     status = exc.status()
     message = exc.message() or str(exc)
     if status is None:  # raised by the client library itself, e.g. a bad argument
@@ -214,9 +213,6 @@ class TritonClient:
         else:
             requested = [module.InferRequestedOutput(n) for n in output_names]
         result = self._call("infer", model, infer_inputs, outputs=requested)
-        response = (
-            result.get_response(as_json=True) if self.protocol == "grpc" else result.get_response()
-        )
+        response = result.get_response(as_json=True) if self.protocol == "grpc" else result.get_response()
         outputs = {name: result.as_numpy(name) for name in output_names}
         return outputs, str(response.get("model_version", ""))
-

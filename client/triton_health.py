@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tritonclient.utils import InferenceServerException
 
@@ -65,8 +66,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def summarize_config(config: dict) -> dict[str, Any]:
-    """The scheduling part of a model config, with gRPC's omitted defaults filled in and its
-    string-encoded 64-bit numbers turned back into ints, so both protocols report the same."""
+    """The scheduling part of a model config, the same whichever protocol read it.
+
+    gRPC's omitted defaults are filled in and its string-encoded 64-bit numbers turned back into ints.
+    """
     dynamic = config.get("dynamic_batching")  # absent: the model has no dynamic batcher
     summary: dict[str, Any] = {
         "max_batch_size": int(config.get("max_batch_size", 0)),
@@ -97,8 +100,10 @@ def summarize_config(config: dict) -> dict[str, Any]:
 
 
 def check_model(client: TritonClient, name: str, index: list[dict]) -> dict[str, Any]:
-    """Readiness, versions, metadata and config summary of one model. A model that is not
-    loaded has no metadata; the reason goes into `error` instead of failing the whole check."""
+    """Readiness, versions, metadata and config summary of one model.
+
+    A model that is not loaded has no metadata; the reason goes into `error` instead of failing the whole check.
+    """
     report: dict[str, Any] = {
         "name": name,
         "ready": client.model_ready(name),
@@ -182,9 +187,7 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     for model in report["models"]:
         lines.append(f"model {model['name']}: {'ready' if model['ready'] else 'NOT READY'}")
-        versions = ", ".join(
-            " ".join(v[key] for key in ("version", "state") if key in v) for v in model["versions"]
-        )
+        versions = ", ".join(" ".join(v[key] for key in ("version", "state") if key in v) for v in model["versions"])
         lines.append(f"  versions: {versions or 'none in the repository index'}")
         # Load failures carry a multi-line Python traceback; keep it indented under the model.
         lines.extend(

@@ -10,7 +10,8 @@ import argparse
 import json
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
@@ -134,9 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="send the same request K times, one after another (default: 1)",
     )
-    parser.add_argument(
-        "--top-k", type=_positive_int, default=5, help="classes shown per row (default: 5)"
-    )
+    parser.add_argument("--top-k", type=_positive_int, default=5, help="classes shown per row (default: 5)")
     parser.add_argument(
         "--timeout-ms",
         type=_positive_float,
@@ -180,9 +179,7 @@ def numpy_dtype(datatype: str) -> np.dtype:
     return np.dtype(np_type)
 
 
-def generate_input(
-    name: str, datatype: str, shape: Sequence[int], source: str, rng: np.random.Generator
-) -> np.ndarray:
+def generate_input(name: str, datatype: str, shape: Sequence[int], source: str, rng: np.random.Generator) -> np.ndarray:
     """A `random` or `zeros` tensor for one input (see the --help epilog for the rules)."""
     if datatype == "BYTES":
         raise InputError(f"input {name!r} is BYTES: give it a .npy file of strings")
@@ -208,8 +205,10 @@ def load_npy(
     max_batch_size: int,
     batch_size: int,
 ) -> np.ndarray:
-    """The array in `path` for one input, with the batch dim added (repeated batch_size times)
-    when the file leaves it out."""
+    """The array in `path` for one input.
+
+    The batch dim is added (repeated batch_size times) when the file leaves it out.
+    """
     try:
         array = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -225,9 +224,7 @@ def load_npy(
     if max_batch_size > 0 and array.ndim == rank - 1:
         return np.repeat(array[np.newaxis], batch_size, axis=0)
     if array.ndim != rank:
-        raise InputError(
-            f"input {name!r}: {path} has shape {list(array.shape)}, the model wants {list(model_shape)}"
-        )
+        raise InputError(f"input {name!r}: {path} has shape {list(array.shape)}, the model wants {list(model_shape)}")
     return array
 
 
@@ -245,8 +242,7 @@ def build_inputs(
     unknown = sorted(set(named_sources) - set(input_names))
     if unknown:
         raise InputError(
-            f"model {metadata['name']!r} has no input {', '.join(unknown)}; "
-            f"its inputs are: {', '.join(input_names)}"
+            f"model {metadata['name']!r} has no input {', '.join(unknown)}; its inputs are: {', '.join(input_names)}"
         )
     if max_batch_size == 0 and batch_size != 1:
         raise InputError(f"model {metadata['name']!r} does not batch (max_batch_size 0): drop --batch-size")
@@ -264,8 +260,10 @@ def build_inputs(
 
 
 def _plain(value: Any) -> Any:
-    """A JSON-ready Python value of one array element. float32/float16 go through their own
-    shortest repr, so 0.101 is reported as 0.101 and not as 0.10100000351667404."""
+    """A JSON-ready Python value of one array element.
+
+    float32/float16 go through their own shortest repr, so 0.101 is reported as 0.101 and not as 0.10100000351667404.
+    """
     if isinstance(value, (np.float32, np.float16)):
         return float(str(value))
     if isinstance(value, np.generic):
@@ -274,29 +272,33 @@ def _plain(value: Any) -> Any:
 
 
 def top_k(scores: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
-    """Per row of a 2-D array, the k highest (index, score) pairs, highest first; ties keep the
-    lower index first so the listing is reproducible."""
+    """Per row of a 2-D array, the k highest (index, score) pairs, highest first.
+
+    Ties keep the lower index first so the listing is reproducible.
+    """
     k = min(k, scores.shape[-1])
     order = np.argsort(-scores, axis=-1, kind="stable")[:, :k]
-    return [[(int(i), _plain(row[i])) for i in row_order] for row, row_order in zip(scores, order)]
+    return [[(int(i), _plain(row[i])) for i in row_order] for row, row_order in zip(scores, order, strict=False)]
 
 
 def describe_output(name: str, datatype: str, array: np.ndarray, k: int) -> dict:
-    """What is shown of one output: top-k per row for classifier-like outputs (FP32 [batch, N]
-    with N >= 10), the first values otherwise."""
+    """What is shown of one output.
+
+    Top-k per row for classifier-like outputs (FP32 [batch, N] with N >= 10), the first values otherwise.
+    """
     described: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if datatype == "FP32" and array.ndim == 2 and array.shape[-1] >= 10:
-        described["top_k"] = [
-            [{"index": index, "score": score} for index, score in row] for row in top_k(array, k)
-        ]
+        described["top_k"] = [[{"index": index, "score": score} for index, score in row] for row in top_k(array, k)]
     else:
         described["first_values"] = [_plain(v) for v in array.reshape(-1)[:FIRST_VALUES]]
     return described
 
 
 def latency_stats(latencies_ms: Sequence[float]) -> dict[str, Any]:
-    """Per-request latencies and their p50/p90/p99/mean (percentiles linearly interpolated),
-    rounded to the microsecond: finer digits are timer noise."""
+    """Per-request latencies and their p50/p90/p99/mean (percentiles linearly interpolated), rounded to the microsecond.
+
+    Finer digits are timer noise.
+    """
     values = np.asarray(latencies_ms, dtype=np.float64)
     p50, p90, p99 = np.percentile(values, [50, 90, 99])
     return {
@@ -316,9 +318,7 @@ def run(client: TritonClient, args: argparse.Namespace) -> dict[str, Any]:
     metadata = client.model_metadata(args.model)
     max_batch_size = int(client.model_config(args.model).get("max_batch_size", 0))
     named_sources = dict(args.input_name)
-    inputs = build_inputs(
-        metadata, max_batch_size, args.input, named_sources, args.batch_size, args.seq_len, args.seed
-    )
+    inputs = build_inputs(metadata, max_batch_size, args.input, named_sources, args.batch_size, args.seq_len, args.seed)
     input_datatypes = {spec["name"]: spec["datatype"] for spec in metadata["inputs"]}
     output_datatypes = {spec["name"]: spec["datatype"] for spec in metadata["outputs"]}
 
@@ -344,8 +344,7 @@ def run(client: TritonClient, args: argparse.Namespace) -> dict[str, Any]:
         ],
         # Every request carries the same inputs, so the last response stands for all of them.
         "outputs": [
-            describe_output(name, datatype, outputs[name], args.top_k)
-            for name, datatype in output_datatypes.items()
+            describe_output(name, datatype, outputs[name], args.top_k) for name, datatype in output_datatypes.items()
         ],
         "latency_ms": latency_stats(latencies_ms),
     }

@@ -36,7 +36,9 @@ class Outcome:
         return "OK" if self.error is None else str(self.error.status())
 
 
-def infer(client: grpcclient.InferenceServerClient, model: str, tensors: Mapping[str, np.ndarray], outputs: list[str]) -> Outcome:
+def infer(
+    client: grpcclient.InferenceServerClient, model: str, tensors: Mapping[str, np.ndarray], outputs: list[str]
+) -> Outcome:
     started = time.perf_counter()
     try:
         result = client.infer(model, make_inputs(tensors))

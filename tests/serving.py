@@ -17,13 +17,21 @@ MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier
 # limits testable with a few requests.
 FACADE_MAX_IN_FLIGHT = 8
 FACADE_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-FACADE_TEST_ARGS = ["--max-in-flight", str(FACADE_MAX_IN_FLIGHT), "--max-message-bytes", str(FACADE_MAX_MESSAGE_BYTES),
-                    "--health-interval", "1"]
+FACADE_TEST_ARGS = [
+    "--max-in-flight",
+    str(FACADE_MAX_IN_FLIGHT),
+    "--max-message-bytes",
+    str(FACADE_MAX_MESSAGE_BYTES),
+    "--health-interval",
+    "1",
+]
 
 
 def start_facade(triton: TritonServer, workdir: Path, *extra: str) -> FacadeProcess:
     """A facade of its own in front of `triton`, ready; the caller stops it."""
-    return facade_process.start_facade(triton.grpc_url, triton.admin_key, workdir / "facade.log", [*FACADE_TEST_ARGS, *extra])
+    return facade_process.start_facade(
+        triton.grpc_url, triton.admin_key, workdir / "facade.log", [*FACADE_TEST_ARGS, *extra]
+    )
 
 
 def onnx_file(model: str) -> Path:

@@ -7,6 +7,7 @@ The demo models are written op by op with `onnx.helper`; this class keeps the bo
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -72,7 +73,7 @@ class GraphBuilder:
 
     def constant(self, value: float | Sequence[int], dtype: type = np.int64) -> str:
         """A small constant (shape, axes, scalar) as an initializer; equal constants share one."""
-        array = np.array(value, dtype=dtype)
+        array: np.ndarray = np.array(value, dtype=dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
         if key not in self._constants:
             self._constants[key] = self.initializer("const", array)
@@ -82,9 +83,7 @@ class GraphBuilder:
         """Seeded float32 samples of N(0, std^2)."""
         return self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
-    def node(
-        self, op_type: str, inputs: Sequence[str], name: str | None = None, **attrs: object
-    ) -> str:
+    def node(self, op_type: str, inputs: Sequence[str], name: str | None = None, **attrs: Any) -> str:
         """Append a single-output node; its output tensor carries the node's (unique) name."""
         name = self.unique(name or op_type)
         self._nodes.append(helper.make_node(op_type, list(inputs), [name], name=name, **attrs))
@@ -92,9 +91,7 @@ class GraphBuilder:
 
     def build(self, graph_name: str) -> onnx.ModelProto:
         """Assemble the model, infer intermediate shapes and validate it with the ONNX checker."""
-        graph = helper.make_graph(
-            self._nodes, graph_name, self._inputs, self._outputs, self._initializers
-        )
+        graph = helper.make_graph(self._nodes, graph_name, self._inputs, self._outputs, self._initializers)
         model = helper.make_model(
             graph,
             opset_imports=[helper.make_opsetid("", OPSET)],
@@ -134,9 +131,7 @@ class GraphBuilder:
             group=groups,
         )
 
-    def batch_norm(
-        self, x: str, channels: int, name: str, gamma: float = 1.0, eps: float = 1e-5
-    ) -> str:
+    def batch_norm(self, x: str, channels: int, name: str, gamma: float = 1.0, eps: float = 1e-5) -> str:
         """Inference-mode BatchNormalization with near-identity statistics.
 
         Random weights leave nothing for BN to normalise, so `gamma` is the knob callers use to
@@ -180,7 +175,7 @@ class GraphBuilder:
         return self.activation(y, act, f"{name}.act")
 
     def linear(self, x: str, in_features: int, out_features: int, name: str) -> str:
-        """y = x @ W + b over the last axis (any rank); LeCun-normal W keeps unit variance."""
+        """Y = x @ W + b over the last axis (any rank); LeCun-normal W keeps unit variance."""
         w = self.normal((in_features, out_features), 1.0 / np.sqrt(in_features))
         y = self.node("MatMul", [x, self.initializer(f"{name}.weight", w)], f"{name}.matmul")
         b = self.initializer(f"{name}.bias", self.normal((out_features,), 0.02))
@@ -205,14 +200,8 @@ def count_parameters(model: onnx.ModelProto) -> int:
     mean/var are buffers; tiny shape/axis constants are counted too (a handful of elements).
     """
     running_stats = {
-        name
-        for node in model.graph.node
-        if node.op_type == "BatchNormalization"
-        for name in node.input[3:5]
+        name for node in model.graph.node if node.op_type == "BatchNormalization" for name in node.input[3:5]
     }
     return sum(
-        int(np.prod(init.dims, dtype=np.int64))
-        for init in model.graph.initializer
-        if init.name not in running_stats
+        int(np.prod(init.dims, dtype=np.int64)) for init in model.graph.initializer if init.name not in running_stats
     )
-

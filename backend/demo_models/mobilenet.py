@@ -69,11 +69,9 @@ def _conv_bn(
     groups: int = 1,
     gamma: float = 1.0,
 ) -> str:
-    """torchvision's Conv2dNormActivation: conv `name.0`, BN `name.1`, activation."""
+    """Torchvision's Conv2dNormActivation: conv `name.0`, BN `name.1`, activation."""
     gamma *= GAMMA[act]
-    return b.conv_bn(
-        x, in_ch, out_ch, kernel, f"{name}.0", f"{name}.1", stride, groups, act, gamma, BN_EPS
-    )
+    return b.conv_bn(x, in_ch, out_ch, kernel, f"{name}.0", f"{name}.1", stride, groups, act, gamma, BN_EPS)
 
 
 def _squeeze_excitation(b: GraphBuilder, x: str, channels: int, name: str) -> str:

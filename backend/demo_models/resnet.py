@@ -19,14 +19,10 @@ def _bottleneck(b: GraphBuilder, x: str, in_ch: int, width: int, stride: int, na
     out_ch = width * EXPANSION
     y = b.conv_bn(x, in_ch, width, 1, f"{name}.conv1", f"{name}.bn1")
     y = b.conv_bn(y, width, width, 3, f"{name}.conv2", f"{name}.bn2", stride=stride)
-    y = b.conv_bn(
-        y, width, out_ch, 1, f"{name}.conv3", f"{name}.bn3", act=None, gamma=RESIDUAL_GAMMA
-    )
+    y = b.conv_bn(y, width, out_ch, 1, f"{name}.conv3", f"{name}.bn3", act=None, gamma=RESIDUAL_GAMMA)
     shortcut = x
     if stride != 1 or in_ch != out_ch:  # projection shortcut
-        shortcut = b.conv_bn(
-            x, in_ch, out_ch, 1, f"{name}.downsample.0", f"{name}.downsample.1", stride, act=None
-        )
+        shortcut = b.conv_bn(x, in_ch, out_ch, 1, f"{name}.downsample.0", f"{name}.downsample.1", stride, act=None)
     y = b.node("Add", [y, shortcut], f"{name}.add")
     return b.node("Relu", [y], f"{name}.relu")
 

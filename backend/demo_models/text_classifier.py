@@ -66,8 +66,11 @@ def _encoder_layer(b: GraphBuilder, x: str, key_bias: str, name: str) -> str:
 
 
 def _encode(b: GraphBuilder) -> tuple[str, str]:
-    """Inputs `input_ids`, `attention_mask` INT64 [batch, sequence] -> final hidden states
-    [batch, sequence, HIDDEN] and the padding mask [batch, sequence] (True where padded)."""
+    """The encoder: final hidden states [batch, sequence, HIDDEN] and the padding mask.
+
+    Inputs `input_ids`, `attention_mask`: INT64 [batch, sequence]; the mask returned is
+    [batch, sequence], True where padded.
+    """
     ids = b.add_input("input_ids", INT64, ["batch", "sequence"])
     mask = b.add_input("attention_mask", INT64, ["batch", "sequence"])
 

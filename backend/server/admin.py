@@ -36,8 +36,11 @@ def known_admin_key(paths: Paths | None = None) -> str:
 
 
 def share_admin_key(key: str, paths: Paths | None = None) -> str:
-    """Where local tools find the key: $TRITONNX_ADMIN_KEY when it came from there, else the file
-    written here, readable by this user only. Returns that place, to print."""
+    """Where local tools find the key.
+
+    $TRITONNX_ADMIN_KEY when it came from there, else the file written here, readable by this user only. Returns that
+    place, to print.
+    """
     if os.environ.get(ADMIN_KEY_ENV):
         return "$" + ADMIN_KEY_ENV
     key_file = (paths or Paths.from_environment()).admin_key_file

@@ -35,8 +35,18 @@ class FacadeProcess(ManagedProcess):
 
     def start(self) -> None:
         command = [
-            sys.executable, "-m", "client.facade", "--host", self.host, "--port", str(self.grpc_port),
-            "--http-port", str(self.http_port), "--triton-url", self.triton_url, *self.extra_args,
+            sys.executable,
+            "-m",
+            "client.facade",
+            "--host",
+            self.host,
+            "--port",
+            str(self.grpc_port),
+            "--http-port",
+            str(self.http_port),
+            "--triton-url",
+            self.triton_url,
+            *self.extra_args,
         ]
         env = dict(os.environ)
         if self.admin_key:
@@ -70,8 +80,12 @@ def start_facade(
     """A facade in front of `triton_url`, on `ports` (gRPC, HTTP) or free ones, ready (or stopped and raising)."""
     grpc_port, http_port = ports or free_ports(2)
     facade = FacadeProcess(
-        grpc_port=grpc_port, http_port=http_port, triton_url=triton_url, log_file=log_file,
-        admin_key=admin_key, extra_args=list(extra_args or []),
+        grpc_port=grpc_port,
+        http_port=http_port,
+        triton_url=triton_url,
+        log_file=log_file,
+        admin_key=admin_key,
+        extra_args=list(extra_args or []),
     )
     facade.start()
     try:

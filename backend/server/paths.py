@@ -1,6 +1,6 @@
-"""Where the model repository and the build outputs (Triton's backend directory, logs, the admin
-key) are, from the environment, with this checkout as the default.
+"""Where the model repository and the build outputs are: the environment, else this checkout.
 
+The build outputs are Triton's backend directory, logs and the admin key.
 `TRITONNX_MODEL_REPOSITORY` and `TRITONNX_BUILD_DIR` name them; `TRITONNX_HOME` is the folder
 both default to (`<home>/model_repository`, `<home>/build`). Without it, the home is the checkout
 this package runs from, or, installed elsewhere (an image's site-packages), the working directory.

@@ -44,6 +44,12 @@ class ManagedProcess:
             command, env=env, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True
         )
 
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise ServerError("the process was never started")
+        return self.process.pid
+
     def wait_until(self, ready: Callable[[], bool], what: str, timeout: float) -> None:
         """Poll `ready` until it answers True; raise with the log tail if the process exits or time runs out."""
         deadline = time.monotonic() + timeout

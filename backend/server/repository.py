@@ -20,8 +20,10 @@ def stock_model_py() -> Path:
 
 
 def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[str, str] | None = None) -> Path:
-    """`directory` serving `models` (name -> a model's folder in another repository): every version's
-    files symlinked, config.pbtxt copied unless `configs` gives its text. Returns `directory`."""
+    """`directory` serving `models` (name -> a model's folder in another repository).
+
+    Every version's files symlinked, config.pbtxt copied unless `configs` gives its text. Returns `directory`.
+    """
     for name, source in models.items():
         target = directory / name
         target.mkdir(parents=True)
@@ -38,9 +40,11 @@ def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[st
 
 
 def add_model(directory: Path, name: str, config: str, model_py: Path | None = None) -> Path:
-    """`directory/name` with `config` as config.pbtxt and `model_py` (default: the stock one) in
-    version 1; returns the version folder, where the caller puts `model.onnx` (and any external
-    data beside it)."""
+    """`directory/name` with `config` as config.pbtxt and `model_py` (default.
+
+    The stock one) in version 1; returns the version folder, where the caller puts `model.onnx` (and any external data
+    beside it).
+    """
     version = directory / name / "1"
     version.mkdir(parents=True)
     (directory / name / "config.pbtxt").write_text(config)

@@ -61,7 +61,7 @@ class ServingStack:
             self.supervisor = TritonSupervisor(self.triton, self.supervisor_interval, self.ready_timeout)
 
     def start(self) -> ServingStack:
-        """tritonserver (and its supervisor), then the facade when the stack has one."""
+        """Tritonserver (and its supervisor), then the facade when the stack has one."""
         self.start_triton()
         if self.with_facade:
             self.start_facade()
@@ -76,7 +76,11 @@ class ServingStack:
 
     def start_facade(self) -> FacadeProcess:
         self.facade = start_facade(
-            self.triton.grpc_url, self.admin_key, self.workdir / "facade.log", self.facade_args, self.facade_ports,
+            self.triton.grpc_url,
+            self.admin_key,
+            self.workdir / "facade.log",
+            self.facade_args,
+            self.facade_ports,
             timeout=self.ready_timeout,
         )
         return self.facade

@@ -48,8 +48,10 @@ RETIRE_AFTER_SECONDS = 5.0
 
 @dataclass(frozen=True)
 class Stub:
-    """One Python backend stub process, from its command line:
-    `stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> <backend dir> <ipc> <instance> <kind>`."""
+    """One Python backend stub process, from its command line.
+
+    `stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> <backend dir> <ipc> <instance> <kind>`.
+    """
 
     pid: int
     model: str
@@ -57,15 +59,15 @@ class Stub:
     shm_region: str
 
     @classmethod
-    def from_command_line(cls, pid: int, args: list[str]) -> "Stub | None":
+    def from_command_line(cls, pid: int, args: list[str]) -> Stub | None:
         if len(args) < 9 or not args[0].endswith(STUB_EXECUTABLE):
             return None
         return cls(pid=pid, model=Path(args[1]).parent.parent.name, instance=args[8], shm_region=args[2])
 
 
 def live_stubs(server_pid: int) -> dict[int, Stub]:
-    """tritonserver's live stub processes by pid (zombies and other children left out)."""
-    stubs = {}
+    """Tritonserver's live stub processes by pid (zombies and other children left out)."""
+    stubs: dict[int, Stub] = {}
     try:
         children = psutil.Process(server_pid).children()
     except psutil.NoSuchProcess:
@@ -143,7 +145,7 @@ class TritonSupervisor:
 
     def check_stubs(self) -> list[str]:
         """One look at the stubs; reload the models that lost one. Returns the models reloaded."""
-        live = live_stubs(self.server.process.pid)
+        live = live_stubs(self.server.pid)
         for model in {stub.model for stub in live.values()} - set(self._expected):
             config = self._served_config(model)
             if config is not None:  # else it is being loaded or unloaded: learned on a later look
@@ -158,8 +160,11 @@ class TritonSupervisor:
             self._complete.discard(model)  # its new generation has to come up in full again
             if not self._model_ready(model):
                 continue  # being unloaded on purpose
-            log.warning("supervisor: stub process of %s is gone (instance %s); reloading the model", model,
-                        ", ".join(sorted(stub.instance for stub in gone)))
+            log.warning(
+                "supervisor: stub process of %s is gone (instance %s); reloading the model",
+                model,
+                ", ".join(sorted(stub.instance for stub in gone)),
+            )
             old_generation = [stub for stub in self._stubs.values() if stub.model == model]
             self.reload(model)
             self._retiring.append((time.monotonic() + RETIRE_AFTER_SECONDS, old_generation))
@@ -206,7 +211,7 @@ class TritonSupervisor:
         due = [stubs for when, stubs in self._retiring if when <= now]
         self._retiring = [(when, stubs) for when, stubs in self._retiring if when > now]
         for stubs in due:
-            live = live_stubs(self.server.process.pid)
+            live = live_stubs(self.server.pid)
             lingering = [stub for stub in stubs if live.get(stub.pid) == stub]  # the same process, not a reused pid
             for stub in lingering:
                 try:
@@ -216,11 +221,15 @@ class TritonSupervisor:
             for stub in stubs:
                 _unlink_region(stub)
             if lingering:
-                log.warning("supervisor: stopped %d idle stub(s) of %s's replaced generation, which Triton "
-                            "cannot unload after a stub died", len(lingering), stubs[0].model)
+                log.warning(
+                    "supervisor: stopped %d idle stub(s) of %s's replaced generation, which Triton "
+                    "cannot unload after a stub died",
+                    len(lingering),
+                    stubs[0].model,
+                )
 
     def _restart_server(self, backoff: float) -> None:
-        code = self.server.process.returncode
+        code = self.server.process.returncode if self.server.process else None
         log.error("supervisor: tritonserver exited with code %s; restarting it in %.1fs", code, backoff)
         self.server.stop()  # its process group: stubs that outlived it
         self._remove_stub_regions()

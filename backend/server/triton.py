@@ -104,7 +104,7 @@ class TritonServer(ManagedProcess):
 
     @property
     def admin_headers(self) -> dict[str, str]:
-        """gRPC metadata that opens the restricted APIs: model control, config, shared memory, statistics."""
+        """GRPC metadata that opens the restricted APIs: model control, config, shared memory, statistics."""
         return {GRPC_ADMIN_HEADER: self.admin_key}
 
     @property
@@ -171,8 +171,10 @@ class TritonServer(ManagedProcess):
         self.spawn(self.command(install), env=self.environment(install), cwd=self.cwd)
 
     def wait_ready(self, timeout: float = 120.0, all_models: bool = True) -> None:
-        """Block until the server answers, which it does once its start-up models are loaded or
-        have failed; raise if it exits or times out, and (with `all_models`) if a model failed."""
+        """Block until the server answers, which it does once its start-up models are loaded or have failed.
+
+        Raise if it exits or times out, and (with `all_models`) if a model failed.
+        """
         if self.http:
             self.wait_until(lambda: _get(f"http://{self.http_url}/v2/health/live") == 200, "tritonserver", timeout)
         else:

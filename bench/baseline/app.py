@@ -63,7 +63,7 @@ def parse_shape(header: str | None, expected: list[int | str | None]) -> tuple[i
     if any(dim <= 0 for dim in shape):
         raise HTTPException(400, f"{SHAPE_HEADER} dimensions must be positive, got {header!r}")
     # Symbolic dimensions come back from ORT as strings (or None); only fixed ones are checked.
-    if len(shape) != len(expected) or any(isinstance(e, int) and e != d for d, e in zip(shape, expected)):
+    if len(shape) != len(expected) or any(isinstance(e, int) and e != d for d, e in zip(shape, expected, strict=False)):
         raise HTTPException(400, f"{SHAPE_HEADER} {header!r} does not fit the model input shape {expected}")
     return shape
 

@@ -22,9 +22,11 @@ _WORKER_READY = "Application startup complete."
 
 
 def living_group_members(pgid: int) -> list[psutil.Process]:
-    """Processes of group `pgid` that have not exited. Zombies are left out: a child that outlives
-    the uvicorn parent (multiprocessing's resource tracker) is re-parented to PID 1, and a
-    container's PID 1 may never reap it."""
+    """Processes of group `pgid` that have not exited.
+
+    Zombies are left out: a child that outlives the uvicorn parent (multiprocessing's resource tracker) is re-parented
+    to PID 1, and a container's PID 1 may never reap it.
+    """
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:

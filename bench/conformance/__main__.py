@@ -58,11 +58,16 @@ def summary(verdicts: list[Verdict], excluded: list[tuple[Case, str]], total: in
 
 def write_report(directory: Path, facts: dict, verdicts: list[Verdict], excluded: list[tuple[Case, str]]) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "results.json").write_text(json.dumps({
-        "summary": facts,
-        "verdicts": [v.__dict__ for v in verdicts],
-        "excluded": [{"name": c.name, "reason": r} for c, r in excluded],
-    }, indent=1))
+    (directory / "results.json").write_text(
+        json.dumps(
+            {
+                "summary": facts,
+                "verdicts": [v.__dict__ for v in verdicts],
+                "excluded": [{"name": c.name, "reason": r} for c, r in excluded],
+            },
+            indent=1,
+        )
+    )
     runnable = facts["runnable_in_process"]
     lines = [
         f"# Conformance: ONNX's test models served through tritonserver ({facts['date']})",
@@ -88,7 +93,13 @@ def write_report(directory: Path, facts: dict, verdicts: list[Verdict], excluded
     ]
     for cause, names in facts["failures_by_cause"].items():
         lines.append(f"| {cause} | {len(names)} | {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} |")
-    lines += ["", "## Left out: in-process ONNX Runtime does not run them correctly", "", "| reason | cases |", "|---|---|"]
+    lines += [
+        "",
+        "## Left out: in-process ONNX Runtime does not run them correctly",
+        "",
+        "| reason | cases |",
+        "|---|---|",
+    ]
     lines += [f"| {reason} | {count} |" for reason, count in facts["excluded_by_onnx_runtime"].items()]
     (directory / "report.md").write_text("\n".join(lines) + "\n")
 
@@ -101,11 +112,19 @@ def main(argv: list[str] | None = None) -> int:
         "on 2 cores for the whole corpus.",
         epilog="Example: python -m bench.conformance --pattern node/test_reduce --chunk-size 32",
     )
-    parser.add_argument("--pattern", action="append", default=[],
-                        help="only cases whose name (suite/test_...) contains this; repeatable")
+    parser.add_argument(
+        "--pattern",
+        action="append",
+        default=[],
+        help="only cases whose name (suite/test_...) contains this; repeatable",
+    )
     parser.add_argument("--limit", type=int, help="at most this many cases")
-    parser.add_argument("--chunk-size", type=int, default=48,
-                        help="models loaded at once (each a Python stub process); default: %(default)s")
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=48,
+        help="models loaded at once (each a Python stub process); default: %(default)s",
+    )
     parser.add_argument("--output", type=Path, help="default: bench/results/<UTC time>-conformance")
     args = parser.parse_args(argv)
 
@@ -117,17 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     screened, excluded = [], []
     for outcome in screen(chosen):
         (screened.append(outcome) if isinstance(outcome, Screened) else excluded.append(outcome))
-    say(f"{len(screened)} run correctly in-process ({len(excluded)} left out); serving them in chunks of {args.chunk_size}")
+    say(
+        f"{len(screened)} run correctly in-process ({len(excluded)} left out); serving them in chunks of {args.chunk_size}"
+    )
     with tempfile.TemporaryDirectory(prefix="tritonnx-conformance-") as workdir:
         verdicts = ConformanceRun(screened, Path(workdir), args.chunk_size, say).run()
 
     facts = summary(verdicts, excluded, len(chosen))
-    facts.update(date=f"{started:%Y-%m-%d %H:%M} UTC", suites=sorted({c.suite for c in chosen}),
-                 seconds=round((datetime.now(timezone.utc) - started).total_seconds()))
+    facts.update(
+        date=f"{started:%Y-%m-%d %H:%M} UTC",
+        suites=sorted({c.suite for c in chosen}),
+        seconds=round((datetime.now(timezone.utc) - started).total_seconds()),
+    )
     write_report(output, facts, verdicts, excluded)
-    say(f"served correctly: {facts['served_correctly']} / {facts['runnable_in_process']} runnable by ONNX Runtime "
+    say(
+        f"served correctly: {facts['served_correctly']} / {facts['runnable_in_process']} runnable by ONNX Runtime "
         f"({facts['identical_to_in_process']} bit for bit); refused at load: {facts['refused_at_load']}; "
-        f"failed: {facts['failed']}")
+        f"failed: {facts['failed']}"
+    )
     for cause, names in facts["failures_by_cause"].items():
         print(f"  {len(names):5d}  {cause}", flush=True)
     say(f"report: {output / 'report.md'}")

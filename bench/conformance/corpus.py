@@ -106,12 +106,14 @@ def discover(root: Path | None = None, suites: tuple[str, ...] = SUITES) -> list
 
 
 def mismatch(actual: Any, expected: Any, exact: bool = False) -> str | None:
-    """What differs between an output and its expected value, or None: dtype, shape, values
-    (within ONNX's tolerances, or bit for bit with `exact`; NaN equals NaN)."""
+    """What differs between an output and its expected value, or None.
+
+    Dtype, shape, values (within ONNX's tolerances, or bit for bit with `exact`; NaN equals NaN).
+    """
     if isinstance(expected, list) and isinstance(actual, list):  # a sequence, in process
         if len(actual) != len(expected):
             return f"a sequence of {len(actual)}, expected {len(expected)}"
-        return next((m for a, e in zip(actual, expected) if (m := mismatch(a, e, exact))), None)
+        return next((m for a, e in zip(actual, expected, strict=False) if (m := mismatch(a, e, exact))), None)
     if expected is None or actual is None:  # an optional, in process
         return None if expected is actual else "an optional is empty on one side only"
     if not isinstance(expected, np.ndarray) or not isinstance(actual, np.ndarray):
@@ -171,7 +173,12 @@ def screen(cases: list[Case]) -> Iterator[Screened | tuple[Case, str]]:
             yield case, "ONNX Runtime cannot run it: " + " ".join(str(error).split())[:120]
             continue
         wrong = next(
-            (m for data, got in zip(data_sets, outputs) for g, e in zip(got, data.expected) if (m := mismatch(g, e))),
+            (
+                m
+                for data, got in zip(data_sets, outputs, strict=False)
+                for g, e in zip(got, data.expected, strict=False)
+                if (m := mismatch(g, e))
+            ),
             None,
         )
         if wrong:

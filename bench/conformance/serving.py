@@ -38,7 +38,10 @@ REQUEST_SECONDS = 60.0
 
 # Models Triton cannot serve, refused at load with the reason; the first match names the cause.
 _CAUSES = (
-    (r"is an? (sequence|map|optional|sparse tensor), not a tensor", "sequence, map or optional type: Triton carries tensors only"),
+    (
+        r"is an? (sequence|map|optional|sparse tensor), not a tensor",
+        "sequence, map or optional type: Triton carries tensors only",
+    ),
     (r"which Triton has no datatype for", "element type Triton has no datatype for"),
     (r"cannot hand BF16 tensors to numpy", "BF16: the Python backend cannot hand it to numpy"),
     (r"no shape in the graph", "a tensor of unknown rank"),
@@ -83,7 +86,11 @@ def write_repository(cases: Iterable[Screened], directory: Path) -> None:
 
 def _as_sent(value: np.ndarray, dims: list[int], batched: bool) -> np.ndarray:
     if value.dtype == np.object_:
-        value = np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(value) if value.size else value
+        value = (
+            np.vectorize(lambda v: v.encode() if isinstance(v, str) else v, otypes=[object])(value)
+            if value.size
+            else value
+        )
     if dims == [1] and value.ndim == batched:  # a scalar (per batch row): sent as [1]
         value = value.reshape(value.shape + (1,))
     return value
@@ -117,12 +124,12 @@ def check_model(client: grpcclient.InferenceServerClient, screened: Screened, ad
     output_dims = {tensor.name: list(tensor.dims) for tensor in config.output}
     names = [tensor.name for tensor in config.output]
     identical = True
-    for data, in_process in zip(screened.data_sets, screened.in_process):
+    for data, in_process in zip(screened.data_sets, screened.in_process, strict=False):
         try:
             served = _request(client, screened.case.model_name, config, data)
         except InferenceServerException as error:
             return verdict.failed("request", f"{error.status()}: {error.message()}")
-        for name, expected, reference in zip(names, data.expected, in_process):
+        for name, expected, reference in zip(names, data.expected, in_process, strict=False):
             actual = _as_expected(served[name], output_dims[name], expected)
             problem = mismatch(actual, expected)
             if problem:
@@ -146,7 +153,12 @@ class ConformanceRun:
         repository = self.workdir / "repository"
         write_repository(self.cases, repository)
         stack = ServingStack(
-            repository, self.workdir, with_facade=False, triton_http=False, startup_models=(), all_models_ready=False,
+            repository,
+            self.workdir,
+            with_facade=False,
+            triton_http=False,
+            startup_models=(),
+            all_models_ready=False,
             triton_cwd=self.workdir,  # not the checkout: the stub must find `backend` installed
             # The corpus's optimized copies stay with the run, not in the user's cache.
             triton_env={"TRITONNX_ORT_CACHE_DIR": str(self.workdir / "ort-cache")},
@@ -165,7 +177,9 @@ class ConformanceRun:
                 )
         return self.verdicts
 
-    def _serve_chunk(self, client: grpcclient.InferenceServerClient, chunk: list[Screened], headers: dict[str, str]) -> None:
+    def _serve_chunk(
+        self, client: grpcclient.InferenceServerClient, chunk: list[Screened], headers: dict[str, str]
+    ) -> None:
         def load(screened: Screened) -> tuple[Screened, str | None, float]:
             started = time.monotonic()
             try:

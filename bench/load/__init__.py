@@ -1,3 +1,5 @@
-"""The one load engine of the benchmarks: targets to call (`targets`, `http`), the closed and open
-loops that call them (`loops`) and what they saw, summed up (`stats`). `make bench`, `make soak`,
-`make chaos` and `python -m bench.loadgen` all drive their load through it."""
+"""The one load engine of the benchmarks.
+
+Targets to call (`targets`, `http`), the closed and open loops that call them (`loops`) and what they saw, summed up
+(`stats`). `make bench`, `make soak`, `make chaos` and `python -m bench.loadgen` all drive their load through it.
+"""

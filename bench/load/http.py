@@ -10,13 +10,16 @@ from bench.load.targets import CALL_TIMEOUT_S, IMAGE_CLASSES, IMAGE_SHAPE, Verif
 
 
 class HttpTarget:
-    """POST {url}/predict, body the raw little-endian float32 bytes of a [batch, 3, 224, 224] array,
-    header `x-shape`; expects 200 and batch * 1000 float32 bytes. One aiohttp session for all workers."""
+    """POST {url}/predict, body the raw little-endian float32 bytes of a [batch, 3, 224, 224] array, header `x-shape`.
+
+    Expects 200 and batch * 1000 float32 bytes. One aiohttp session for all workers.
+    """
 
     name = "fastapi"
 
-    def __init__(self, url: str, batch: int = 1, *, model: str = "resnet50", seed: int = 0,
-                 timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self, url: str, batch: int = 1, *, model: str = "resnet50", seed: int = 0, timeout_s: float = CALL_TIMEOUT_S
+    ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         url = url.rstrip("/")
@@ -40,7 +43,8 @@ class HttpTarget:
         self._aiohttp = aiohttp
         connector = aiohttp.TCPConnector(limit=max(concurrency, 1), limit_per_host=max(concurrency, 1))
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             skip_auto_headers=("User-Agent",),
         )
         self._post = self._session.post
@@ -70,5 +74,7 @@ class HttpTarget:
         if status != 200:
             raise VerificationError(f"{where}: first call answered HTTP {status}: {body[:200]!r}")
         if len(body) != self.expected_bytes:
-            raise VerificationError(f"{where}: body of {len(body)} bytes, expected {self.expected_bytes} "
-                                    f"({self.batch} x {IMAGE_CLASSES} float32)")
+            raise VerificationError(
+                f"{where}: body of {len(body)} bytes, expected {self.expected_bytes} "
+                f"({self.batch} x {IMAGE_CLASSES} float32)"
+            )

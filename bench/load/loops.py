@@ -1,7 +1,8 @@
-"""The load loops: a closed loop that measures what a target sustains, and an open loop that offers
-a fixed rate whatever the answers do. Both are bounded in calls and in time and stop by themselves:
-every call carries its target's deadline, and calls still in flight at the end are awaited within
-that deadline (plus a margin against a hang), then cancelled.
+"""The load loops.
+
+A closed loop that measures what a target sustains, and an open loop that offers a fixed rate whatever the answers do.
+Both are bounded in calls and in time and stop by themselves: every call carries its target's deadline, and calls still
+in flight at the end are awaited within that deadline (plus a margin against a hang), then cancelled.
 
 Closed loop (`run_load`): `concurrency` workers, each looping send -> await -> record, for a warm-up
 (not recorded), then for the measured window, which ends at `duration_s` or after `max_requests`
@@ -62,8 +63,15 @@ class LoadResult:
         )
 
 
-async def run_load(target: Target, concurrency: int, duration_s: float, warmup_s: float = 1.0,
-                   max_requests: int = 100_000, *, verify: bool = True) -> LoadResult:
+async def run_load(
+    target: Target,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float = 1.0,
+    max_requests: int = 100_000,
+    *,
+    verify: bool = True,
+) -> LoadResult:
     """Closed-loop load: `concurrency` workers, each send -> await -> record.
 
     Opens the target (channel / session, in this loop) unless it is already open, and closes what
@@ -88,14 +96,16 @@ async def run_load(target: Target, concurrency: int, duration_s: float, warmup_s
             await target.close()
 
 
-def run(target: Target, concurrency: int, duration_s: float, warmup_s: float = 1.0,
-        max_requests: int = 100_000) -> LoadResult:
+def run(
+    target: Target, concurrency: int, duration_s: float, warmup_s: float = 1.0, max_requests: int = 100_000
+) -> LoadResult:
     """`run_load` in a fresh event loop; the channel / session is created in it and closed."""
     return asyncio.run(run_load(target, concurrency, duration_s, warmup_s, max_requests))
 
 
-async def _drive(target: Target, concurrency: int, duration_s: float, warmup_s: float, max_requests: int,
-                 warm: int) -> LoadResult:
+async def _drive(
+    target: Target, concurrency: int, duration_s: float, warmup_s: float, max_requests: int, warm: int
+) -> LoadResult:
     call = target.call
     perf = time.perf_counter
     tally = Tally()
@@ -152,8 +162,13 @@ async def _drive(target: Target, concurrency: int, duration_s: float, warmup_s: 
     seconds = (window_end if by_duration else done) - window_start
     latencies = tally.ms()
     result = LoadResult(
-        target=target.name, model=target.model, batch=target.batch, concurrency=concurrency,
-        requests=len(latencies), errors=tally.errors, seconds=seconds,
+        target=target.name,
+        model=target.model,
+        batch=target.batch,
+        concurrency=concurrency,
+        requests=len(latencies),
+        errors=tally.errors,
+        seconds=seconds,
         client_cpu=(cpu_end - cpu_start) / (done - window_start) if done > window_start else 0.0,
         warmup_requests=warm,
     )
@@ -167,17 +182,22 @@ async def _drive(target: Target, concurrency: int, duration_s: float, warmup_s: 
 
 
 class OpenLoop:
-    """Starts `target.call()` on a fixed schedule, `rate` a second, from `run(duration)` until the
-    schedule reaches `duration`, `max_calls` or `stop()`, with at most `max_outstanding` in flight.
-    A call due while that many are pending is skipped and counted, so the offered load never queues
-    up (the soak); with `wait_when_full` it is sent as soon as one of them ends, so exactly the
-    scheduled calls are sent (the overload). Runs in the caller's event loop."""
+    """Starts `target.call()` on a fixed schedule, `rate` a second, with a bound on calls in flight.
 
-    def __init__(self, target: Target, rate: float, max_outstanding: int, max_calls: int, *,
-                 wait_when_full: bool = False) -> None:
+    It runs from `run(duration)` until the schedule reaches `duration`, `max_calls` or `stop()`,
+    with at most `max_outstanding` in flight. A call due while that many are pending is skipped
+    and counted, so the offered load never queues up (the soak); with `wait_when_full` it is sent
+    as soon as one of them ends, so exactly the scheduled calls are sent (the overload). Runs in
+    the caller's event loop.
+    """
+
+    def __init__(
+        self, target: Target, rate: float, max_outstanding: int, max_calls: int, *, wait_when_full: bool = False
+    ) -> None:
         if rate <= 0 or max_outstanding < 1 or max_calls < 1:
-            raise ValueError(f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, "
-                             f"{max_calls}")
+            raise ValueError(
+                f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, {max_calls}"
+            )
         self.target, self.rate, self.max_outstanding, self.max_calls = target, rate, max_outstanding, max_calls
         self.wait_when_full = wait_when_full
         self.total = Tally()  # the whole run

@@ -14,8 +14,11 @@ OK = "OK"  # the status of a call that succeeded; the others are the targets' er
 
 @dataclass
 class Tally:
-    """The calls of one span: each one's latency (seconds) under its status, the calls an open loop
-    skipped at its outstanding cap, and how late its schedule ran at worst."""
+    """The calls of one span.
+
+    Each one's latency (seconds) under its status, the calls an open loop skipped at its outstanding cap, and how late
+    its schedule ran at worst.
+    """
 
     latencies: dict[str, array] = field(default_factory=dict)
     skipped: int = 0

@@ -29,8 +29,18 @@ TEXT_INPUTS = ("input_ids", "attention_mask")
 _GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 # KServe v2 datatype -> little-endian numpy dtype.
 _NUMPY = {
-    "FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT8": "i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
-    "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "BOOL": "?",
+    "FP32": "<f4",
+    "FP16": "<f2",
+    "FP64": "<f8",
+    "INT8": "i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "UINT8": "u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "BOOL": "?",
 }
 
 
@@ -87,21 +97,32 @@ def _concrete(dims: Sequence[int], batch: int, batched: bool) -> list[int]:
 def _strip_scheme(url: str) -> str:
     for prefix in ("grpc://", "http://", "dns:///"):
         if url.startswith(prefix):
-            return url[len(prefix):].rstrip("/")
+            return url[len(prefix) :].rstrip("/")
     return url
 
 
 class GrpcTarget:
-    """One gRPC method called with prebuilt requests, in turn. `images` (FP32 arrays of `batch`
-    images) replace the random data; `expected` (the flat first output each of them should get)
-    makes every answer checked, a mismatch counted in `wrong`."""
+    """One gRPC method called with prebuilt requests, in turn.
+
+    `images` (FP32 arrays of `batch` images) replace the random data; `expected` (the flat first output each of them
+    should get) makes every answer checked, a mismatch counted in `wrong`.
+    """
 
     name: str
     method_path: str
     response_type: type[Message]
 
-    def __init__(self, url: str, model: str, batch: int, *, images: Sequence[np.ndarray] | None = None,
-                 expected: Sequence[np.ndarray] | None = None, seed: int = 0, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        batch: int,
+        *,
+        images: Sequence[np.ndarray] | None = None,
+        expected: Sequence[np.ndarray] | None = None,
+        seed: int = 0,
+        timeout_s: float = CALL_TIMEOUT_S,
+    ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         if images is not None and any(len(image) != batch for image in images):
@@ -167,8 +188,9 @@ class GrpcTarget:
         try:
             return self.response_type.FromString(body)
         except DecodeError:
-            raise VerificationError(f"{where}: the first response ({len(body)} bytes) is not a "
-                                    f"{self.response_type.DESCRIPTOR.full_name}") from None
+            raise VerificationError(
+                f"{where}: the first response ({len(body)} bytes) is not a {self.response_type.DESCRIPTOR.full_name}"
+            ) from None
 
 
 class KServeTarget(GrpcTarget):
@@ -189,10 +211,13 @@ class KServeTarget(GrpcTarget):
             response_deserializer=service_pb2.ModelMetadataResponse.FromString,
         )
         try:
-            self.metadata = await metadata_call(service_pb2.ModelMetadataRequest(name=self.model), timeout=self.timeout_s)
+            self.metadata = await metadata_call(
+                service_pb2.ModelMetadataRequest(name=self.model), timeout=self.timeout_s
+            )
         except grpc.aio.AioRpcError as error:
-            raise VerificationError(f"ModelMetadata of '{self.model}' at {self.url} failed: "
-                                    f"{error.code().name}: {error.details()}") from None
+            raise VerificationError(
+                f"ModelMetadata of '{self.model}' at {self.url} failed: {error.code().name}: {error.details()}"
+            ) from None
         if not self.metadata.inputs:
             raise VerificationError(f"model '{self.model}' at {self.url} has no inputs in its metadata")
         specs = self.metadata.inputs
@@ -223,21 +248,28 @@ class KServeTarget(GrpcTarget):
         expected = {o.name: o for o in self.metadata.outputs}
         got = [o.name for o in response.outputs]
         if sorted(got) != sorted(expected):
-            raise VerificationError(f"{where}: response has outputs {got}, the model's metadata lists {sorted(expected)}")
+            raise VerificationError(
+                f"{where}: response has outputs {got}, the model's metadata lists {sorted(expected)}"
+            )
         if len(response.raw_output_contents) != len(response.outputs):
-            raise VerificationError(f"{where}: {len(response.outputs)} outputs but "
-                                    f"{len(response.raw_output_contents)} raw_output_contents")
-        for output, raw in zip(response.outputs, response.raw_output_contents):
+            raise VerificationError(
+                f"{where}: {len(response.outputs)} outputs but {len(response.raw_output_contents)} raw_output_contents"
+            )
+        for output, raw in zip(response.outputs, response.raw_output_contents, strict=False):
             shape = list(output.shape)
             dims = list(expected[output.name].shape)
-            fits = len(shape) == len(dims) and all(d < 0 or d == s for d, s in zip(dims, shape))
+            fits = len(shape) == len(dims) and all(d < 0 or d == s for d, s in zip(dims, shape, strict=False))
             if not fits or (dims and dims[0] == -1 and shape[0] != self.batch):
-                raise VerificationError(f"{where}: output '{output.name}' has shape {shape}, expected "
-                                        f"{[self.batch, *dims[1:]] if dims else dims}")
+                raise VerificationError(
+                    f"{where}: output '{output.name}' has shape {shape}, expected "
+                    f"{[self.batch, *dims[1:]] if dims else dims}"
+                )
             size = math.prod(shape) * np.dtype(_NUMPY.get(output.datatype, "u1")).itemsize
             if len(raw) != size:
-                raise VerificationError(f"{where}: output '{output.name}' carries {len(raw)} bytes, "
-                                        f"shape {shape} of {output.datatype} needs {size}")
+                raise VerificationError(
+                    f"{where}: output '{output.name}' carries {len(raw)} bytes, "
+                    f"shape {shape} of {output.datatype} needs {size}"
+                )
 
 
 class FacadeTarget(GrpcTarget):
@@ -251,13 +283,23 @@ class FacadeTarget(GrpcTarget):
     method_path = "/inference.InferenceService/Predict"
     response_type = inference_pb2.PredictResponse
 
-    def __init__(self, url: str, model: str = "resnet50", batch: int = 1, raw: bool = True, *,
-                 text_inputs: Sequence[str] | None = None, image_shape: Sequence[int] = IMAGE_SHAPE, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str = "resnet50",
+        batch: int = 1,
+        raw: bool = True,
+        *,
+        text_inputs: Sequence[str] | None = None,
+        image_shape: Sequence[int] = IMAGE_SHAPE,
+        **options: Any,
+    ) -> None:
         super().__init__(url, model, batch, **options)
         self.raw = raw
         self.name = "facade" if raw else "facade-floats"
-        self.text_inputs = tuple(text_inputs) if text_inputs is not None else (
-            TEXT_INPUTS if "text" in model.lower() else ())
+        self.text_inputs = (
+            tuple(text_inputs) if text_inputs is not None else (TEXT_INPUTS if "text" in model.lower() else ())
+        )
         if self.text_inputs and not raw:
             raise ValueError("the float-list contract carries one FP32 input: text models need raw=True")
         self.image_shape = tuple(image_shape)
@@ -268,8 +310,12 @@ class FacadeTarget(GrpcTarget):
             shape = [self.batch, TEXT_SEQUENCE]
             request = inference_pb2.PredictRequest(model_name=self.model)
             for name in self.text_inputs:
-                request.inputs.add(name=name, dtype=inference_pb2.INT64, shape=shape,
-                                   raw_data=random_tensor(name, "INT64", shape, rng).tobytes())
+                request.inputs.add(
+                    name=name,
+                    dtype=inference_pb2.INT64,
+                    shape=shape,
+                    raw_data=random_tensor(name, "INT64", shape, rng).tobytes(),
+                )
             return [request.SerializeToString()]
         if self.images is not None:
             return [self._image_request(image) for image in self.images]
@@ -298,7 +344,9 @@ class FacadeTarget(GrpcTarget):
             raise VerificationError(f"{where}: {len(response.predictions)} predictions for shape {shape}")
         for output in response.outputs:
             if not output.shape or output.shape[0] != self.batch:
-                raise VerificationError(f"{where}: output '{output.name}' has shape {list(output.shape)}, "
-                                        f"expected the batch {self.batch} first")
+                raise VerificationError(
+                    f"{where}: output '{output.name}' has shape {list(output.shape)}, "
+                    f"expected the batch {self.batch} first"
+                )
         if (self.raw or self.text_inputs) and not response.outputs:
             raise VerificationError(f"{where}: an extended (raw/named) request got no named outputs")

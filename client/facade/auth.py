@@ -15,7 +15,9 @@ from client.facade.service import SERVICE_NAME
 _PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
 
 
-def _refuse(message: str) -> grpc.RpcMethodHandler:
+def _refuse(message: str) -> tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]:
+    """Handlers (unary, stream) that end a call UNAUTHENTICATED with `message`."""
+
     async def unary(request, context: grpc.aio.ServicerContext):
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
@@ -38,8 +40,12 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if not method.startswith(_PROTECTED_PREFIX):
             return await continuation(handler_call_details)
-        given = next((value for key, value in handler_call_details.invocation_metadata or () if key == "authorization"), None)
-        if given is not None and hmac.compare_digest(given.encode(), self._expected):
+        given = next(
+            (value for key, value in handler_call_details.invocation_metadata or () if key == "authorization"), None
+        )
+        if given is not None and hmac.compare_digest(
+            given if isinstance(given, bytes) else given.encode(), self._expected
+        ):
             return await continuation(handler_call_details)
         unary, stream = self._missing if given is None else self._wrong
         return stream if method.endswith("/PredictStream") else unary

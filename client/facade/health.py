@@ -1,7 +1,9 @@
-"""Health from a real inference: Triton 2.51 keeps reporting READY after a Python stub died,
-so the facade is healthy only while the default model answers an actual request and no request
-failed on Triton's side lately (a dead stub fails only the requests sent to its instance, which
-a single probe may miss). While unhealthy it probes often, to report recovery quickly."""
+"""Health from a real inference.
+
+Triton 2.51 keeps reporting READY after a Python stub died, so the facade is healthy only while the default model
+answers an actual request and no request failed on Triton's side lately (a dead stub fails only the requests sent to its
+instance, which a single probe may miss). While unhealthy it probes often, to report recovery quickly.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
-from grpc_health.v1 import health, health_pb2
+from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from client.facade.errors import FacadeError
@@ -20,6 +23,14 @@ from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
 _RECOVERY_PROBE_SECONDS = 0.25
+
+
+class HealthStatusSink(Protocol):
+    """What the monitor publishes to: grpc_health's aio HealthServicer."""
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus.ValueType) -> None: ...
+
+    async def enter_graceful_shutdown(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,10 @@ class HealthReport:
 
 
 class HealthMonitor:
-    """Probes the default model with a batch-1 zeros request and publishes the result to
-    grpc.health.v1 (overall and per service) and to /health."""
+    """Probes the default model with a batch-1 zeros request and publishes the result.
+
+    The result goes to grpc.health.v1 (overall and per service) and to /health.
+    """
 
     def __init__(
         self,
@@ -51,7 +64,7 @@ class HealthMonitor:
         timeout: float,
         interval: float,
         services: list[str],
-        servicer: health.aio.HealthServicer,
+        servicer: HealthStatusSink,
     ) -> None:
         self.gateway = gateway
         self.model = model
@@ -85,11 +98,18 @@ class HealthMonitor:
             serving, detail = False, f"{error.code.name}: {error.message}"
         failure = self.gateway.last_failure
         if serving and failure is not None and time.monotonic() - failure[0] < self.failure_window:
-            serving, detail = False, f"a request failed in Triton {time.monotonic() - failure[0]:.1f}s ago ({failure[1]})"
+            serving, detail = (
+                False,
+                f"a request failed in Triton {time.monotonic() - failure[0]:.1f}s ago ({failure[1]})",
+            )
         report = HealthReport(serving, self.model, time.monotonic(), time.monotonic() - started, detail)
         if report.serving != self.report.serving:
-            log.log(logging.INFO if report.serving else logging.WARNING, "health: %s (%s)",
-                    "SERVING" if report.serving else "NOT_SERVING", detail)
+            log.log(
+                logging.INFO if report.serving else logging.WARNING,
+                "health: %s (%s)",
+                "SERVING" if report.serving else "NOT_SERVING",
+                detail,
+            )
         self.report = report
         await self._publish()
         return report
@@ -105,7 +125,11 @@ class HealthMonitor:
             return await self.probe()
 
     async def _publish(self) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if self.report.serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self.report.serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for service in self.services:
             await self.servicer.set(service, status)
 

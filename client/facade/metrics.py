@@ -13,29 +13,41 @@ class FacadeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "tritonnx_facade_requests", "Predict requests by model and final gRPC status",
-            ["model", "code"], registry=self.registry,
+            "tritonnx_facade_requests",
+            "Predict requests by model and final gRPC status",
+            ["model", "code"],
+            registry=self.registry,
         )
         self.in_flight = Gauge(
             "tritonnx_facade_in_flight_requests", "Requests being handled now", registry=self.registry
         )
         self.latency = Histogram(
-            "tritonnx_facade_request_duration_seconds", "Time from a request's arrival to its answer",
-            ["model"], registry=self.registry,
+            "tritonnx_facade_request_duration_seconds",
+            "Time from a request's arrival to its answer",
+            ["model"],
+            registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
         )
         payload_buckets = tuple(float(4**k) for k in range(4, 14))  # 256 B .. 64 MiB
         self.request_bytes = Histogram(
-            "tritonnx_facade_request_payload_bytes", "Tensor bytes received per request",
-            ["model"], registry=self.registry, buckets=payload_buckets,
+            "tritonnx_facade_request_payload_bytes",
+            "Tensor bytes received per request",
+            ["model"],
+            registry=self.registry,
+            buckets=payload_buckets,
         )
         self.response_bytes = Histogram(
-            "tritonnx_facade_response_payload_bytes", "Tensor bytes returned per request",
-            ["model"], registry=self.registry, buckets=payload_buckets,
+            "tritonnx_facade_response_payload_bytes",
+            "Tensor bytes returned per request",
+            ["model"],
+            registry=self.registry,
+            buckets=payload_buckets,
         )
         self.rejections = Counter(
-            "tritonnx_facade_rejections", "Requests refused, by reason (overloaded, invalid_argument, ...)",
-            ["reason"], registry=self.registry,
+            "tritonnx_facade_rejections",
+            "Requests refused, by reason (overloaded, invalid_argument, ...)",
+            ["reason"],
+            registry=self.registry,
         )
 
     def render(self) -> bytes:

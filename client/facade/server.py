@@ -12,6 +12,7 @@ from pathlib import Path
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer  # health.aio's, behind a version check mypy cannot follow
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -44,12 +45,17 @@ class StartupError(RuntimeError):
 
 
 class Facade:
-    """The facade's servers. Ports 0 bind free ports; `grpc_port` and `http_port` are the ones
-    bound, once `start()` returned."""
+    """The facade's servers.
+
+    Ports 0 bind free ports; `grpc_port` and `http_port` are the ones bound, once `start()` returned.
+    """
 
     def __init__(self, settings: FacadeSettings, gateway: TritonGateway | None = None) -> None:
-        """`gateway`: Triton's, built from the settings when not given (tests give a stand-in with
-        its interface). The facade owns it: `stop()` closes it."""
+        """`gateway`.
+
+        Triton's, built from the settings when not given (tests give a stand-in with its interface). The facade owns it:
+        `stop()` closes it.
+        """
         self.settings = settings
         self.metrics = FacadeMetrics()
         if gateway is None:
@@ -62,7 +68,7 @@ class Facade:
                 admin_key=settings.admin_key,
             )
         self.gateway = gateway
-        self.health_servicer = health.aio.HealthServicer()
+        self.health_servicer = HealthServicer()
         self.monitor = HealthMonitor(
             self.gateway,
             settings.default_model,
@@ -99,7 +105,7 @@ class Facade:
                 ("grpc.experimental.tcp_min_read_chunk_size", 256 * 1024),
                 ("grpc.experimental.tcp_read_chunk_size", 1024 * 1024),
                 ("grpc.experimental.tcp_max_read_chunk_size", 4 * 1024 * 1024),
-            ]
+            ],
         )
         self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self._grpc)
@@ -111,13 +117,17 @@ class Facade:
         credentials = None
         if s.tls_cert or s.tls_key:
             try:
-                credentials = grpc.ssl_server_credentials([(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())])
+                credentials = grpc.ssl_server_credentials(
+                    [(Path(s.tls_key).read_bytes(), Path(s.tls_cert).read_bytes())]
+                )
             except OSError as error:
                 await self.gateway.close()
                 raise StartupError(f"cannot read the TLS key and certificate: {error}") from None
         try:
             bound = (
-                self._grpc.add_secure_port(address, credentials) if credentials else self._grpc.add_insecure_port(address)
+                self._grpc.add_secure_port(address, credentials)
+                if credentials
+                else self._grpc.add_insecure_port(address)
             )
         except RuntimeError:
             bound = 0
@@ -143,9 +153,15 @@ class Facade:
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
-            f"{s.host}:{self.grpc_port}", "TLS" if s.tls_cert else "plaintext",
-            " with bearer token" if s.auth_token else "", ", reflection" if s.reflection else "",
-            s.host, self.http_port, s.triton_url, s.default_model, s.max_in_flight,
+            f"{s.host}:{self.grpc_port}",
+            "TLS" if s.tls_cert else "plaintext",
+            " with bearer token" if s.auth_token else "",
+            ", reflection" if s.reflection else "",
+            s.host,
+            self.http_port,
+            s.triton_url,
+            s.default_model,
+            s.max_in_flight,
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

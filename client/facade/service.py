@@ -125,8 +125,11 @@ class InferenceServicer:
         )
 
     async def _serve(self, decoded: DecodedRequest | WireError, time_remaining: float | None) -> EncodedResponse:
-        """One request, measured: the error boundary of Predict and PredictStream. Every failure
-        comes out as a FacadeError, except cancellation, which propagates."""
+        """One request, measured.
+
+        The error boundary of Predict and PredictStream. Every failure comes out as a FacadeError, except cancellation,
+        which propagates.
+        """
         started = time.perf_counter()
         try:
             if isinstance(decoded, WireError):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 ENV_PREFIX = "TRITONNX_"
 SECRETS = ("auth_token", "admin_key")
@@ -73,12 +75,16 @@ def _boolean(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 1/0 or true/false, got {value!r}")
 
 
+# A setting's annotation (a string under `from __future__ import annotations`) -> its parser.
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _boolean}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; its default comes from the environment when set there."""
     for field in fields(FacadeSettings):
         flag = "--" + field.name.replace("_", "-")
         env_value = os.environ.get(env_name(field.name))
-        kind = {"int": int, "float": float, "str": str, "bool": _boolean}[field.type]
+        kind = _PARSERS[str(field.type)]
         default = kind(env_value) if env_value is not None else field.default
         parser.add_argument(
             flag,

@@ -1,5 +1,7 @@
-"""Project proto <-> KServe v2, as pure functions: check a PredictRequest against the model,
-build Triton's ModelInferRequest with binary tensor contents, and turn the answer back.
+"""Project proto <-> KServe v2, as pure functions.
+
+Check a PredictRequest against the model, build Triton's ModelInferRequest with binary tensor contents, and turn the
+answer back.
 
 Nothing here does I/O, so every rule is unit-tested without a server.
 """
@@ -21,8 +23,18 @@ from client.proto import inference_pb2
 NUMPY_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(code)
     for name, code in {
-        "FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT8": "i1", "INT16": "<i2", "INT32": "<i4",
-        "INT64": "<i8", "UINT8": "u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8", "BOOL": "?",
+        "FP32": "<f4",
+        "FP16": "<f2",
+        "FP64": "<f8",
+        "INT8": "i1",
+        "INT16": "<i2",
+        "INT32": "<i4",
+        "INT64": "<i8",
+        "UINT8": "u1",
+        "UINT16": "<u2",
+        "UINT32": "<u4",
+        "UINT64": "<u8",
+        "BOOL": "?",
     }.items()
 }
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
@@ -70,16 +82,22 @@ class ModelInfo:
     @classmethod
     def from_triton(
         cls, metadata: service_pb2.ModelMetadataResponse, config: service_pb2.ModelConfigResponse, version: str
-    ) -> "ModelInfo":
+    ) -> ModelInfo:
         optional = {t.name for t in config.config.input if t.optional}
 
         def tensors(items) -> tuple[TensorInfo, ...]:
-            return tuple(TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape), t.name in optional) for t in items)
+            return tuple(
+                TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape), t.name in optional) for t in items
+            )
 
-        return cls(metadata.name, version, tensors(metadata.inputs), tensors(metadata.outputs), config.config.max_batch_size)
+        return cls(
+            metadata.name, version, tensors(metadata.inputs), tensors(metadata.outputs), config.config.max_batch_size
+        )
 
     def describe_inputs(self) -> str:
-        return ", ".join(f"{t.name} ({t.datatype} {list(t.shape)}{', optional' if t.optional else ''})" for t in self.inputs)
+        return ", ".join(
+            f"{t.name} ({t.datatype} {list(t.shape)}{', optional' if t.optional else ''})" for t in self.inputs
+        )
 
 
 def _datatype_of(dtype: int, name: str) -> str:
@@ -98,7 +116,9 @@ def _datatype_of(dtype: int, name: str) -> str:
         ) from None
 
 
-def check_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo) -> None:
+def check_tensor(
+    name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo
+) -> None:
     """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`."""
     shape = list(shape)
     problem = _tensor_problem(name, datatype, shape, nbytes, spec, info)
@@ -109,8 +129,10 @@ def check_tensor(name: str, datatype: str, shape: Sequence[int], nbytes: int, sp
 def _tensor_problem(
     name: str, datatype: str, shape: list[int], nbytes: int, spec: TensorInfo, info: ModelInfo
 ) -> str | None:
-    """What is wrong with the tensor, or None; `{expects}` stands for the model's inputs (built
-    only when needed: this runs for every request)."""
+    """What is wrong with the tensor, or None.
+
+    `{expects}` stands for the model's inputs (built only when needed: this runs for every request).
+    """
     if not shape:
         return f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {{expects}}"
     if any(d < 0 for d in shape):
@@ -119,7 +141,7 @@ def _tensor_problem(
         return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted; {{expects}}"
     if len(shape) != len(spec.shape):
         return f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
-    if any(want != -1 and got != want for got, want in zip(shape, spec.shape)):
+    if any(want != -1 and got != want for got, want in zip(shape, spec.shape, strict=False)):
         return f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {{expects}}"
     if info.max_batch_size > 0 and shape[0] == 0:
         # Triton would drop a batch dim of 0 and hand the model a tensor of another rank.
@@ -134,9 +156,8 @@ def _tensor_problem(
     elements = math.prod(shape)
     itemsize = NUMPY_DTYPES[datatype].itemsize
     if nbytes != elements * itemsize:
-        return (
-            f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}"
-            + ("" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)")
+        return f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}" + (
+            "" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)"
         )
     return None
 
@@ -152,9 +173,15 @@ def _bytes_view(buffer) -> memoryview:
 def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int | None) -> InferCall:
     """Triton's request for one PredictRequest, inputs as raw little-endian bytes."""
     message = decoded.message
-    forms = [name for name, present in (
-        ("data", decoded.data is not None), ("raw_data", decoded.raw is not None), ("inputs", len(message.inputs) > 0)
-    ) if present]
+    forms = [
+        name
+        for name, present in (
+            ("data", decoded.data is not None),
+            ("raw_data", decoded.raw is not None),
+            ("inputs", len(message.inputs) > 0),
+        )
+        if present
+    ]
     if len(forms) > 1:
         raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
     if not forms and len(info.inputs) == 1 and message.shape and math.prod(message.shape) == 0:
@@ -167,7 +194,9 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
             f"or named inputs; model '{info.name}' expects {info.describe_inputs()}"
         )
 
-    request = service_pb2.ModelInferRequest(model_name=info.name, model_version=message.model_version, id=message.request_id)
+    request = service_pb2.ModelInferRequest(
+        model_name=info.name, model_version=message.model_version, id=message.request_id
+    )
     payloads: list[memoryview] = []
     if forms[0] in ("data", "raw_data"):
         if len(info.inputs) != 1:
@@ -193,7 +222,8 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
         if unknown or missing or len(given) != len(set(given)):
             raise InvalidArgument(
                 f"inputs {given} do not match the model's: model '{info.name}' expects {info.describe_inputs()}"
-                + (f"; unknown: {unknown}" if unknown else "") + (f"; missing: {missing}" if missing else "")
+                + (f"; unknown: {unknown}" if unknown else "")
+                + (f"; missing: {missing}" if missing else "")
             )
         for tensor in message.inputs:
             datatype = _datatype_of(tensor.dtype, tensor.name)
@@ -226,11 +256,13 @@ def is_extended(decoded: DecodedRequest) -> bool:
 def to_predict_response(
     decoded: DecodedRequest, info: ModelInfo, response: service_pb2.ModelInferResponse
 ) -> EncodedResponse:
-    """The PredictResponse: the first output as floats (the simple contract), plus named raw
-    outputs for extended requests."""
+    """The PredictResponse.
+
+    The first output as floats (the simple contract), plus named raw outputs for extended requests.
+    """
     message = decoded.message
     by_name = {
-        output.name: (output, raw) for output, raw in zip(response.outputs, response.raw_output_contents)
+        output.name: (output, raw) for output, raw in zip(response.outputs, response.raw_output_contents, strict=False)
     }
     first_name = message.output_names[0] if message.output_names else info.outputs[0].name
     first, first_raw = by_name[first_name]
@@ -245,7 +277,9 @@ def to_predict_response(
         for output, raw in by_name.values():
             reply.outputs.append(
                 inference_pb2.Tensor(
-                    name=output.name, dtype=inference_pb2.ElementType.Value(output.datatype), shape=list(output.shape),
+                    name=output.name,
+                    dtype=output.datatype,  # the proto's ElementType names are KServe's
+                    shape=list(output.shape),
                     raw_data=raw,
                 )
             )

@@ -1,5 +1,7 @@
-"""The facade's one long-lived async gRPC channel to Triton, its model-metadata cache, and the
-shared-memory slots its inputs travel in (see shm.py)."""
+"""The facade's one long-lived async gRPC channel to Triton.
+
+With its model-metadata cache, and the shared-memory slots its inputs travel in (see shm.py).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from backend.server.admin import GRPC_ADMIN_HEADER
-from client.facade.errors import Internal, NotFound, Unavailable, from_triton
+from client.facade.errors import FacadeError, Internal, NotFound, Unavailable, from_triton
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
 
@@ -72,8 +74,9 @@ class TritonGateway:
         try:
             metadata, config = await asyncio.gather(
                 self._stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=timeout),
-                self._stub.ModelConfig(service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout,
-                                        metadata=self._admin),
+                self._stub.ModelConfig(
+                    service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout, metadata=self._admin
+                ),
             )
         except grpc.aio.AioRpcError as error:
             if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
@@ -91,20 +94,21 @@ class TritonGateway:
     async def _not_found_message(self, name: str, version: str) -> str:
         target = f"model '{name}'" + (f" version '{version}'" if version else "")
         try:
-            index = await self._stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
+            index = await self._stub.RepositoryIndex(
+                service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
             )
             served = sorted({m.name for m in index.models})
             return f"{target} is not served; ready models: {', '.join(served) or 'none'}"
         except grpc.aio.AioRpcError:
             return f"{target} is not served"
 
-    async def _shared_memory_ready(self) -> bool:
-        """Whether Triton knows the pool's region; registers it when needed (at most every few seconds)."""
-        if self._pool is None:
-            return False
-        if self._registered or time.monotonic() < self._next_registration:
-            return self._registered
+    async def _shared_pool(self) -> SharedInputPool | None:
+        """The pool when Triton knows its region; registers it when needed (at most every few seconds)."""
         pool = self._pool
+        if pool is None or self._registered:
+            return pool
+        if time.monotonic() < self._next_registration:
+            return None
         try:
             # A region of the same name left from before a Triton restart would refuse the new one.
             await self._stub.SystemSharedMemoryUnregister(
@@ -120,16 +124,16 @@ class TritonGateway:
         except grpc.aio.AioRpcError as error:
             self._next_registration = time.monotonic() + _REGISTRATION_RETRY_SECONDS
             log.warning("inputs go over the socket: Triton did not register shared memory (%s)", error.code().name)
-            return False
+            return None
         self._registered = True
         log.info("inputs go to Triton through shared memory (%d MiB region)", pool.byte_size >> 20)
-        return True
+        return pool
 
-    async def _region_lost(self) -> bool:
+    async def _region_lost(self, pool: SharedInputPool) -> bool:
         """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""
         try:
             await self._stub.SystemSharedMemoryStatus(
-                service_pb2.SystemSharedMemoryStatusRequest(name=self._pool.region), timeout=2.0, metadata=self._admin
+                service_pb2.SystemSharedMemoryStatusRequest(name=pool.region), timeout=2.0, metadata=self._admin
             )
             return False
         except grpc.aio.AioRpcError:
@@ -139,15 +143,16 @@ class TritonGateway:
     async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
         slot = None
         # An empty tensor goes in the message: Triton takes no zero-byte shared-memory input.
-        if all(call.payloads) and await self._shared_memory_ready():
-            slot = self._pool.acquire(sum(len(p) for p in call.payloads))
-        if slot is None:
+        pool = await self._shared_pool() if all(call.payloads) else None
+        if pool is not None:
+            slot = pool.acquire(sum(len(p) for p in call.payloads))
+        if pool is None or slot is None:
             body = call.serialize()
         else:
             offset = 0
-            for tensor, payload in zip(call.header.inputs, call.payloads):
-                self._pool.write(slot, offset, payload)
-                tensor.parameters["shared_memory_region"].string_param = self._pool.region
+            for tensor, payload in zip(call.header.inputs, call.payloads, strict=True):
+                pool.write(slot, offset, payload)
+                tensor.parameters["shared_memory_region"].string_param = pool.region
                 tensor.parameters["shared_memory_byte_size"].int64_param = len(payload)
                 tensor.parameters["shared_memory_offset"].int64_param = slot.offset + offset
                 offset += len(payload)
@@ -157,12 +162,15 @@ class TritonGateway:
             return await self._model_infer(body, timeout=timeout)
         except grpc.aio.AioRpcError as error:
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-            restarted = slot is not None and gone and await self._region_lost()
+            restarted = pool is not None and slot is not None and gone and await self._region_lost(pool)
             # Triton served the model moments ago: it is being reloaded, or the server is shutting
             # down for a restart. Once the cached metadata expires, NOT_FOUND is the answer.
             reloading = error.code() == grpc.StatusCode.NOT_FOUND and self.knows(model, version)
+            failure: FacadeError
             if restarted:  # never Triton's message about the region: it names it
-                failure = Unavailable(f"model '{model}' cannot take the request now: the inference server restarted; retry")
+                failure = Unavailable(
+                    f"model '{model}' cannot take the request now: the inference server restarted; retry"
+                )
             elif reloading:
                 failure = Unavailable(
                     f"model '{model}' is not available right now (the inference server is restarting or "
@@ -176,8 +184,8 @@ class TritonGateway:
         finally:
             # A call that ended early may still be queued in Triton and read this slot later: its
             # answer goes nowhere, and the next request's bytes are its own.
-            if slot is not None:
-                self._pool.release(slot)
+            if pool is not None and slot is not None:
+                pool.release(slot)
 
     async def close(self) -> None:
         if self._pool is not None:
@@ -191,5 +199,4 @@ class TritonGateway:
                 except grpc.aio.AioRpcError:
                     pass  # Triton is gone, and the region with it
             self._pool.close()
-        await self._channel.close()
-
+        await self._channel.close(None)

@@ -168,7 +168,7 @@ def encode_predict_response(message: inference_pb2.PredictResponse, predictions:
         raise ValueError("message.predictions is set and predictions were given as well")
     # Casts / makes C-contiguous only when needed; bytes.join then copies the buffer once.
     floats = np.ascontiguousarray(predictions, dtype=_FLOAT32_LE)
-    return b"".join((_PACKED_FLOAT_TAG, varint(floats.nbytes), floats, body))
+    return b"".join((_PACKED_FLOAT_TAG, varint(floats.nbytes), floats.data, body))
 
 
 def serialize_response(response: EncodedResponse) -> bytes:

@@ -63,16 +63,20 @@ def every_type() -> onnx.ModelProto:
 
 def not_batched() -> onnx.ModelProto:
     """[3, 4, 5] in and out, fixed: the model cannot batch, and its first dim is its own."""
-    return _model([helper.make_node("Neg", ["x"], ["y"])], [value("x", TensorProto.FLOAT, [3, 4, 5])],
-                  [value("y", TensorProto.FLOAT, [3, 4, 5])])
+    return _model(
+        [helper.make_node("Neg", ["x"], ["y"])],
+        [value("x", TensorProto.FLOAT, [3, 4, 5])],
+        [value("y", TensorProto.FLOAT, [3, 4, 5])],
+    )
 
 
 def first_dim_not_batch() -> onnx.ModelProto:
     """A dynamic first dim that is no batch dim: the sum runs over it (config says max_batch_size: 0)."""
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
     node = helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=1)
-    return _model([node], [value("x", TensorProto.FLOAT, ["rows", 4])], [value("total", TensorProto.FLOAT, ["one", 4])],
-                  [axes])
+    return _model(
+        [node], [value("x", TensorProto.FLOAT, ["rows", 4])], [value("total", TensorProto.FLOAT, ["one", 4])], [axes]
+    )
 
 
 def scalars() -> onnx.ModelProto:
@@ -83,17 +87,23 @@ def scalars() -> onnx.ModelProto:
         helper.make_node("Add", ["xk", "one"], ["y"]),
         helper.make_node("Size", ["v"], ["count"]),
     ]
-    return _model(nodes, [value("x", TensorProto.DOUBLE, []), value("k", TensorProto.DOUBLE, []),
-                          value("v", TensorProto.INT64, ["n"])],
-                  [value("y", TensorProto.DOUBLE, []), value("count", TensorProto.INT64, [])], [one])
+    return _model(
+        nodes,
+        [value("x", TensorProto.DOUBLE, []), value("k", TensorProto.DOUBLE, []), value("v", TensorProto.INT64, ["n"])],
+        [value("y", TensorProto.DOUBLE, []), value("count", TensorProto.INT64, [])],
+        [one],
+    )
 
 
 def zero_dims() -> onnx.ModelProto:
     """An `axes` input fixed at shape [0] (reduce over nothing) and a data input that may be empty."""
     node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1, noop_with_empty_axes=1)
-    return _model([node, helper.make_node("Abs", ["x"], ["absolute"])],
-                  [value("x", TensorProto.FLOAT, ["n", 3]), value("axes", TensorProto.INT64, [0])],
-                  [value("y", TensorProto.FLOAT, ["n", 3]), value("absolute", TensorProto.FLOAT, ["n", 3])], opset=18)
+    return _model(
+        [node, helper.make_node("Abs", ["x"], ["absolute"])],
+        [value("x", TensorProto.FLOAT, ["n", 3]), value("axes", TensorProto.INT64, [0])],
+        [value("y", TensorProto.FLOAT, ["n", 3]), value("absolute", TensorProto.FLOAT, ["n", 3])],
+        opset=18,
+    )
 
 
 def divides() -> onnx.ModelProto:
@@ -106,9 +116,12 @@ def divides() -> onnx.ModelProto:
 def with_default() -> onnx.ModelProto:
     """y = x + bias, where `bias` is an input with a default (an initializer): optional."""
     bias = numpy_helper.from_array(np.array([10.0, 20.0], np.float32), "bias")
-    return _model([helper.make_node("Add", ["x", "bias"], ["y"])],
-                  [value("x", TensorProto.FLOAT, [2]), value("bias", TensorProto.FLOAT, [2])],
-                  [value("y", TensorProto.FLOAT, [2])], [bias])
+    return _model(
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        [value("x", TensorProto.FLOAT, [2]), value("bias", TensorProto.FLOAT, [2])],
+        [value("y", TensorProto.FLOAT, [2])],
+        [bias],
+    )
 
 
 def data_dependent() -> onnx.ModelProto:
@@ -119,17 +132,25 @@ def data_dependent() -> onnx.ModelProto:
         helper.make_node("TopK", ["x", "k"], ["top_values", "top_indices"], axis=-1),
         helper.make_node("ReduceMax", ["x"], ["peak"], keepdims=0),
     ]
-    return _model(nodes, [value("x", TensorProto.FLOAT, [2, 6]), value("k", TensorProto.INT64, [1])],
-                  [value("where", TensorProto.INT64, [2, "nonzero"]), value("top_values", TensorProto.FLOAT, [2, "k"]),
-                   value("top_indices", TensorProto.INT64, [2, "k"]), value("peak", TensorProto.FLOAT, []),
-                   value("x", TensorProto.FLOAT, [2, 6])])
+    return _model(
+        nodes,
+        [value("x", TensorProto.FLOAT, [2, 6]), value("k", TensorProto.INT64, [1])],
+        [
+            value("where", TensorProto.INT64, [2, "nonzero"]),
+            value("top_values", TensorProto.FLOAT, [2, "k"]),
+            value("top_indices", TensorProto.INT64, [2, "k"]),
+            value("peak", TensorProto.FLOAT, []),
+            value("x", TensorProto.FLOAT, [2, 6]),
+        ],
+    )
 
 
 def sequence_input() -> onnx.ModelProto:
     """A sequence-of-tensors input: Triton has no such type, so the model must be refused."""
     seq = helper.make_tensor_sequence_value_info("items", TensorProto.FLOAT, None)
-    return _model([helper.make_node("SequenceLength", ["items"], ["count"])], [seq],
-                  [value("count", TensorProto.INT64, [])])
+    return _model(
+        [helper.make_node("SequenceLength", ["items"], ["count"])], [seq], [value("count", TensorProto.INT64, [])]
+    )
 
 
 def bfloat16() -> onnx.ModelProto:
@@ -141,8 +162,12 @@ def bfloat16() -> onnx.ModelProto:
 def external_weights() -> onnx.ModelProto:
     """y = x @ w with w (64 x 8, FP32) meant to be saved beside the graph as external data."""
     weight = numpy_helper.from_array(np.random.default_rng(3).standard_normal((64, 8)).astype(np.float32), "w")
-    return _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [value("x", TensorProto.FLOAT, ["batch", 64])],
-                  [value("y", TensorProto.FLOAT, ["batch", 8])], [weight])
+    return _model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [value("x", TensorProto.FLOAT, ["batch", 64])],
+        [value("y", TensorProto.FLOAT, ["batch", 8])],
+        [weight],
+    )
 
 
 # name -> (builder, config.pbtxt); models that must fail to load are listed in REFUSED.
@@ -174,8 +199,14 @@ def write_repository(directory: Path) -> dict[str, Path]:
         version = add_model(directory, name, config)
         model = build()
         if name == "external_weights":
-            onnx.save(model, version / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
-                      location="model.onnx.data", size_threshold=0)
+            onnx.save(
+                model,
+                version / "model.onnx",
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location="model.onnx.data",
+                size_threshold=0,
+            )
         else:
             onnx.save(model, version / "model.onnx")
         files[name] = version / "model.onnx"

@@ -19,14 +19,16 @@ from backend.server.stack import ServingStack
 from tests.integration.any_models import CARRIED_TYPES, MODELS, REFUSED, write_repository
 
 
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(server, {model: onnx file}): every model of any_models, loaded at start-up."""
     workdir = tmp_path_factory.mktemp("any-models")
     files = write_repository(workdir / "repository")
     stack = ServingStack(
-        workdir / "repository", workdir, with_facade=False, triton_http=False,
+        workdir / "repository",
+        workdir,
+        with_facade=False,
+        triton_http=False,
         all_models_ready=False,  # two models are meant to fail
         triton_cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` here
         triton_env={"TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache")},
@@ -53,7 +55,7 @@ def infer(client, model: str, inputs: dict[str, np.ndarray], outputs: list[str])
 
 def in_process(onnx_file: Path, feeds: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    return dict(zip(outputs, session.run(outputs, feeds)))
+    return dict(zip(outputs, session.run(outputs, feeds), strict=False))
 
 
 def config(served, client, model: str):
@@ -97,7 +99,9 @@ def test_every_element_type_triton_carries_comes_back_as_onnx_runtime_gives_it(s
     for rows in (1, 3):
         inputs = typed_inputs(rows, seed=rows)
         got = infer(client, model, inputs, outputs)
-        feeds = {k: np.vectorize(bytes.decode, otypes=[object])(v) if v.dtype == object else v for k, v in inputs.items()}
+        feeds = {
+            k: np.vectorize(bytes.decode, otypes=[object])(v) if v.dtype == object else v for k, v in inputs.items()
+        }
         expected = in_process(files[model], feeds, outputs)
         for name in outputs:
             want = expected[name]
@@ -173,7 +177,10 @@ def test_a_model_whose_warm_up_would_divide_by_zero_is_ready_and_correct(served,
 
 def test_an_input_with_a_default_may_be_left_out(served, client):
     _, files = served
-    assert [(t.name, t.optional) for t in config(served, client, "with_default").input] == [("x", False), ("bias", True)]
+    assert [(t.name, t.optional) for t in config(served, client, "with_default").input] == [
+        ("x", False),
+        ("bias", True),
+    ]
     x = np.array([1.0, 2.0], np.float32)
     np.testing.assert_array_equal(infer(client, "with_default", {"x": x}, ["y"])["y"], [11.0, 22.0])
     bias = np.array([-1.0, -2.0], np.float32)

@@ -25,9 +25,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.serving import CHECKOUT, FACADE_MAX_MESSAGE_BYTES, onnx_file
 from tests.kserve import reference_session
-
+from tests.serving import CHECKOUT, FACADE_MAX_MESSAGE_BYTES, onnx_file
 
 IMAGE = [1, 3, 224, 224]
 # The models' first output: `predictions` of a simple facade response.
@@ -78,20 +77,25 @@ def tokens(length: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(1, 1000, size=(1, length), dtype=np.int64)
 
 
-def raw(array: np.ndarray, shape: list[int] | None = None, model: str = "mobilenet_v3_small",
-        **fields) -> inference_pb2.PredictRequest:
+def raw(
+    array: np.ndarray, shape: list[int] | None = None, model: str = "mobilenet_v3_small", **fields
+) -> inference_pb2.PredictRequest:
     """A facade request with `raw_data`: the array's bytes, dtype and (unless given) shape."""
     dtype = inference_pb2.ElementType.Value(np_to_triton_dtype(array.dtype))
-    return inference_pb2.PredictRequest(raw_data=array.tobytes(), dtype=dtype, shape=shape or list(array.shape),
-                                        model_name=model, **fields)
+    return inference_pb2.PredictRequest(
+        raw_data=array.tobytes(), dtype=dtype, shape=shape or list(array.shape), model_name=model, **fields
+    )
 
 
 def named(*tensors: tuple[str, np.ndarray, list[int] | None]) -> inference_pb2.PredictRequest:
     """A facade request for text_classifier with named INT64 inputs."""
-    return inference_pb2.PredictRequest(model_name="text_classifier", inputs=[
-        inference_pb2.Tensor(name=n, dtype=inference_pb2.INT64, shape=s or list(a.shape), raw_data=a.tobytes())
-        for n, a, s in tensors
-    ])
+    return inference_pb2.PredictRequest(
+        model_name="text_classifier",
+        inputs=[
+            inference_pb2.Tensor(name=n, dtype=inference_pb2.INT64, shape=s or list(a.shape), raw_data=a.tobytes())
+            for n, a, s in tensors
+        ],
+    )
 
 
 def one_image(shape: list[int], model: str = "mobilenet_v3_small") -> Direct:
@@ -149,28 +153,32 @@ TEXT_EXPECTS = "model 'text_classifier' expects input_ids (INT64 [-1, -1]), atte
 
 CASES = [
     Case(
-        "data length does not match the shape", "mobilenet_v3_small",
+        "data length does not match the shape",
+        "mobilenet_v3_small",
         lambda: inference_pb2.PredictRequest(data=[0.0] * 10, shape=IMAGE, model_name="mobilenet_v3_small"),
         invalid("input 'input' carries 10 values but shape [1, 3, 224, 224] needs 150528"),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", np.zeros(10, np.float32), IMAGE)]),
         invalid("input byte size mismatch for input 'input'", "Expected 602112, got 40"),
     ),
     Case(
-        "wrong rank", "mobilenet_v3_small",
+        "wrong rank",
+        "mobilenet_v3_small",
         lambda: raw(image()[0]),
         invalid("shape [3, 224, 224] (rank 3) but the model wants rank 4", MOBILENET_EXPECTS),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", image()[0])]),
         invalid("unexpected shape for input 'input'", "Expected [-1,3,224,224], got [3,224,224]"),
     ),
     Case(
-        "a fixed dim of another size", "mobilenet_v3_small",
+        "a fixed dim of another size",
+        "mobilenet_v3_small",
         lambda: raw(np.zeros((1, 3, 224, 225), np.float32)),
         invalid("shape [1, 3, 224, 225], which does not fit [-1, 3, 224, 224]", MOBILENET_EXPECTS),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", np.zeros((1, 3, 224, 225), np.float32))]),
         invalid("unexpected shape for input 'input'", "got [1,3,224,225]"),
     ),
     Case(
-        "a dim of 0 where the model has a fixed size", "mobilenet_v3_small",
+        "a dim of 0 where the model has a fixed size",
+        "mobilenet_v3_small",
         lambda: raw(np.zeros((1, 3, 224, 0), np.float32)),
         invalid("shape [1, 3, 224, 0], which does not fit [-1, 3, 224, 224]", MOBILENET_EXPECTS),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", np.zeros((1, 3, 224, 0), np.float32))]),
@@ -178,7 +186,8 @@ CASES = [
     ),
     Case(
         # Empty tensors are the model's to judge: this one pools over no token (embedding zeros).
-        "empty sequence (text_classifier [1, 0])", "text_classifier",
+        "empty sequence (text_classifier [1, 0])",
+        "text_classifier",
         lambda: named(("input_ids", EMPTY, None), ("attention_mask", EMPTY, None)),
         Expect("OK", reaches_model=True),
         lambda: text(("input_ids", EMPTY, None), ("attention_mask", EMPTY, None)),
@@ -186,23 +195,28 @@ CASES = [
         reference=lambda: {"input_ids": EMPTY, "attention_mask": EMPTY},
     ),
     Case(
-        "batch size 0", "mobilenet_v3_small",
+        "batch size 0",
+        "mobilenet_v3_small",
         lambda: raw(image(), [0, 3, 224, 224]),
         invalid("input 'input' has batch size 0: send 1 to 16 (the model's max_batch_size)"),
         # Triton hands it to the model without a batch dim (as [3, 224, 224]).
         lambda: one_image([0, 3, 224, 224]),
-        invalid("the first dim is the batch size, 1..16, and it is missing (a batch size of 0 arrives this way)",
-                reaches_model=True),
+        invalid(
+            "the first dim is the batch size, 1..16, and it is missing (a batch size of 0 arrives this way)",
+            reaches_model=True,
+        ),
     ),
     Case(
-        "negative dim", "mobilenet_v3_small",
+        "negative dim",
+        "mobilenet_v3_small",
         lambda: raw(image(), [1, 3, -224, 224]),
         invalid("shape [1, 3, -224, 224]: a dim cannot be negative", MOBILENET_EXPECTS),
         lambda: one_image([1, 3, -224, 224]),
         invalid("unexpected shape for input 'input'", "got [1,3,-224,224]"),
     ),
     Case(
-        "batch dim above 2^31-1 (2^31+1)", "mobilenet_v3_small",
+        "batch dim above 2^31-1 (2^31+1)",
+        "mobilenet_v3_small",
         lambda: raw(image(), [2**31 + 1, 3, 224, 224]),
         invalid("dims above 2147483647 are not accepted", MOBILENET_EXPECTS),
         lambda: one_image([2**31 + 1, 3, 224, 224]),
@@ -210,7 +224,8 @@ CASES = [
     ),
     Case(
         # Triton 2.51 casts the batch size to a 32-bit int: 2^32+1 becomes 1, and one image's bytes fit.
-        "batch dim 2^32+1 with one image's bytes", "mobilenet_v3_small",
+        "batch dim 2^32+1 with one image's bytes",
+        "mobilenet_v3_small",
         lambda: raw(image(), [2**32 + 1, 3, 224, 224]),
         invalid("shape [4294967297, 3, 224, 224]: dims above 2147483647 are not accepted"),
         lambda: one_image([2**32 + 1, 3, 224, 224]),
@@ -218,28 +233,34 @@ CASES = [
         reference=lambda: {"input": image()},
     ),
     Case(
-        "batch above max_batch_size", "mobilenet_v3_small",
+        "batch above max_batch_size",
+        "mobilenet_v3_small",
         lambda: raw(np.zeros((17, 3, 224, 224), np.float32)),
         invalid("input 'input' has batch size 17, above the model's max_batch_size 16: split the request"),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", np.zeros((17, 3, 224, 224), np.float32))]),
         invalid("inference request batch-size must be <= 16 for 'mobilenet_v3_small'"),
     ),
     Case(
-        "wrong dtype (INT32 for FP32)", "mobilenet_v3_small",
+        "wrong dtype (INT32 for FP32)",
+        "mobilenet_v3_small",
         lambda: raw(np.zeros(IMAGE, np.int32)),
         invalid("input 'input' is INT32 but the model wants FP32", MOBILENET_EXPECTS),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", np.zeros(IMAGE, np.int32))]),
         invalid("data-type is 'INT32', but model 'mobilenet_v3_small' expects 'FP32'"),
     ),
     Case(
-        "dtype number the proto does not define", "mobilenet_v3_small",
-        lambda: inference_pb2.PredictRequest(raw_data=image().tobytes(), dtype=99, shape=IMAGE,
-                                             model_name="mobilenet_v3_small"),
+        "dtype number the proto does not define",
+        "mobilenet_v3_small",
+        lambda: inference_pb2.PredictRequest(
+            raw_data=image().tobytes(), dtype=99, shape=IMAGE, model_name="mobilenet_v3_small"
+        ),
         invalid("input 'input' has dtype 99, which is not an ElementType: use one of FP32, FP16"),
-        None, None,
+        None,
+        None,
     ),
     Case(
-        "NaN and ±Inf values", "mobilenet_v3_small",
+        "NaN and ±Inf values",
+        "mobilenet_v3_small",
         lambda: raw(nan_and_inf()),
         Expect("OK", reaches_model=True),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", nan_and_inf())]),
@@ -247,7 +268,8 @@ CASES = [
         reference=lambda: {"input": nan_and_inf()},
     ),
     Case(
-        "message above the size limit", "mobilenet_v3_small",  # 16 MiB in the tests
+        "message above the size limit",
+        "mobilenet_v3_small",  # 16 MiB in the tests
         lambda: raw(oversized()),
         Expect("RESOURCE_EXHAUSTED", ("Received message larger than max",)),
         # Triton takes messages up to 2 GiB: the same request is refused for its batch size.
@@ -255,7 +277,8 @@ CASES = [
         invalid("inference request batch-size must be <= 16"),
     ),
     Case(
-        "large valid request (resnet50, batch 16, 9.6 MB)", "resnet50",
+        "large valid request (resnet50, batch 16, 9.6 MB)",
+        "resnet50",
         lambda: raw(image(seed=5, batch=16), model="resnet50"),
         Expect("OK", reaches_model=None),
         lambda: Direct("resnet50", [Tensor("input", image(seed=5, batch=16))]),
@@ -263,80 +286,99 @@ CASES = [
         reference=lambda: {"input": image(seed=5, batch=16)},
     ),
     Case(
-        "unknown model", "mobilenet_v3_small",
+        "unknown model",
+        "mobilenet_v3_small",
         lambda: raw(image(), model="resnet51"),
-        Expect("NOT_FOUND", ("model 'resnet51' is not served; ready models: mobilenet_v3_small, resnet50, "
-                             "text_classifier",)),
+        Expect(
+            "NOT_FOUND",
+            ("model 'resnet51' is not served; ready models: mobilenet_v3_small, resnet50, text_classifier",),
+        ),
         lambda: Direct("resnet51", [Tensor("input", image())]),
         Expect("NOT_FOUND", ("Request for unknown model: 'resnet51' is not found",)),
     ),
     Case(
-        "unknown version (7)", "mobilenet_v3_small",
+        "unknown version (7)",
+        "mobilenet_v3_small",
         lambda: raw(image(), model_version="7"),
         Expect("NOT_FOUND", ("model 'mobilenet_v3_small' version '7' is not served; ready models:",)),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", image())], version="7"),
         Expect("NOT_FOUND", ("Request for unknown model: 'mobilenet_v3_small' version 7 is not found",)),
     ),
     Case(
-        "non-numeric version ('latest')", "mobilenet_v3_small",
+        "non-numeric version ('latest')",
+        "mobilenet_v3_small",
         lambda: raw(image(), model_version="latest"),
         Expect("NOT_FOUND", ("model 'mobilenet_v3_small' version 'latest' is not served; ready models:",)),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", image())], version="latest"),
         invalid("version string 'latest'", "version should be an integral value > 0"),
     ),
     Case(
-        "unknown output name", "mobilenet_v3_small",
+        "unknown output name",
+        "mobilenet_v3_small",
         lambda: raw(image(), output_names=["probs"]),
         invalid("unknown output(s) ['probs']: model 'mobilenet_v3_small' returns ['output']"),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", image())], outputs=["probs"]),
         invalid("unexpected inference output 'probs' for model 'mobilenet_v3_small'"),
     ),
     Case(
-        "wrong input names (text_classifier)", "text_classifier",
+        "wrong input names (text_classifier)",
+        "text_classifier",
         lambda: named(("ids", IDS, None), ("mask", MASK, None)),
         invalid("unknown: ['ids', 'mask']; missing: ['input_ids', 'attention_mask']", TEXT_EXPECTS),
         lambda: text(("ids", IDS, None), ("mask", MASK, None)),
         invalid("unexpected inference input '", "' for model 'text_classifier'"),  # 'ids' or 'mask'; it names one
     ),
     Case(
-        "a missing input (text_classifier)", "text_classifier",
+        "a missing input (text_classifier)",
+        "text_classifier",
         lambda: named(("input_ids", IDS, None)),
         invalid("missing: ['attention_mask']", TEXT_EXPECTS),
         lambda: text(("input_ids", IDS, None)),
         invalid("missing required input(s) ['attention_mask']"),
     ),
     Case(
-        "inputs of different lengths (text_classifier)", "text_classifier",
+        "inputs of different lengths (text_classifier)",
+        "text_classifier",
         lambda: named(("input_ids", IDS, None), ("attention_mask", MASK[:, :3], None)),
         invalid("disagree on the size of dim 'sequence' (4 and 3): the model needs them equal", reaches_model=True),
         lambda: text(("input_ids", IDS, None), ("attention_mask", MASK[:, :3], None)),
         invalid("disagree on the size of dim 'sequence' (4 and 3): the model needs them equal", reaches_model=True),
     ),
     Case(
-        "sequence longer than the model's 128 positions", "text_classifier",
+        "sequence longer than the model's 128 positions",
+        "text_classifier",
         lambda: named(("input_ids", LONG, None), ("attention_mask", np.ones_like(LONG), None)),
         invalid("model 'text_classifier' cannot run on this input", "128 by 200", reaches_model=True),
         lambda: text(("input_ids", LONG, None), ("attention_mask", np.ones_like(LONG), None)),
         invalid("model 'text_classifier' cannot run on this input", "128 by 200", reaches_model=True),
     ),
     Case(
-        "token id outside the vocabulary", "text_classifier",
+        "token id outside the vocabulary",
+        "text_classifier",
         lambda: named(("input_ids", np.full((1, 4), 10**9, np.int64), None), ("attention_mask", MASK, None)),
-        invalid("cannot run on this input", "idx=1000000000 must be within the inclusive range [-1000,999]",
-                reaches_model=True),
+        invalid(
+            "cannot run on this input",
+            "idx=1000000000 must be within the inclusive range [-1000,999]",
+            reaches_model=True,
+        ),
         lambda: text(("input_ids", np.full((1, 4), 10**9, np.int64), None), ("attention_mask", MASK, None)),
-        invalid("cannot run on this input", "idx=1000000000 must be within the inclusive range [-1000,999]",
-                reaches_model=True),
+        invalid(
+            "cannot run on this input",
+            "idx=1000000000 must be within the inclusive range [-1000,999]",
+            reaches_model=True,
+        ),
     ),
     Case(
-        "malformed protobuf", "mobilenet_v3_small",
+        "malformed protobuf",
+        "mobilenet_v3_small",
         lambda: RawCall("/inference.InferenceService/Predict", b"\x0a\xff\xff\xff\xff\x0f\x00"),  # 4 GiB field 1
         invalid("malformed PredictRequest", "runs past the end of the 7-byte message"),
         lambda: RawCall("/inference.GRPCInferenceService/ModelInfer", b"\x0a\xff\xff\xff\xff\x0f\x00"),
         Expect("INTERNAL", ("Unable to parse request",)),
     ),
     Case(
-        "unknown method", "mobilenet_v3_small",
+        "unknown method",
+        "mobilenet_v3_small",
         lambda: RawCall("/inference.InferenceService/Explain", b""),
         Expect("UNIMPLEMENTED", ("Method not found",)),
         lambda: RawCall("/inference.GRPCInferenceService/Explain", b""),
@@ -396,8 +438,7 @@ def via_direct(client: grpcclient.InferenceServerClient, channel: grpc.Channel, 
         inputs.append(infer_input)
     outputs = None if request.outputs is None else [grpcclient.InferRequestedOutput(n) for n in request.outputs]
     try:
-        result = client.infer(request.model, inputs, model_version=request.version, outputs=outputs,
-                              client_timeout=60)
+        result = client.infer(request.model, inputs, model_version=request.version, outputs=outputs, client_timeout=60)
     except InferenceServerException as error:
         return Outcome(str(error.status()).removeprefix("StatusCode."), error.message() or "", None)
     return Outcome("OK", "", {o.name: result.as_numpy(o.name) for o in result.get_response().outputs})
@@ -411,7 +452,7 @@ def reference(model: str):
 def assert_like_onnxruntime(model: str, outputs: dict[str, np.ndarray], feeds: dict[str, np.ndarray]) -> None:
     session = reference(model)
     names = [o.name for o in session.get_outputs()]
-    for name, expected in zip(names, session.run(names, feeds)):
+    for name, expected in zip(names, session.run(names, feeds), strict=False):
         if name not in outputs:
             continue
         actual = outputs[name]
@@ -428,8 +469,11 @@ def good_request(model: str) -> tuple[inference_pb2.PredictRequest, Direct, dict
         ids = tokens(9, seed=7)
         mask = np.ones_like(ids)
         feeds = {"input_ids": ids, "attention_mask": mask}
-        return named(("input_ids", ids, None), ("attention_mask", mask, None)), text(
-            ("input_ids", ids, None), ("attention_mask", mask, None)), feeds
+        return (
+            named(("input_ids", ids, None), ("attention_mask", mask, None)),
+            text(("input_ids", ids, None), ("attention_mask", mask, None)),
+            feeds,
+        )
     data = image(seed=11)
     return raw(data, model=model), Direct(model, [Tensor("input", data)]), {"input": data}
 
@@ -495,15 +539,29 @@ def facade_channel(facade):
 def test_bad_input_through_the_facade(case, facade_channel, triton_client, triton):
     stub = inference_pb2_grpc.InferenceServiceStub(facade_channel)
     good, _, feeds = good_request(case.model)
-    check(case, case.via_facade, lambda r: via_facade(stub, facade_channel, r), case.facade(), (good, feeds),
-          triton_client, triton)
+    check(
+        case,
+        case.via_facade,
+        lambda r: via_facade(stub, facade_channel, r),
+        case.facade(),
+        (good, feeds),
+        triton_client,
+        triton,
+    )
 
 
 @pytest.mark.parametrize("case", params("direct"))
 def test_bad_input_direct_to_triton(case, triton_client, triton_channel, triton):
     _, good, feeds = good_request(case.model)
-    check(case, case.via_direct, lambda r: via_direct(triton_client, triton_channel, r), case.direct(),
-          (good, feeds), triton_client, triton)
+    check(
+        case,
+        case.via_direct,
+        lambda r: via_direct(triton_client, triton_channel, r),
+        case.direct(),
+        (good, feeds),
+        triton_client,
+        triton,
+    )
 
 
 def readme_rows() -> dict[str, list[str]]:
@@ -521,7 +579,7 @@ def test_the_readme_table_documents_every_case():
     rows = readme_rows()
     for case in CASES:
         assert case.name in rows, f"README: no row for '{case.name}'"
-        for cell, expect in zip(rows[case.name][1:3], (case.via_facade, case.via_direct)):
+        for cell, expect in zip(rows[case.name][1:3], (case.via_facade, case.via_direct), strict=False):
             documented = "n/a" if expect is None else f"`{expect.code}`"
             assert cell.startswith(documented), f"README row '{case.name}': '{cell}' should start with {documented}"
     assert len(rows) == len(CASES) + 1, "README rows without a case"  # + the header row

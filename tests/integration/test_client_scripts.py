@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from backend.server.admin import ADMIN_KEY_ENV
-from tests.serving import MODELS, onnx_file
 from tests.kserve import reference_session
-
+from tests.serving import MODELS, onnx_file
 
 
 @pytest.fixture(autouse=True)
@@ -49,8 +48,18 @@ def test_infer_with_a_file_prints_the_top_k_of_onnxruntime(triton, protocol, tmp
     np.save(tmp_path / "image.npy", image)
     url = triton.grpc_url if protocol == "grpc" else triton.http_url
     done = run(
-        "client.triton_infer", "--model", "mobilenet_v3_small", "--url", url, "--protocol", protocol,
-        "--input", str(tmp_path / "image.npy"), "--top-k", "3", "--json",
+        "client.triton_infer",
+        "--model",
+        "mobilenet_v3_small",
+        "--url",
+        url,
+        "--protocol",
+        protocol,
+        "--input",
+        str(tmp_path / "image.npy"),
+        "--top-k",
+        "3",
+        "--json",
     )
     assert done.returncode == 0, done.stderr
     printed = json.dumps(json.loads(done.stdout))
@@ -60,8 +69,19 @@ def test_infer_with_a_file_prints_the_top_k_of_onnxruntime(triton, protocol, tmp
 
 
 def test_infer_a_text_model_with_random_tokens(triton):
-    done = run("client.triton_infer", "--model", "text_classifier", "--url", triton.grpc_url, "--batch-size", "2",
-               "--seq-len", "12", "--requests", "5")
+    done = run(
+        "client.triton_infer",
+        "--model",
+        "text_classifier",
+        "--url",
+        triton.grpc_url,
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "12",
+        "--requests",
+        "5",
+    )
     assert done.returncode == 0, done.stderr
     assert "logits: FP32 [2, 2]" in done.stdout and "embedding: FP32 [2, 64]" in done.stdout
     assert "p50" in done.stdout

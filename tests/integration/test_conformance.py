@@ -8,11 +8,8 @@ The whole corpus (about 1,400 models, 15 minutes) runs with `make conformance`.
 
 from __future__ import annotations
 
-import pytest
-
 from bench.conformance.corpus import Screened, discover, screen
 from bench.conformance.serving import REFUSAL_CAUSES, ConformanceRun
-
 
 SLICE = (
     "node/test_abs",  # [3, 4, 5]: a fixed first dim that is no batch dim

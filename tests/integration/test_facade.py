@@ -18,13 +18,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.kserve import assert_close, infer, reference_session
 from tests.serving import (
     CHECKOUT,
     FACADE_MAX_IN_FLIGHT,
     onnx_file,
     start_facade,
 )
-from tests.kserve import assert_close, infer, reference_session
 
 IMAGE_SHAPE = [1, 3, 224, 224]
 PROTO_DIR = CHECKOUT / "client" / "proto"
@@ -67,9 +67,18 @@ print(res.shape, res.predictions[:10])   # [1, 1000] and the first 10 scores of 
 def test_the_documented_client_snippet_works_unchanged(facade, triton_client, tmp_path):
     # A client of its own, with stubs generated from the proto file as the snippet's comment says.
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(PROTO_DIR), "--python_out=.", "--grpc_python_out=.",
-         str(PROTO_DIR / "inference.proto")],
-        check=True, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            str(PROTO_DIR),
+            "--python_out=.",
+            "--grpc_python_out=.",
+            str(PROTO_DIR / "inference.proto"),
+        ],
+        check=True,
+        cwd=tmp_path,
     )
     (tmp_path / "snippet.py").write_text(SNIPPET.replace("PORT", str(facade.grpc_port)))
     done = subprocess.run([sys.executable, "snippet.py"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
@@ -87,7 +96,9 @@ def test_float_and_raw_requests_equal_direct_triton(stub, triton_client, model):
     direct = infer(triton_client, model, {"input": data}, ["output"]).outputs["output"]
     floats = stub.Predict(inference_pb2.PredictRequest(data=data.ravel(), shape=data.shape, model_name=model))
     raw = stub.Predict(
-        inference_pb2.PredictRequest(raw_data=data.tobytes(), dtype=inference_pb2.FP32, shape=data.shape, model_name=model)
+        inference_pb2.PredictRequest(
+            raw_data=data.tobytes(), dtype=inference_pb2.FP32, shape=data.shape, model_name=model
+        )
     )
     for response in (floats, raw):
         assert list(response.shape) == [2, 1000] and response.model_name == model
@@ -100,14 +111,17 @@ def test_named_inputs_and_outputs_for_the_text_classifier(stub, triton_client):
     mask = np.ones_like(ids)
     response = stub.Predict(
         inference_pb2.PredictRequest(
-            model_name="text_classifier", request_id="txt-1",
+            model_name="text_classifier",
+            request_id="txt-1",
             inputs=[
                 inference_pb2.Tensor(name=n, dtype=inference_pb2.INT64, shape=list(a.shape), raw_data=a.tobytes())
                 for n, a in (("input_ids", ids), ("attention_mask", mask))
             ],
         )
     )
-    direct = infer(triton_client, "text_classifier", {"input_ids": ids, "attention_mask": mask}, ["logits", "embedding"])
+    direct = infer(
+        triton_client, "text_classifier", {"input_ids": ids, "attention_mask": mask}, ["logits", "embedding"]
+    )
     assert response.request_id == "txt-1" and list(response.shape) == [1, 2]
     outputs = {t.name: np.frombuffer(t.raw_data, np.float32).reshape(t.shape) for t in response.outputs}
     np.testing.assert_array_equal(outputs["logits"], direct.outputs["logits"])
@@ -139,8 +153,9 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
     rejected_before = metric_value(metrics_text(facade), "tritonnx_facade_rejections_total", reason="overloaded")
     calls = []
     for index in range(count):
-        request = inference_pb2.PredictRequest(raw_data=data[index].tobytes(), shape=IMAGE_SHAPE, model_name=model,
-                                               request_id=str(index))
+        request = inference_pb2.PredictRequest(
+            raw_data=data[index].tobytes(), shape=IMAGE_SHAPE, model_name=model, request_id=str(index)
+        )
         future, finished = stub.Predict.future(request), {}
         future.add_done_callback(lambda _, f=finished: f.setdefault("at", time.perf_counter()))
         calls.append((time.perf_counter(), future, finished))
@@ -165,7 +180,9 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
     # Refused at once: every rejection ends before the typical accepted call.
     assert max(o[2] for o in rejected) < float(np.median([o[2] for _, o in accepted]))
     text = metrics_text(facade)
-    assert metric_value(text, "tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(rejected)
+    assert metric_value(text, "tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(
+        rejected
+    )
     assert metric_value(text, "tritonnx_facade_in_flight_requests") == 0
 
 
@@ -175,8 +192,9 @@ def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
     channel = grpc.insecure_channel(own.grpc_url)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     payload = image(seed=8).tobytes()
-    futures = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=payload, shape=IMAGE_SHAPE))
-               for _ in range(250)]
+    futures = [
+        stub.Predict.future(inference_pb2.PredictRequest(raw_data=payload, shape=IMAGE_SHAPE)) for _ in range(250)
+    ]
     codes = []
     for future in futures:
         try:
@@ -203,8 +221,10 @@ def busy_triton(facade, stub, batches: int = 4) -> list:
     requests queue behind them; returns once the facade holds them all and they had a moment
     to reach Triton."""
     batch = image(seed=2, batch=16).tobytes()
-    load = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch, shape=[16, 3, 224, 224]))
-            for _ in range(batches)]
+    load = [
+        stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch, shape=[16, 3, 224, 224]))
+        for _ in range(batches)
+    ]
     wait_in_flight(facade, batches, "the load")  # 10 MB each through the facade
     time.sleep(0.1)
     return load
@@ -241,12 +261,17 @@ def test_a_cancelled_call_frees_its_slot(facade, stub):
 def test_streaming_answers_every_request_by_id_and_survives_bad_ones(stub):
     data = image(seed=4, batch=6)
     requests = [
-        inference_pb2.PredictRequest(raw_data=data[i].tobytes(), shape=IMAGE_SHAPE, request_id=f"s{i}",
-                                     model_name="mobilenet_v3_small")
+        inference_pb2.PredictRequest(
+            raw_data=data[i].tobytes(), shape=IMAGE_SHAPE, request_id=f"s{i}", model_name="mobilenet_v3_small"
+        )
         for i in range(6)
     ]
-    requests.insert(3, inference_pb2.PredictRequest(data=[1.0] * 5, shape=IMAGE_SHAPE, request_id="bad",
-                                                    model_name="mobilenet_v3_small"))
+    requests.insert(
+        3,
+        inference_pb2.PredictRequest(
+            data=[1.0] * 5, shape=IMAGE_SHAPE, request_id="bad", model_name="mobilenet_v3_small"
+        ),
+    )
     responses = {r.request_id: r for r in stub.PredictStream(iter(requests), timeout=60)}
     assert set(responses) == {f"s{i}" for i in range(6)} | {"bad"}
     assert responses["bad"].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -261,7 +286,10 @@ def test_health_reflection_and_metrics(facade, stub):
     channel = grpc.insecure_channel(facade.grpc_url)
     health = health_pb2_grpc.HealthStub(channel)
     for service in ("", "inference.InferenceService"):
-        assert health.Check(health_pb2.HealthCheckRequest(service=service)).status == health_pb2.HealthCheckResponse.SERVING
+        assert (
+            health.Check(health_pb2.HealthCheckRequest(service=service)).status
+            == health_pb2.HealthCheckResponse.SERVING
+        )
     reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
     answer = next(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
     services = {s.name for s in answer.list_services_response.service}
@@ -278,7 +306,9 @@ def test_health_reflection_and_metrics(facade, stub):
 
 
 def facade_regions(triton_client, triton, facade) -> list[str]:
-    regions = triton_client.get_system_shared_memory_status(headers=triton.admin_headers, as_json=True).get("regions", {})
+    regions = triton_client.get_system_shared_memory_status(headers=triton.admin_headers, as_json=True).get(
+        "regions", {}
+    )
     return [name for name in regions if name == f"tritonnx_facade_{facade.process.pid}"]
 
 
@@ -292,8 +322,13 @@ def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade
     outcomes = []
     for _ in range(5):
         try:
-            outcomes.append(stub.Predict(inference_pb2.PredictRequest(raw_data=data.tobytes(), shape=IMAGE_SHAPE,
-                                                                      model_name="mobilenet_v3_small")))
+            outcomes.append(
+                stub.Predict(
+                    inference_pb2.PredictRequest(
+                        raw_data=data.tobytes(), shape=IMAGE_SHAPE, model_name="mobilenet_v3_small"
+                    )
+                )
+            )
         except grpc.RpcError as error:
             outcomes.append(error)
     failures = [o for o in outcomes if isinstance(o, grpc.RpcError)]
@@ -314,7 +349,9 @@ def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade
 def test_a_second_facade_on_a_taken_port_refuses_to_start(facade):
     refused = subprocess.Popen(
         [sys.executable, "-m", "client.facade", "--port", str(facade.grpc_port), "--http-port", str(free_ports(1)[0])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     _, stderr = refused.communicate(timeout=60)
     assert refused.returncode == 1
@@ -327,8 +364,9 @@ def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):
     channel = grpc.insecure_channel(own.grpc_url)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     batch = image(seed=3, batch=16)
-    calls = [stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape))
-             for _ in range(3)]
+    calls = [
+        stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape)) for _ in range(3)
+    ]
     wait_in_flight(own, len(calls), "the calls")  # calls on their way in when it stops would be refused
     os.kill(own.process.pid, signal.SIGTERM)
     # Health goes off while the calls are still running, and stays off.

@@ -23,14 +23,38 @@ def locked_down(triton, tmp_path_factory):
     """A facade with a token, TLS and no reflection."""
     workdir = tmp_path_factory.mktemp("secure")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
-         "-keyout", str(workdir / "key.pem"), "-out", str(workdir / "cert.pem")],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+            "-keyout",
+            str(workdir / "key.pem"),
+            "-out",
+            str(workdir / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
     )
     facade = start_facade(
-        triton, workdir, "--auth-token", "s3cret", "--tls-cert", str(workdir / "cert.pem"),
-        "--tls-key", str(workdir / "key.pem"), "--reflection", "0",
+        triton,
+        workdir,
+        "--auth-token",
+        "s3cret",
+        "--tls-cert",
+        str(workdir / "cert.pem"),
+        "--tls-key",
+        str(workdir / "key.pem"),
+        "--reflection",
+        "0",
     )
     credentials = grpc.ssl_channel_credentials(root_certificates=(workdir / "cert.pem").read_bytes())
     channel = grpc.secure_channel(facade.grpc_url, credentials)
@@ -42,7 +66,10 @@ def locked_down(triton, tmp_path_factory):
 def test_inference_needs_the_bearer_token(locked_down):
     _, channel = locked_down
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
-    for metadata, words in ((None, "needs `authorization: Bearer <token>`"), ((("authorization", "Bearer nope"),), "not valid")):
+    for metadata, words in (
+        (None, "needs `authorization: Bearer <token>`"),
+        ((("authorization", "Bearer nope"),), "not valid"),
+    ):
         with pytest.raises(grpc.RpcError) as caught:
             stub.Predict(REQUEST, metadata=metadata)
         assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED and words in caught.value.details()

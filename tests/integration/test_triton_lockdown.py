@@ -14,9 +14,8 @@ from tritonclient.utils import InferenceServerException
 
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
-from tests.serving import MODEL_REPOSITORY, start_facade
 from tests.kserve import make_inputs
-
+from tests.serving import MODEL_REPOSITORY, start_facade
 
 RESTRICTED_GRPC_CALLS = {
     "model config": lambda c, h: c.get_model_config("resnet50", headers=h),
@@ -60,8 +59,9 @@ def test_administrative_http_apis_need_the_key(triton, path):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method))
     assert refused.value.code == 403
-    request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method,
-                                     headers=triton.http_admin_headers)
+    request = urllib.request.Request(
+        url, data=b"{}" if method == "POST" else None, method=method, headers=triton.http_admin_headers
+    )
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.status == 200
 

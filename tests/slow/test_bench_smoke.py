@@ -13,13 +13,28 @@ import sys
 import pytest
 
 
-
 def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
     out = tmp_path / "bench"
     done = subprocess.run(
-        [sys.executable, "-m", "bench", "--models", "mobilenet_v3_small", "--concurrency", "1", "--duration", "1",
-         "--limit-seconds", "0.3", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--models",
+            "mobilenet_v3_small",
+            "--concurrency",
+            "1",
+            "--duration",
+            "1",
+            "--limit-seconds",
+            "0.3",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())["models"]["mobilenet_v3_small"]
@@ -29,13 +44,17 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         point = data[sweep][0]
         assert point["images_per_s"] > 0 and not point["errors"], (sweep, point)
     assert len(data["fastapi"]) == 2 and all(s["points"][0]["images_per_s"] > 0 for s in data["fastapi"].values())
-    startup = next(item for name, item in data["servers"].items() if name.startswith("tritonserver (mobilenet_v3_small only"))
+    startup = next(
+        item for name, item in data["servers"].items() if name.startswith("tritonserver (mobilenet_v3_small only")
+    )
     assert startup["ready_seconds"] > 0 and startup["first_ready_seconds"] > 0
     # Where the CPU went, measured on the real processes: every role on each path spent some.
     assert data["limit"]["cpu_ms_per_image"] > 0
-    for sweep, roles in (("perf_analyzer", ("stubs", "tritonserver", "client")),
-                         ("loadgen_kserve", ("stubs", "tritonserver", "client")),
-                         ("facade", ("stubs", "tritonserver", "facade", "client"))):
+    for sweep, roles in (
+        ("perf_analyzer", ("stubs", "tritonserver", "client")),
+        ("loadgen_kserve", ("stubs", "tritonserver", "client")),
+        ("facade", ("stubs", "tritonserver", "facade", "client")),
+    ):
         cpu = data[sweep][0]["cpu_ms_per_image"]
         assert cpu["images"] > 0 and all(cpu[role] > 0 for role in roles), (sweep, cpu)
         assert cpu["total"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.01)

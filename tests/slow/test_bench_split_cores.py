@@ -7,15 +7,27 @@ import json
 import subprocess
 import sys
 
-import pytest
-
-
 
 def test_split_cores_places_the_server_apart_from_the_facade_and_reports_both(tmp_path):
     out = tmp_path / "split"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.split_cores", "--concurrency", "2", "--duration", "1", "--rounds", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "bench.split_cores",
+            "--concurrency",
+            "2",
+            "--duration",
+            "1",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())

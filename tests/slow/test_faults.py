@@ -26,9 +26,8 @@ from backend.server.stack import ServingStack
 from backend.server.supervisor import Stub, TritonSupervisor, live_stubs
 from backend.server.triton import TritonServer
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
 from tests.kserve import assert_close, reference_session
-
+from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]
@@ -48,11 +47,16 @@ def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
     repository = link_models(workdir / "repository", {"slow": TEST_MODELS / "slow", MODEL: MODEL_REPOSITORY / MODEL})
     serving = ServingStack(
-        repository, workdir, supervised=True, supervisor_interval=0.1,
+        repository,
+        workdir,
+        supervised=True,
+        supervisor_interval=0.1,
         facade_args=[*FACADE_TEST_ARGS, "--default-model", MODEL, "--health-interval", "0.5", "--health-timeout", "2"],
     )
     with serving, grpc.insecure_channel(serving.facade.grpc_url) as channel:
-        yield Stack(serving.triton, serving.supervisor, serving.facade, inference_pb2_grpc.InferenceServiceStub(channel))
+        yield Stack(
+            serving.triton, serving.supervisor, serving.facade, inference_pb2_grpc.InferenceServiceStub(channel)
+        )
 
 
 def image(seed: int) -> np.ndarray:
@@ -145,7 +149,7 @@ class Load:
                 except InferenceServerException as error:
                     self._record("direct", str(error.status()), error.message())
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         worker = self._facade_worker if self.path == "facade" else self._direct_worker
         for index in range(self.workers):
             self._futures.append(self._pool.submit(worker, index))
@@ -224,8 +228,11 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     # The supervisor polls readiness more slowly than this test does: its record can come after.
     wait_for(lambda: len(stack.supervisor.restarts) == restarts + 1, timeout=5)
     # A server stopping on SIGTERM unloads its models first; that is not a fault to heal.
-    assert not [r.getMessage() for r in caplog.records if r.name == "tritonnx.supervisor" and r.levelno >= logging.ERROR
-                and "healing attempt failed" in r.getMessage()]
+    assert not [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "tritonnx.supervisor" and r.levelno >= logging.ERROR and "healing attempt failed" in r.getMessage()
+    ]
     wait_for(lambda: facade_health(stack) == 200, timeout=10)
 
 
@@ -272,8 +279,9 @@ def test_the_queue_timeout_rejects_requests_stuck_behind_a_hanging_model(stack):
 
 
 def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
-    facade = start_facade(stack.triton, tmp_path, "--default-model", "slow", "--health-interval", "0.3",
-                          "--health-timeout", "0.3")
+    facade = start_facade(
+        stack.triton, tmp_path, "--default-model", "slow", "--health-interval", "0.3", "--health-timeout", "0.3"
+    )
     try:
         with ThreadPoolExecutor(1) as pool:
             hanging = pool.submit(predict, stack, np.array([[3000]], np.float32), 10, "slow")

@@ -13,7 +13,6 @@ import pytest
 from bench.overload import REJECTIONS, expected_outputs, measure, path_target
 from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
 
-
 MODEL = "resnet50"  # the slowest model: a cheap load generator still exceeds its capacity
 
 
@@ -27,8 +26,17 @@ def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton
     pids = {"tritonserver": triton.process.pid, "facade": facade.process.pid}
     # Capacity is measured within the facade's in-flight cap: above it a closed loop only spins on rejections.
     concurrency = FACADE_MAX_IN_FLIGHT if route_name == "facade" else 48
-    result = asyncio.run(measure(route_name, target, pids, seconds=15, capacity_seconds=6,
-                                 capacity_concurrency=concurrency))
+    result = asyncio.run(
+        measure(
+            route_name,
+            target,
+            pids,
+            seconds=10,
+            capacity_seconds=5,
+            reference_seconds=8,
+            capacity_concurrency=concurrency,
+        )
+    )
     print(result.summary())
 
     assert set(result.statuses) == {"OK", REJECTIONS[route_name]}, result.statuses

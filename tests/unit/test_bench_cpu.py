@@ -31,8 +31,13 @@ def test_a_real_process_tree_is_measured_while_the_run_works(tmp_path):
     try:
         time.sleep(0.5)  # the child is up and spinning
         served = iter([0, 100])
-        result, cpu = measured(lambda: time.sleep(0.6) or "done", parent.pid, lambda: next(served), cores=os.cpu_count() or 1,
-                               own_role="client")
+        result, cpu = measured(
+            lambda: time.sleep(0.6) or "done",
+            parent.pid,
+            lambda: next(served),
+            cores=os.cpu_count() or 1,
+            own_role="client",
+        )
         assert result == "done" and cpu["images"] == 100
         assert cpu["stubs"] > 2.0  # ~0.6 s of a busy child over 100 images is ~6 ms each
         assert cpu["tritonserver"] < cpu["stubs"] and "client" in cpu

@@ -20,19 +20,29 @@ def two_output_model() -> onnx.ModelProto:
             helper.make_node("Identity", ["bias"], ["bias_out"]),
         ],
         "two_outputs",
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2]),
-         helper.make_tensor_value_info("bias_out", TensorProto.FLOAT, [3])],
-        initializer=[helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
-                     helper.make_tensor("bias", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])],
+        [
+            helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "seq"]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2]),
+            helper.make_tensor_value_info("bias_out", TensorProto.FLOAT, [3]),
+        ],
+        initializer=[
+            helper.make_tensor("axes", TensorProto.INT64, [1], [1]),
+            helper.make_tensor("bias", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0]),
+        ],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)  # what ONNX Runtime reads
+    return helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9
+    )  # what ONNX Runtime reads
 
 
 def signature(session: ort.InferenceSession) -> tuple:
-    return ([(i.name, i.type, i.shape) for i in session.get_inputs()],
-            [(o.name, o.type, o.shape) for o in session.get_outputs()])
+    return (
+        [(i.name, i.type, i.shape) for i in session.get_inputs()],
+        [(o.name, o.type, o.shape) for o in session.get_outputs()],
+    )
 
 
 def test_the_floor_has_the_models_signature_and_answers_zeros_of_the_batch():
@@ -46,7 +56,9 @@ def test_the_floor_has_the_models_signature_and_answers_zeros_of_the_batch():
     logits, bias = served.run(None, feeds)
     assert logits.shape == (5, 2) and logits.dtype == np.float32 and not logits.any()
     assert bias.shape == (3,) and not bias.any()
-    assert len(floor.graph.initializer) < 10 and not any(n.op_type in ("Conv", "MatMul", "Gemm") for n in floor.graph.node)
+    assert len(floor.graph.initializer) < 10 and not any(
+        n.op_type in ("Conv", "MatMul", "Gemm") for n in floor.graph.node
+    )
 
 
 def test_the_floor_repository_serves_it_under_the_models_own_config(tmp_path):

@@ -47,7 +47,9 @@ class Fake:
     def metadata(self, request: service_pb2.ModelMetadataRequest) -> service_pb2.ModelMetadataResponse:
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
-            name=request.name, versions=["1"], platform="python",
+            name=request.name,
+            versions=["1"],
+            platform="python",
             inputs=[tensor(name=n, datatype=d, shape=s) for n, d, s in self.inputs],
             outputs=[tensor(name=n, datatype=d, shape=s) for n, d, s in self.outputs],
         )
@@ -93,8 +95,9 @@ class Fake:
             if request.raw_data or request.inputs:
                 for name, _, dims in self.outputs:
                     shape = self._shape(batch, dims)
-                    response.outputs.add(name=name, dtype=inference_pb2.FP32, shape=shape,
-                                         raw_data=np.zeros(shape, np.float32).tobytes())
+                    response.outputs.add(
+                        name=name, dtype=inference_pb2.FP32, shape=shape, raw_data=np.zeros(shape, np.float32).tobytes()
+                    )
             self._answers["predict"] = response.SerializeToString()
         return self._answers["predict"]
 
@@ -122,16 +125,23 @@ def _aio_handler(fake: Fake) -> grpc.GenericRpcHandler:
 
 def _handlers(infer, predict, metadata) -> list[grpc.GenericRpcHandler]:
     return [
-        grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
-            "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),  # bytes in, bytes out
-            "ModelMetadata": grpc.unary_unary_rpc_method_handler(
-                metadata, request_deserializer=service_pb2.ModelMetadataRequest.FromString,
-                response_serializer=service_pb2.ModelMetadataResponse.SerializeToString,
-            ),
-        }),
-        grpc.method_handlers_generic_handler("inference.InferenceService", {
-            "Predict": grpc.unary_unary_rpc_method_handler(predict),
-        }),
+        grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService",
+            {
+                "ModelInfer": grpc.unary_unary_rpc_method_handler(infer),  # bytes in, bytes out
+                "ModelMetadata": grpc.unary_unary_rpc_method_handler(
+                    metadata,
+                    request_deserializer=service_pb2.ModelMetadataRequest.FromString,
+                    response_serializer=service_pb2.ModelMetadataResponse.SerializeToString,
+                ),
+            },
+        ),
+        grpc.method_handlers_generic_handler(
+            "inference.InferenceService",
+            {
+                "Predict": grpc.unary_unary_rpc_method_handler(predict),
+            },
+        ),
     ]
 
 
@@ -169,15 +179,26 @@ def check_consistent(result: LoadResult, fake: Fake) -> None:
         assert result.images_per_s == pytest.approx(result.throughput_rps * result.batch)
     assert result.client_cpu > 0
     assert set(result.as_dict()) >= {
-        "target", "model", "batch", "concurrency", "requests", "errors", "seconds", "throughput_rps",
-        "images_per_s", "p50_ms", "p95_ms", "p99_ms", "mean_ms", "client_cpu",
+        "target",
+        "model",
+        "batch",
+        "concurrency",
+        "requests",
+        "errors",
+        "seconds",
+        "throughput_rps",
+        "images_per_s",
+        "p50_ms",
+        "p95_ms",
+        "p99_ms",
+        "mean_ms",
+        "client_cpu",
     }
 
 
 def test_kserve_counts_latencies_and_request():
     fake = Fake()
-    result, _ = load(lambda url: KServeTarget(url, "resnet50", 2), fake,
-                     concurrency=3, duration_s=0.4, warmup_s=0.2)
+    result, _ = load(lambda url: KServeTarget(url, "resnet50", 2), fake, concurrency=3, duration_s=0.4, warmup_s=0.2)
     assert (result.target, result.model, result.batch, result.concurrency) == ("triton-grpc", "resnet50", 2, 3)
     assert result.requests > 10 and result.errors == {}
     assert result.warmup_requests > 1  # the verification call and the warm-up calls
@@ -191,13 +212,21 @@ def test_kserve_counts_latencies_and_request():
 
 def test_kserve_text_model_inputs_from_metadata():
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
-    result, _ = load(lambda url: KServeTarget(url, "text_classifier", 4), fake,
-                     concurrency=2, duration_s=5, warmup_s=0, max_requests=20)
+    result, _ = load(
+        lambda url: KServeTarget(url, "text_classifier", 4),
+        fake,
+        concurrency=2,
+        duration_s=5,
+        warmup_s=0,
+        max_requests=20,
+    )
     assert result.requests == 20
     check_consistent(result, fake)
     request = service_pb2.ModelInferRequest.FromString(fake.first)
     assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
-        ("input_ids", "INT64", [4, 16]), ("attention_mask", "INT64", [4, 16])]
+        ("input_ids", "INT64", [4, 16]),
+        ("attention_mask", "INT64", [4, 16]),
+    ]
     ids, mask = (np.frombuffer(raw, "<i8") for raw in request.raw_input_contents)
     assert ids.min() >= 1 and ids.max() < 1000 and (mask == 1).all()
 
@@ -212,8 +241,9 @@ def test_duration_bound():
 
 def test_max_requests_is_exact():
     fake = Fake()
-    result, elapsed = load(lambda url: KServeTarget(url, "m", 1), fake,
-                           concurrency=3, duration_s=30, warmup_s=0.1, max_requests=7)
+    result, elapsed = load(
+        lambda url: KServeTarget(url, "m", 1), fake, concurrency=3, duration_s=30, warmup_s=0.1, max_requests=7
+    )
     assert result.requests == 7 and result.errors == {}
     assert elapsed < 3.0
     check_consistent(result, fake)
@@ -261,8 +291,14 @@ def test_first_call_failure_raises():
 
 def test_facade_raw_floats_and_text_requests():
     fake = Fake()
-    result, _ = load(lambda url: FacadeTarget(url, "mobilenet_v3_small", 2), fake,
-                     concurrency=2, duration_s=5, warmup_s=0, max_requests=10)
+    result, _ = load(
+        lambda url: FacadeTarget(url, "mobilenet_v3_small", 2),
+        fake,
+        concurrency=2,
+        duration_s=5,
+        warmup_s=0,
+        max_requests=10,
+    )
     assert result.target == "facade" and result.requests == 10
     check_consistent(result, fake)
     request = inference_pb2.PredictRequest.FromString(fake.first)
@@ -271,19 +307,33 @@ def test_facade_raw_floats_and_text_requests():
     assert len(request.data) == 0
 
     fake = Fake()
-    result, _ = load(lambda url: FacadeTarget(url, "resnet50", 1, raw=False), fake,
-                     concurrency=1, duration_s=5, warmup_s=0, max_requests=5)
+    result, _ = load(
+        lambda url: FacadeTarget(url, "resnet50", 1, raw=False),
+        fake,
+        concurrency=1,
+        duration_s=5,
+        warmup_s=0,
+        max_requests=5,
+    )
     assert result.target == "facade-floats" and result.requests == 5
     request = inference_pb2.PredictRequest.FromString(fake.first)
     assert len(request.data) == 3 * 224 * 224 and not request.raw_data
 
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
-    result, _ = load(lambda url: FacadeTarget(url, "text_classifier", 3), fake,
-                     concurrency=1, duration_s=5, warmup_s=0, max_requests=5)
+    result, _ = load(
+        lambda url: FacadeTarget(url, "text_classifier", 3),
+        fake,
+        concurrency=1,
+        duration_s=5,
+        warmup_s=0,
+        max_requests=5,
+    )
     assert result.requests == 5
     request = inference_pb2.PredictRequest.FromString(fake.first)
     assert [(t.name, t.dtype, list(t.shape)) for t in request.inputs] == [
-        ("input_ids", inference_pb2.INT64, [3, 16]), ("attention_mask", inference_pb2.INT64, [3, 16])]
+        ("input_ids", inference_pb2.INT64, [3, 16]),
+        ("attention_mask", inference_pb2.INT64, [3, 16]),
+    ]
 
 
 def test_facade_verification_rejects_wrong_batch():
@@ -316,8 +366,14 @@ def test_given_images_are_sent_in_turn_and_every_answer_is_checked():
         # The first image's expected output is the fake's answer, the second's is not.
         expected = [np.full(1000, answer, np.float32), np.full(1000, answer + 1, np.float32)]
         fake, made = Fake(), []
-        result, _ = load(partial(_made, made, kind, images=images, expected=expected), fake,
-                         concurrency=1, duration_s=5, warmup_s=0, max_requests=6)
+        result, _ = load(
+            partial(_made, made, kind, images=images, expected=expected),
+            fake,
+            concurrency=1,
+            duration_s=5,
+            warmup_s=0,
+            max_requests=6,
+        )
         assert result.requests == 6 and result.requests + result.warmup_requests == fake.calls
         assert not fake.all_same
         # The verification call is not compared; the 6 calls alternate, from the first image.
@@ -325,7 +381,9 @@ def test_given_images_are_sent_in_turn_and_every_answer_is_checked():
         second = made[0].payloads[1]
         if kind is KServeTarget:  # named as the model's metadata names its input
             request = service_pb2.ModelInferRequest.FromString(second)
-            assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [("input", "FP32", [1, 3, 224, 224])]
+            assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
+                ("input", "FP32", [1, 3, 224, 224])
+            ]
             data = request.raw_input_contents[0]
         else:
             request = inference_pb2.PredictRequest.FromString(second)
@@ -392,11 +450,13 @@ def sync_server():
             if response is None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "queue full")
             return response
+
         return handler
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=[("grpc.max_receive_message_length", -1)])
-    server.add_generic_rpc_handlers(tuple(_handlers(
-        unary(fake.model_infer), unary(fake.predict), lambda request, context: fake.metadata(request))))
+    server.add_generic_rpc_handlers(
+        tuple(_handlers(unary(fake.model_infer), unary(fake.predict), lambda request, context: fake.metadata(request)))
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     yield fake, f"127.0.0.1:{port}"
@@ -415,13 +475,49 @@ def test_run_sync_wrapper_reuses_target(sync_server):
 
 def test_cli_json_and_text(sync_server, capsys):
     fake, url = sync_server
-    assert loadgen.main(["--target", "facade", "--url", url, "--concurrency", "1", "2", "--duration", "5",
-                         "--warmup", "0", "--max-requests", "3", "--json"]) == 0
+    assert (
+        loadgen.main(
+            [
+                "--target",
+                "facade",
+                "--url",
+                url,
+                "--concurrency",
+                "1",
+                "2",
+                "--duration",
+                "5",
+                "--warmup",
+                "0",
+                "--max-requests",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(r["target"], r["concurrency"], r["requests"]) for r in lines] == [("facade", 1, 3), ("facade", 2, 3)]
 
-    assert loadgen.main(["--target", "kserve", "--url", url, "--model", "mobilenet_v3_small", "--duration", "5",
-                         "--warmup", "0", "--max-requests", "3"]) == 0
+    assert (
+        loadgen.main(
+            [
+                "--target",
+                "kserve",
+                "--url",
+                url,
+                "--model",
+                "mobilenet_v3_small",
+                "--duration",
+                "5",
+                "--warmup",
+                "0",
+                "--max-requests",
+                "3",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "triton-grpc" in out and "mobilenet_v3_small" in out and "req/s" in out and "client CPU" in out
 
@@ -441,8 +537,11 @@ def test_cli_reports_verification_failure(capsys):
 
 def test_arguments_are_checked():
     target = KServeTarget("127.0.0.1:1", "m", 1)
-    for kwargs in ({"concurrency": 0, "duration_s": 1}, {"concurrency": 1, "duration_s": 0},
-                   {"concurrency": 1, "duration_s": 1, "max_requests": 0}):
+    for kwargs in (
+        {"concurrency": 0, "duration_s": 1},
+        {"concurrency": 1, "duration_s": 0},
+        {"concurrency": 1, "duration_s": 1, "max_requests": 0},
+    ):
         with pytest.raises(ValueError):
             asyncio.run(run_load(target, **kwargs))
     with pytest.raises(ValueError):

@@ -21,8 +21,13 @@ STUB = [
     "/work/main/build/backends/python/triton_python_backend_stub",
     "/work/main/model_repository/mobilenet_v3_small/1/model.py",
     "triton_python_backend_shm_region_99b81647-421a-420f-857b-4137340ded82",
-    "16777216", "16777216", "8819", "/work/main/build/backends/python", "336",
-    "mobilenet_v3_small_0_1", "DEFAULT",
+    "16777216",
+    "16777216",
+    "8819",
+    "/work/main/build/backends/python",
+    "336",
+    "mobilenet_v3_small_0_1",
+    "DEFAULT",
 ]
 _PARENT = (
     "import json, subprocess, sys, time\n"
@@ -39,10 +44,25 @@ def fake_tritonserver(directory: Path, instances: list[str], busy: bool = False)
     stub.symlink_to(sys.executable)  # a Python by the stub's name: it runs model.py
     script = directory / "mobilenet_v3_small" / "1" / "model.py"
     script.parent.mkdir(parents=True)
-    script.write_text("import time\nend = time.time() + 30\nwhile time.time() < end:\n"
-                      + ("    pass\n" if busy else "    time.sleep(0.1)\n"))
-    commands = [[str(stub), str(script), f"triton_python_backend_shm_region_{index}", "16777216", "16777216",
-                 str(os.getpid()), str(directory), "336", instance, "DEFAULT"] for index, instance in enumerate(instances)]
+    script.write_text(
+        "import time\nend = time.time() + 30\nwhile time.time() < end:\n"
+        + ("    pass\n" if busy else "    time.sleep(0.1)\n")
+    )
+    commands = [
+        [
+            str(stub),
+            str(script),
+            f"triton_python_backend_shm_region_{index}",
+            "16777216",
+            "16777216",
+            str(os.getpid()),
+            str(directory),
+            "336",
+            instance,
+            "DEFAULT",
+        ]
+        for index, instance in enumerate(instances)
+    ]
     commands.append([sys.executable, "-c", "import time; time.sleep(30)"])
     parent = subprocess.Popen([sys.executable, "-c", _PARENT, json.dumps(commands)])
     deadline = time.monotonic() + 10
@@ -62,16 +82,21 @@ def stop(parent: subprocess.Popen) -> None:
 def test_the_stub_command_line_names_its_instance_and_region():
     stub = Stub.from_command_line(1, STUB)
     assert (stub.instance, stub.shm_region) == (
-        "mobilenet_v3_small_0_1", "triton_python_backend_shm_region_99b81647-421a-420f-857b-4137340ded82")
+        "mobilenet_v3_small_0_1",
+        "triton_python_backend_shm_region_99b81647-421a-420f-857b-4137340ded82",
+    )
     assert Stub.from_command_line(1, STUB[:8] + ["my_group_3", "DEFAULT"]).instance == "my_group_3"
 
 
-@pytest.mark.parametrize("cmdline", [
-    [],
-    ["/usr/bin/python3", "-m", "client.facade"],
-    STUB[:2],  # no region
-    STUB[:7],  # cut after the backend directory
-])
+@pytest.mark.parametrize(
+    "cmdline",
+    [
+        [],
+        ["/usr/bin/python3", "-m", "client.facade"],
+        STUB[:2],  # no region
+        STUB[:7],  # cut after the backend directory
+    ],
+)
 def test_other_command_lines_are_not_stubs(cmdline):
     assert Stub.from_command_line(1, cmdline) is None
 
@@ -108,8 +133,11 @@ def test_tree_memory_sums_a_process_and_its_descendants(tmp_path):
     try:
         memory = tree_memory(parent.pid)
         assert memory.processes == 3 and memory.pss_mib > 0 and memory.rss_mib >= memory.pss_mib
-        assert memory.as_dict() == {"rss_mib": round(memory.rss_mib, 1), "pss_mib": round(memory.pss_mib, 1),
-                                    "processes": 3}
+        assert memory.as_dict() == {
+            "rss_mib": round(memory.rss_mib, 1),
+            "pss_mib": round(memory.pss_mib, 1),
+            "processes": 3,
+        }
     finally:
         stop(parent)
 

@@ -38,8 +38,15 @@ def test_unreadable_perf_analyzer_output_is_an_error():
 
 
 def load_point(concurrency: int, images: float, p50: float) -> dict:
-    return {"concurrency": concurrency, "images_per_s": images, "p50_ms": p50, "p95_ms": p50 * 1.5,
-            "p99_ms": p50 * 2, "client_cpu": 0.3, "errors": {}}
+    return {
+        "concurrency": concurrency,
+        "images_per_s": images,
+        "p50_ms": p50,
+        "p95_ms": p50 * 1.5,
+        "p99_ms": p50 * 2,
+        "client_cpu": 0.3,
+        "errors": {},
+    }
 
 
 def test_report_gives_ratios_tables_and_plots(tmp_path):
@@ -51,20 +58,64 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
         "settings": {},
         "models": {
             "mobilenet_v3_small": {
-                "limit": {"images_per_s": 800.0, "before": 790.0, "after": 810.0, "layout": "2x1thread b4",
-                          "single_p50_ms": 2.0, "single_p99_ms": 3.0, "cpu_ms_per_image": 2.5, "cores": 2},
-                "perf_analyzer": [perf_c1, dict(perf, cpu_ms_per_image={
-                    "stubs": 3.0, "tritonserver": 0.5, "client": 0.5, "idle": 0.2, "total": 4.0, "images": 900})],
-                "floor": [dict(perf_c1, p50_ms=0.7), dict(perf, cpu_ms_per_image={
-                    "stubs": 0.3, "tritonserver": 0.4, "client": 0.3, "idle": 0.1, "total": 1.0, "images": 900})],
+                "limit": {
+                    "images_per_s": 800.0,
+                    "before": 790.0,
+                    "after": 810.0,
+                    "layout": "2x1thread b4",
+                    "single_p50_ms": 2.0,
+                    "single_p99_ms": 3.0,
+                    "cpu_ms_per_image": 2.5,
+                    "cores": 2,
+                },
+                "perf_analyzer": [
+                    perf_c1,
+                    dict(
+                        perf,
+                        cpu_ms_per_image={
+                            "stubs": 3.0,
+                            "tritonserver": 0.5,
+                            "client": 0.5,
+                            "idle": 0.2,
+                            "total": 4.0,
+                            "images": 900,
+                        },
+                    ),
+                ],
+                "floor": [
+                    dict(perf_c1, p50_ms=0.7),
+                    dict(
+                        perf,
+                        cpu_ms_per_image={
+                            "stubs": 0.3,
+                            "tritonserver": 0.4,
+                            "client": 0.3,
+                            "idle": 0.1,
+                            "total": 1.0,
+                            "images": 900,
+                        },
+                    ),
+                ],
                 "loadgen_kserve": [load_point(1, 110.0, 3.5), load_point(16, 400.0, 40.0)],
                 "facade": [load_point(1, 100.0, 4.0), load_point(16, 380.0, 42.0)],
-                "fastapi": {"2 worker(s) x 1 thread(s)": {"points": [
-                    dict(load_point(1, 90.0, 5.0), setup="2 worker(s) x 1 thread(s)"),
-                    dict(load_point(16, 300.0, 50.0), setup="2 worker(s) x 1 thread(s)")]}},
-                "servers": {"tritonserver": {"ready_seconds": 1.5, "first_ready_seconds": 3.2, "rss_mib": 200.0,
-                                             "pss_mib": 150.0, "processes": 3},
-                            "facade": {"rss_mib": 90.0, "pss_mib": 70.0, "processes": 1}},
+                "fastapi": {
+                    "2 worker(s) x 1 thread(s)": {
+                        "points": [
+                            dict(load_point(1, 90.0, 5.0), setup="2 worker(s) x 1 thread(s)"),
+                            dict(load_point(16, 300.0, 50.0), setup="2 worker(s) x 1 thread(s)"),
+                        ]
+                    }
+                },
+                "servers": {
+                    "tritonserver": {
+                        "ready_seconds": 1.5,
+                        "first_ready_seconds": 3.2,
+                        "rss_mib": 200.0,
+                        "pss_mib": 150.0,
+                        "processes": 3,
+                    },
+                    "facade": {"rss_mib": 90.0, "pss_mib": 70.0, "processes": 1},
+                },
             }
         },
     }
@@ -72,13 +123,20 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
     assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
-    assert "| c=1 p50, Triton direct vs in-process single image (with the limit) | 3.00 vs 2.00 ms | | +1.00 ms |" in report
+    assert (
+        "| c=1 p50, Triton direct vs in-process single image (with the limit) | 3.00 vs 2.00 ms | | +1.00 ms |"
+        in report
+    )
     # Served 3.0 ms at c=1, 0.7 ms of it the floor: 2.3 ms for the model, 2.0 ms in-process.
-    assert ("| c=1 p50, serving floor: same server and config, a model that computes nothing | 0.70 ms | | "
-            "served minus floor 2.30 ms vs the model's 2.00 ms in-process |") in report
+    assert (
+        "| c=1 p50, serving floor: same server and config, a model that computes nothing | 0.70 ms | | "
+        "served minus floor 2.30 ms vs the model's 2.00 ms in-process |"
+    ) in report
     # The floor's 1.0 ms plus in-process ONNX Runtime's 2.5 ms: 2 cores serve at most 571 img/s, 0.71x.
-    assert ("| serving floor, perf_analyzer (a model that computes nothing; batch 5.12) | 0.30 | 0.40 | - | 0.30 | 0.10 | "
-            "1.00 | 571 img/s with in-process ONNX Runtime | 0.71x |") in report
+    assert (
+        "| serving floor, perf_analyzer (a model that computes nothing; batch 5.12) | 0.30 | 0.40 | - | 0.30 | 0.10 | "
+        "1.00 | 571 img/s with in-process ONNX Runtime | 0.71x |"
+    ) in report
     assert "| tritonserver | 1.5 | 3.2 | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | n/a | 90.0 |" in report
     # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
     assert "### Where the CPU goes at c=16" in report
@@ -92,5 +150,8 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     results["models"]["mobilenet_v3_small"]["single_image_beside_c1"] = {"p50_ms": 2.5, "p99_ms": 3.5}
     write_report(tmp_path, results)
     report = (tmp_path / "report.md").read_text()
-    assert "| c=1 p50, Triton direct vs in-process single image (measured beside it) | 3.00 vs 2.50 ms | | +0.50 ms |" in report
+    assert (
+        "| c=1 p50, Triton direct vs in-process single image (measured beside it) | 3.00 vs 2.50 ms | | +0.50 ms |"
+        in report
+    )
     assert "served minus floor 2.30 ms vs the model's 2.50 ms in-process |" in report

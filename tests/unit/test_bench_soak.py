@@ -32,8 +32,16 @@ def test_an_interval_row_counts_ok_calls_errors_by_status_skips_and_lag():
     tally.add("RESOURCE_EXHAUSTED", 0.002)
     tally.add("UNAVAILABLE", 0.001)
     row = interval_row(tally, 2.0)
-    assert row == {"ok": 4, "rps": 2.0, "p50_ms": pytest.approx(25.0), "p99_ms": pytest.approx(39.7), "errors": 3,
-                   "errors_by_status": "RESOURCE_EXHAUSTED:1 UNAVAILABLE:2", "skipped": 3, "max_lag_ms": 12.5}
+    assert row == {
+        "ok": 4,
+        "rps": 2.0,
+        "p50_ms": pytest.approx(25.0),
+        "p99_ms": pytest.approx(39.7),
+        "errors": 3,
+        "errors_by_status": "RESOURCE_EXHAUSTED:1 UNAVAILABLE:2",
+        "skipped": 3,
+        "max_lag_ms": 12.5,
+    }
     empty = interval_row(Tally(), 0.0)
     assert empty["ok"] == 0 and empty["rps"] == 0.0 and math.isnan(empty["p50_ms"]) and math.isnan(empty["p99_ms"])
 
@@ -41,15 +49,17 @@ def test_an_interval_row_counts_ok_calls_errors_by_status_skips_and_lag():
 def test_the_paced_load_takes_a_sample_every_interval_then_is_judged_and_written(tmp_path):
     """The soak's loop against the fake facade and a stand-in tritonserver, then its verdict and files."""
     parent = fake_tritonserver(tmp_path, ["mobilenet_v3_small_0_0"])
-    args = argparse.Namespace(model="mobilenet_v3_small", deadline=5.0, max_outstanding=8, duration=1.0,
-                              interval=0.25, max_rejected=0.01)
+    args = argparse.Namespace(
+        model="mobilenet_v3_small", deadline=5.0, max_outstanding=8, duration=1.0, interval=0.25, max_rejected=0.01
+    )
     rows, failures, warnings = [], [], []
 
     async def scenario():
         server, url = await _aio_server(Fake(fail_every=10))
         try:
-            return await soak(args, Watcher(parent.pid, os.getpid()), url, 100.0, SimpleNamespace(requested=False),
-                              rows, failures)
+            return await soak(
+                args, Watcher(parent.pid, os.getpid()), url, 100.0, SimpleNamespace(requested=False), rows, failures
+            )
         finally:
             await server.stop(None)
 
@@ -64,24 +74,56 @@ def test_the_paced_load_takes_a_sample_every_interval_then_is_judged_and_written
     assert times[0] == 0.0 and 4 <= len(times) <= 6 and times[1:4] == pytest.approx([0.25, 0.5, 0.75], abs=0.15)
     # Calls that end after the last sample are in the totals only (no half-empty last interval).
     assert loop_.total.count() - 10 <= sum(row.get("ok", 0) for row in rows) <= loop_.total.count()
-    assert {"time", "ok", "rps", "p50_ms", "p99_ms", "errors_by_status", "skipped", "max_lag_ms", "outstanding",
-            "rss_mib.facade", "rss_mib.mobilenet_v3_small_0_0", "pss_mib.total", "shm_mib"} <= set(rows[1])
+    assert {
+        "time",
+        "ok",
+        "rps",
+        "p50_ms",
+        "p99_ms",
+        "errors_by_status",
+        "skipped",
+        "max_lag_ms",
+        "outstanding",
+        "rss_mib.facade",
+        "rss_mib.mobilenet_v3_small_0_0",
+        "pss_mib.total",
+        "shm_mib",
+    } <= set(rows[1])
 
-    results = {"started": "20260101T000000Z", "command": "python -m bench.soak", "machine": "test",
-               "settings": {"model": args.model, "load_fraction": 0.7, "deadline": 5.0, "max_outstanding": 8},
-               "thresholds": {"growth_mib_per_10min": 10.0, "growth_fraction": 0.05, "p99_growth_ms_per_10min": 5.0,
-                              "p99_growth_fraction": 0.5, "documented_rejections": ["UNAVAILABLE"]},
-               "offered_rps": 100.0, "load_seconds": 1.0, "generator_cpu": 0.2, "idle_sample": rows[0]}
+    results = {
+        "started": "20260101T000000Z",
+        "command": "python -m bench.soak",
+        "machine": "test",
+        "settings": {"model": args.model, "load_fraction": 0.7, "deadline": 5.0, "max_outstanding": 8},
+        "thresholds": {
+            "growth_mib_per_10min": 10.0,
+            "growth_fraction": 0.05,
+            "p99_growth_ms_per_10min": 5.0,
+            "p99_growth_fraction": 0.5,
+            "documented_rejections": ["UNAVAILABLE"],
+        },
+        "offered_rps": 100.0,
+        "load_seconds": 1.0,
+        "generator_cpu": 0.2,
+        "idle_sample": rows[0],
+    }
     judge(rows, loop_, args, results, failures, warnings)
     # One call in ten was rejected: above --max-rejected 1%. (This test process plays the facade: a second
     # of its memory projected to 10 minutes may read as growth too.)
-    assert (f"{rejected} documented rejections = {rejected / loop_.sent:.2%} of calls, above --max-rejected 1.00%"
-            in failures)
+    assert (
+        f"{rejected} documented rejections = {rejected / loop_.sent:.2%} of calls, above --max-rejected 1.00%"
+        in failures
+    )
     totals = results["totals"]
     assert totals["sent"] == loop_.sent and totals["ok"] + totals["errors"]["UNAVAILABLE"] == loop_.sent
     assert totals["p50_ms"] <= totals["p99_ms"] <= totals["max_ms"]
-    assert {t["column"] for t in results["trends"]} >= {"rss_mib.facade", "pss_mib.total", "shm_mib", "fds.facade",
-                                                        "p99_ms"}
+    assert {t["column"] for t in results["trends"]} >= {
+        "rss_mib.facade",
+        "pss_mib.total",
+        "shm_mib",
+        "fds.facade",
+        "p99_ms",
+    }
     results.update(failures=failures, warnings=warnings, verdict="FAIL", samples=rows)
     write_outputs(tmp_path / "out", results, rows)
     report = (tmp_path / "out" / "report.md").read_text()

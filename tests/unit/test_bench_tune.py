@@ -4,7 +4,7 @@ from pathlib import Path
 
 from bench.tune import Candidate, apply, choose, write_choice
 
-CONFIG = '''# Tuned by `make tune` on 2026-01-01: an older note.
+CONFIG = """# Tuned by `make tune` on 2026-01-01: an older note.
 # Policy only: inputs, outputs, dtypes and dims are auto-completed from 1/model.onnx.
 backend: "python"
 max_batch_size: 16
@@ -14,12 +14,14 @@ dynamic_batching {
 }
 instance_group [ { kind: KIND_CPU, count: 4 } ]
 parameters { key: "intra_op_thread_count" value: { string_value: "0" } }
-'''
+"""
 
 
 def points(lone_p50: float, top_throughput: float, top_p99: float) -> dict:
-    return {1: {"p50_ms": lone_p50, "p99_ms": lone_p50 * 2, "throughput": 20.0},
-            16: {"p50_ms": 700.0, "p99_ms": top_p99, "throughput": top_throughput}}
+    return {
+        1: {"p50_ms": lone_p50, "p99_ms": lone_p50 * 2, "throughput": 20.0},
+        16: {"p50_ms": 700.0, "p99_ms": top_p99, "throughput": top_throughput},
+    }
 
 
 ONE_THREAD = Candidate(2, 1, 0, ())

@@ -77,9 +77,7 @@ def test_infer_defaults():
 
 
 def test_input_name_takes_several_values_and_repeats():
-    args = triton_infer.parse_args(
-        ["--model", "m", "--input-name", "a=zeros", "b=x.npy", "--input-name", "c=random"]
-    )
+    args = triton_infer.parse_args(["--model", "m", "--input-name", "a=zeros", "b=x.npy", "--input-name", "c=random"])
     assert args.input_name == [("a", "zeros"), ("b", "x.npy"), ("c", "random")]
 
 

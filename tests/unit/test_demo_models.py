@@ -108,7 +108,9 @@ def test_token_classifier_tags_each_token_as_it_would_alone(sessions: dict[str, 
     [padded] = session.run(None, {"input_ids": ids, "attention_mask": mask})
     assert padded.shape == (3, 11, 5) and np.isfinite(padded).all()
     for row, length in enumerate(lengths):
-        [alone] = session.run(None, {"input_ids": ids[row : row + 1, :length], "attention_mask": mask[row : row + 1, :length]})
+        [alone] = session.run(
+            None, {"input_ids": ids[row : row + 1, :length], "attention_mask": mask[row : row + 1, :length]}
+        )
         assert alone.shape == (1, length, 5)
         np.testing.assert_allclose(padded[row, :length], alone[0], atol=1e-5, rtol=0)
     assert np.abs(padded[0, 0] - padded[0, 1]).max() > 1e-3  # tokens get their own logits
@@ -125,9 +127,7 @@ def test_parameter_count(repository: Path, name: str, low: float, high: float) -
 
 
 @pytest.mark.parametrize("name", IMAGE_MODELS)
-def test_image_model_batch_rows_match_single_runs(
-    sessions: dict[str, ort.InferenceSession], name: str
-) -> None:
+def test_image_model_batch_rows_match_single_runs(sessions: dict[str, ort.InferenceSession], name: str) -> None:
     session = sessions[name]
     images = _images(3)
     [batched] = session.run(None, {"input": images})
@@ -157,17 +157,13 @@ def test_text_classifier_runs(sessions: dict[str, ort.InferenceSession]) -> None
     [ort.GraphOptimizationLevel.ORT_ENABLE_ALL, ort.GraphOptimizationLevel.ORT_DISABLE_ALL],
     ids=["optimized", "unoptimized"],
 )
-def test_text_classifier_ignores_padding(
-    repository: Path, level: ort.GraphOptimizationLevel
-) -> None:
+def test_text_classifier_ignores_padding(repository: Path, level: ort.GraphOptimizationLevel) -> None:
     session = _session(model_path(repository, "text_classifier"), level)
     lengths = [5, 9, 16]
     ids, mask = _token_batch(lengths, 16)
     logits, embedding = _run_text(session, ids, mask)
     for row, length in enumerate(lengths):
-        alone_logits, alone_embedding = _run_text(
-            session, ids[row : row + 1, :length], mask[row : row + 1, :length]
-        )
+        alone_logits, alone_embedding = _run_text(session, ids[row : row + 1, :length], mask[row : row + 1, :length])
         np.testing.assert_allclose(logits[row], alone_logits[0], atol=1e-5, rtol=0)
         np.testing.assert_allclose(embedding[row], alone_embedding[0], atol=1e-5, rtol=0)
     # Whatever sits under mask == 0 is ignored, not just token 0.
@@ -195,7 +191,7 @@ def test_same_seed_same_bytes(repository: Path, name: str) -> None:
 def test_other_seed_other_outputs(sessions: dict[str, ort.InferenceSession], name: str) -> None:
     other = _session(MODELS[name](1).SerializeToString())
     if name in ("text_classifier", "token_classifier"):
-        feeds = dict(zip(["input_ids", "attention_mask"], _token_batch([6], 6)))
+        feeds = dict(zip(["input_ids", "attention_mask"], _token_batch([6], 6), strict=False))
     else:
         feeds = {"input": _images(1)}
     ours = sessions[name].run(None, feeds)[0]
@@ -208,9 +204,7 @@ def test_generate_rejects_unknown_name(tmp_path: Path) -> None:
         generate(tmp_path, ["resnet51"], log=lambda _: None)
 
 
-def test_cli_skips_existing_model_unless_forced(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_skips_existing_model_unless_forced(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = model_path(tmp_path, "text_classifier")
     argv = ["--repository", str(tmp_path), "text_classifier"]
 

@@ -35,7 +35,9 @@ def test_triton_errors_map_by_status_code(code, kind):
 
 
 def test_only_caller_facing_messages_pass_through():
-    invalid = errors.from_triton(rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "[request id: 7] input 'x' is wrong"), "m", "2")
+    invalid = errors.from_triton(
+        rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "[request id: 7] input 'x' is wrong"), "m", "2"
+    )
     assert invalid.message == "model 'm' version 2 rejected the request: input 'x' is wrong"
     internal = errors.from_triton(
         rpc_error(grpc.StatusCode.INTERNAL, "Failed to open /dev/shm/triton_python_backend_shm_region_1"), "m", ""
@@ -74,8 +76,15 @@ def test_generated_protobuf_code_is_current(tmp_path):
     from client.proto import inference_pb2
 
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", ".", f"--descriptor_set_out={tmp_path / 'set.pb'}",
-         "client/proto/inference.proto"],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            ".",
+            f"--descriptor_set_out={tmp_path / 'set.pb'}",
+            "client/proto/inference.proto",
+        ],
         check=True,
     )
     from google.protobuf import descriptor_pb2

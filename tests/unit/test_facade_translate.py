@@ -54,7 +54,8 @@ def test_raw_data_and_named_inputs_are_passed_as_bytes():
     assert request.raw_input_contents == [raw.tobytes()] and "timeout" not in request.parameters
     ids = np.array([[5, 6, 7]], np.int64)
     message = inference_pb2.PredictRequest(
-        model_name="text_classifier", inputs=[tensor("attention_mask", np.ones_like(ids)), tensor("input_ids", ids)],
+        model_name="text_classifier",
+        inputs=[tensor("attention_mask", np.ones_like(ids)), tensor("input_ids", ids)],
         output_names=["embedding"],
     )
     request = translated(decode_predict_request(message.SerializeToString()), TEXT)
@@ -87,11 +88,15 @@ def test_simple_requests_that_do_not_fit_are_refused_with_the_reason(data_len, s
     ("message", "text"),
     [
         (inference_pb2.PredictRequest(shape=[1, 3, 4, 4]), "the request has no input"),
-        (inference_pb2.PredictRequest(raw_data=b"\0" * 192, dtype=inference_pb2.INT32, shape=[1, 3, 4, 4]),
-         "is INT32 but the model wants FP32"),
+        (
+            inference_pb2.PredictRequest(raw_data=b"\0" * 192, dtype=inference_pb2.INT32, shape=[1, 3, 4, 4]),
+            "is INT32 but the model wants FP32",
+        ),
         (inference_pb2.PredictRequest(raw_data=b"\0" * 191, shape=[1, 3, 4, 4]), "191 bytes is not a whole number"),
-        (inference_pb2.PredictRequest(raw_data=b"\0" * 192, shape=[1, 3, 4, 4], output_names=["nope"]),
-         "unknown output(s) ['nope']"),
+        (
+            inference_pb2.PredictRequest(raw_data=b"\0" * 192, shape=[1, 3, 4, 4], output_names=["nope"]),
+            "unknown output(s) ['nope']",
+        ),
     ],
 )
 def test_extended_requests_that_do_not_fit_are_refused(message, text):
@@ -118,7 +123,9 @@ def test_a_multi_input_model_needs_named_inputs():
     wrong = inference_pb2.PredictRequest(inputs=[tensor("input_ids", ids), tensor("token_type_ids", ids)])
     with pytest.raises(InvalidArgument) as caught:
         to_infer_request(decode_predict_request(wrong.SerializeToString()), TEXT, None)
-    assert "unknown: ['token_type_ids']" in caught.value.message and "missing: ['attention_mask']" in caught.value.message
+    assert (
+        "unknown: ['token_type_ids']" in caught.value.message and "missing: ['attention_mask']" in caught.value.message
+    )
 
 
 def infer_response(*outputs: tuple[str, np.ndarray, str]) -> service_pb2.ModelInferResponse:
@@ -182,8 +189,11 @@ def test_an_empty_tensor_a_model_takes_is_forwarded_with_no_bytes():
 
 def test_an_optional_input_may_be_left_out_and_a_required_one_not():
     with_default = ModelInfo(
-        "m", "1", (TensorInfo("x", "FP32", (2,)), TensorInfo("bias", "FP32", (2,), optional=True)),
-        (TensorInfo("y", "FP32", (2,)),), 0,
+        "m",
+        "1",
+        (TensorInfo("x", "FP32", (2,)), TensorInfo("bias", "FP32", (2,), optional=True)),
+        (TensorInfo("y", "FP32", (2,)),),
+        0,
     )
     x = np.ones(2, np.float32)
     call = to_infer_request(decoded(inputs=[tensor("x", x, inference_pb2.FP32)]), with_default, None)

@@ -75,13 +75,19 @@ def test_types_triton_cannot_carry_are_refused_by_name(tmp_path):
     seq = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)
     c = helper.make_tensor_value_info("c", TensorProto.COMPLEX64, [2])
     b = helper.make_tensor_value_info("b", TensorProto.BFLOAT16, [2])
-    path = save(tmp_path, [helper.make_node("SequenceLength", ["seq"], ["n"])], [seq, c, b],
-                [helper.make_tensor_value_info("n", TensorProto.INT64, [])])
+    path = save(
+        tmp_path,
+        [helper.make_node("SequenceLength", ["seq"], ["n"])],
+        [seq, c, b],
+        [helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+    )
     graph = read_graph_io(path)
     assert graph.inputs[0].kind == "sequence"
     with pytest.raises(ModelConfigError, match="input 'seq' is a sequence, not a tensor: Triton carries tensors only"):
         graph.inputs[0].spec(False, "input")
-    with pytest.raises(ModelConfigError, match=r"input 'c' is a tensor\(complex64\) tensor, which Triton has no datatype"):
+    with pytest.raises(
+        ModelConfigError, match=r"input 'c' is a tensor\(complex64\) tensor, which Triton has no datatype"
+    ):
         graph.inputs[1].spec(False, "input")
     with pytest.raises(ModelConfigError, match="BF16 tensors to numpy"):
         graph.inputs[2].spec(False, "input")
@@ -90,8 +96,12 @@ def test_types_triton_cannot_carry_are_refused_by_name(tmp_path):
 def test_strings_and_booleans_are_served_as_bytes_and_bool(tmp_path):
     text = helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])
     flag = helper.make_tensor_value_info("flag", TensorProto.BOOL, ["n"])
-    path = save(tmp_path, [helper.make_node("Identity", ["flag"], ["out"])], [text, flag],
-                [helper.make_tensor_value_info("out", TensorProto.BOOL, ["n"])])
+    path = save(
+        tmp_path,
+        [helper.make_node("Identity", ["flag"], ["out"])],
+        [text, flag],
+        [helper.make_tensor_value_info("out", TensorProto.BOOL, ["n"])],
+    )
     inputs, _ = read_file_io(path, batched=True)
     assert [s.as_config() for s in inputs] == [
         {"name": "text", "data_type": "TYPE_STRING", "dims": [1]},
@@ -113,10 +123,18 @@ def test_operator_types_include_subgraphs(tmp_path):
     cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
     x = helper.make_tensor_value_info("x", TensorProto.INT64, [2])
     y = helper.make_tensor_value_info("y", TensorProto.INT64, [2])
-    then = helper.make_graph([helper.make_node("Div", ["x", "x"], ["t"])], "then", [],
-                             [helper.make_tensor_value_info("t", TensorProto.INT64, [2])])
-    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [],
-                              [helper.make_tensor_value_info("e", TensorProto.INT64, [2])])
+    then = helper.make_graph(
+        [helper.make_node("Div", ["x", "x"], ["t"])],
+        "then",
+        [],
+        [helper.make_tensor_value_info("t", TensorProto.INT64, [2])],
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["e"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("e", TensorProto.INT64, [2])],
+    )
     node = helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)
     path = save(tmp_path, [node], [cond, x], [y])
     assert read_graph_io(path).op_types == {"If", "Div", "Identity"}

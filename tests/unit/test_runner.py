@@ -35,7 +35,7 @@ def test_a_batch_is_one_run_and_each_request_gets_its_own_rows(double):
     requests = [{"x": np.full((n, 4), n, np.float32)} for n in (1, 3, 2)]
     results = double.infer(requests)
     assert calls == [(6, 4)]
-    for n, result in zip((1, 3, 2), results):
+    for n, result in zip((1, 3, 2), results, strict=False):
         np.testing.assert_array_equal(result["y"], np.full((n, 4), 2 * n, np.float32))
 
 
@@ -55,7 +55,7 @@ def test_ragged_requests_batched_equal_requests_alone(masked_sum):
         ids = rng.integers(1, 100, size=(1, length), dtype=np.int64)
         requests.append({"ids": ids, "mask": np.ones_like(ids)})
     together = masked_sum.infer(requests)
-    for request, result in zip(requests, together):
+    for request, result in zip(requests, together, strict=False):
         alone = masked_sum.infer([request])[0]
         assert result["total"][0, 0] == request["ids"].sum() == alone["total"][0, 0]
         assert result["length"][0, 0] == request["ids"].shape[1]
@@ -69,10 +69,12 @@ class FailsOnNegative:
 
     def run(self, names, feeds, options=None):
         if (feeds["x"] < 0).any():
-            raise RuntimeError("[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned "
-                               "while running Mul node. Status Message: /onnxruntime_src/onnxruntime/core/"
-                               "providers/cpu/math/element_wise_ops.h:540 void onnxruntime::Init(ptrdiff_t) "
-                               "cannot take negative values")
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 6 : RUNTIME_EXCEPTION : Non-zero status code returned "
+                "while running Mul node. Status Message: /onnxruntime_src/onnxruntime/core/"
+                "providers/cpu/math/element_wise_ops.h:540 void onnxruntime::Init(ptrdiff_t) "
+                "cannot take negative values"
+            )
         return self.session.run(names, feeds, options)
 
 
@@ -99,8 +101,10 @@ def test_a_model_that_fails_for_everyone_reports_an_execution_error(double):
 
 def test_inputs_sharing_a_symbolic_dim_must_agree(masked_sum):
     results = masked_sum.infer(
-        [{"ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 5), np.int64)},
-         {"ids": np.ones((1, 2), np.int64), "mask": np.ones((1, 2), np.int64)}]
+        [
+            {"ids": np.ones((1, 6), np.int64), "mask": np.ones((1, 5), np.int64)},
+            {"ids": np.ones((1, 2), np.int64), "mask": np.ones((1, 2), np.int64)},
+        ]
     )
     assert isinstance(results[0], InvalidInputError)
     assert "inputs 'ids' and 'mask' disagree on the size of dim 'sequence' (6 and 5)" in str(results[0])
@@ -138,19 +142,26 @@ def reference(path, feeds):
 
 
 def test_a_model_that_does_not_batch_answers_its_whole_first_dim(tmp_path):
-    path = save_graph(tmp_path / "neg.onnx", [helper.make_node("Neg", ["x"], ["y"])],
-                      [value("x", TensorProto.FLOAT, ["n", 4, 5])], [value("y", TensorProto.FLOAT, ["n", 4, 5])])
+    path = save_graph(
+        tmp_path / "neg.onnx",
+        [helper.make_node("Neg", ["x"], ["y"])],
+        [value("x", TensorProto.FLOAT, ["n", 4, 5])],
+        [value("y", TensorProto.FLOAT, ["n", 4, 5])],
+    )
     runner = OnnxModelRunner.load(path, "neg", SETTINGS, max_batch_size=0)
     data = [np.full((n, 4, 5), n, np.float32) for n in (3, 1, 2)]
-    for array, result in zip(data, runner.infer([{"x": a} for a in data])):
+    for array, result in zip(data, runner.infer([{"x": a} for a in data]), strict=False):
         assert result["y"].shape == array.shape
         np.testing.assert_array_equal(result["y"], -array)
 
 
 def test_scalars_are_taken_and_given_as_shape_1(tmp_path):
-    path = save_graph(tmp_path / "scale.onnx", [helper.make_node("Mul", ["x", "k"], ["y"])],
-                      [value("x", TensorProto.FLOAT, []), value("k", TensorProto.FLOAT, [])],
-                      [value("y", TensorProto.FLOAT, [])])
+    path = save_graph(
+        tmp_path / "scale.onnx",
+        [helper.make_node("Mul", ["x", "k"], ["y"])],
+        [value("x", TensorProto.FLOAT, []), value("k", TensorProto.FLOAT, [])],
+        [value("y", TensorProto.FLOAT, [])],
+    )
     runner = OnnxModelRunner.load(path, "scale", SETTINGS, max_batch_size=0)
     result = runner.infer([{"x": np.array([3.0], np.float32), "k": np.array([2.0], np.float32)}])[0]
     assert result["y"].shape == (1,) and result["y"][0] == 6.0
@@ -159,13 +170,18 @@ def test_scalars_are_taken_and_given_as_shape_1(tmp_path):
 def test_a_batched_output_that_does_not_follow_the_batch_dim_runs_each_request_alone(tmp_path):
     # Every first dim is dynamic, yet the output sums over it: stacking requests would mix them.
     axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
-    path = save_graph(tmp_path / "colsum.onnx", [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
-                      [value("x", TensorProto.FLOAT, ["n", 4])], [value("y", TensorProto.FLOAT, ["m", 4])], [axes])
+    path = save_graph(
+        tmp_path / "colsum.onnx",
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
+        [value("x", TensorProto.FLOAT, ["n", 4])],
+        [value("y", TensorProto.FLOAT, ["m", 4])],
+        [axes],
+    )
     lines = []
     runner = OnnxModelRunner.load(path, "colsum", SETTINGS, max_batch_size=8, log=lines.append)
     requests = [{"x": np.full((n, 4), n, np.float32)} for n in (2, 3)]
     results = runner.infer(requests)
-    for request, result in zip(requests, results):
+    for request, result in zip(requests, results, strict=False):
         np.testing.assert_array_equal(result["y"], reference(path, request)[0])
     assert any("output 'y' has shape [1, 4] for a batch of 5" in line for line in lines)
 
@@ -173,9 +189,13 @@ def test_a_batched_output_that_does_not_follow_the_batch_dim_runs_each_request_a
 def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
     # y = x / (x - 1) over int64: ones divide by zero, a SIGFPE no Python code survives.
     one = numpy_helper.from_array(np.array(1, np.int64), "one")
-    path = save_graph(tmp_path / "fpe.onnx",
-                      [helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
-                      [value("x", TensorProto.INT64, ["n"])], [value("y", TensorProto.INT64, ["n"])], [one])
+    path = save_graph(
+        tmp_path / "fpe.onnx",
+        [helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
+        [value("x", TensorProto.INT64, ["n"])],
+        [value("y", TensorProto.INT64, ["n"])],
+        [one],
+    )
     lines = []
     runner = OnnxModelRunner.load(path, "fpe", SETTINGS, max_batch_size=0, log=lines.append)
     assert lines == ["model 'fpe': warm-up with ones was killed by SIGFPE in a child process; serving without warm-up"]
@@ -185,8 +205,13 @@ def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
 def test_a_failing_warm_up_is_a_log_line(tmp_path):
     # Reshape to a shape the warm-up's one element cannot take: ONNX Runtime raises, nothing dies.
     shape = numpy_helper.from_array(np.array([2, 2], np.int64), "shape")
-    path = save_graph(tmp_path / "square.onnx", [helper.make_node("Reshape", ["x", "shape"], ["y"])],
-                      [value("x", TensorProto.FLOAT, ["n"])], [value("y", TensorProto.FLOAT, [2, 2])], [shape])
+    path = save_graph(
+        tmp_path / "square.onnx",
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [value("x", TensorProto.FLOAT, ["n"])],
+        [value("y", TensorProto.FLOAT, [2, 2])],
+        [shape],
+    )
     lines = []
     runner = OnnxModelRunner.load(path, "square", SETTINGS, max_batch_size=0, log=lines.append)
     assert len(lines) == 1 and lines[0].startswith("model 'square': warm-up with ones failed (")
@@ -194,13 +219,24 @@ def test_a_failing_warm_up_is_a_log_line(tmp_path):
 
 
 def test_strings_booleans_and_empty_tensors_run_as_in_process(tmp_path):
-    path = save_graph(tmp_path / "mixed.onnx",
-                      [helper.make_node("Identity", ["text"], ["text_out"]), helper.make_node("Not", ["flag"], ["flag_out"]),
-                       helper.make_node("Abs", ["values"], ["values_out"])],
-                      [value("text", TensorProto.STRING, ["n"]), value("flag", TensorProto.BOOL, [2]),
-                       value("values", TensorProto.FLOAT, ["m"])],
-                      [value("text_out", TensorProto.STRING, ["n"]), value("flag_out", TensorProto.BOOL, [2]),
-                       value("values_out", TensorProto.FLOAT, ["m"])])
+    path = save_graph(
+        tmp_path / "mixed.onnx",
+        [
+            helper.make_node("Identity", ["text"], ["text_out"]),
+            helper.make_node("Not", ["flag"], ["flag_out"]),
+            helper.make_node("Abs", ["values"], ["values_out"]),
+        ],
+        [
+            value("text", TensorProto.STRING, ["n"]),
+            value("flag", TensorProto.BOOL, [2]),
+            value("values", TensorProto.FLOAT, ["m"]),
+        ],
+        [
+            value("text_out", TensorProto.STRING, ["n"]),
+            value("flag_out", TensorProto.BOOL, [2]),
+            value("values_out", TensorProto.FLOAT, ["m"]),
+        ],
+    )
     runner = OnnxModelRunner.load(path, "mixed", SETTINGS, max_batch_size=0)
     text = np.array([b"", "\u00e9t\u00e9".encode(), b"a\x00b"], dtype=object)
     result = runner.infer([{"text": text, "flag": np.array([True, False]), "values": np.zeros(0, np.float32)}])[0]

@@ -6,9 +6,16 @@ from __future__ import annotations
 from backend.server.supervisor import RELOAD_PARAMETER, Stub, instance_count, reload_config, short_models
 
 STUB_ARGS = [
-    "/work/build/backends/python/triton_python_backend_stub", "/repo/mobilenet_v3_small/1/model.py",
-    "triton_python_backend_shm_region_5d7f0daf", "16777216", "16777216", "7933", "/work/build/backends/python",
-    "336", "mobilenet_v3_small_0_1", "DEFAULT",
+    "/work/build/backends/python/triton_python_backend_stub",
+    "/repo/mobilenet_v3_small/1/model.py",
+    "triton_python_backend_shm_region_5d7f0daf",
+    "16777216",
+    "16777216",
+    "7933",
+    "/work/build/backends/python",
+    "336",
+    "mobilenet_v3_small_0_1",
+    "DEFAULT",
 ]
 
 

@@ -36,7 +36,9 @@ def test_auto_complete_fills_inputs_and_outputs_from_the_graph(pb_utils, masked_
 
 def test_auto_complete_without_batching_keeps_the_first_dim(pb_utils, double_onnx):
     config = pb_utils.ModelConfig(json.dumps(empty_config("double", 0)))
-    model_class(pb_utils, double_onnx, 'backend: "python"\nmax_batch_size: 0  # written: wins\n').auto_complete_config(config)
+    model_class(pb_utils, double_onnx, 'backend: "python"\nmax_batch_size: 0  # written: wins\n').auto_complete_config(
+        config
+    )
     assert config.as_dict()["max_batch_size"] == 0 and "dynamic_batching" not in config.as_dict()
     assert config.as_dict()["input"][0]["dims"] == [-1, 4]
 
@@ -44,7 +46,9 @@ def test_auto_complete_without_batching_keeps_the_first_dim(pb_utils, double_onn
 def test_auto_complete_batches_a_graph_with_dynamic_first_dims_unless_told(pb_utils, double_onnx):
     pb_utils.Logger.lines.clear()
     config = pb_utils.ModelConfig(json.dumps(empty_config("double", 0)))
-    model_class(pb_utils, double_onnx, 'backend: "python"\n# max_batch_size: 0 is only a comment\n').auto_complete_config(config)
+    model_class(
+        pb_utils, double_onnx, 'backend: "python"\n# max_batch_size: 0 is only a comment\n'
+    ).auto_complete_config(config)
     completed = config.as_dict()
     assert completed["max_batch_size"] == 4 and completed["dynamic_batching"] == {}
     assert completed["input"][0]["dims"] == [4]
@@ -57,8 +61,10 @@ def test_auto_complete_says_why_a_model_does_not_batch(pb_utils, tmp_path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4, 5])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4, 5])
-    model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     model.ir_version = 9
     onnx.save(model, tmp_path / "model.onnx")
     pb_utils.Logger.lines.clear()
@@ -66,7 +72,10 @@ def test_auto_complete_says_why_a_model_does_not_batch(pb_utils, tmp_path):
     model_class(pb_utils, tmp_path / "model.onnx").auto_complete_config(config)  # no config.pbtxt at all
     assert config.as_dict()["max_batch_size"] == 0
     assert config.as_dict()["input"][0]["dims"] == [3, 4, 5]
-    assert "model 'neg': max_batch_size 0, the model cannot batch: input 'x' has a fixed first dim 3" in pb_utils.Logger.lines
+    assert (
+        "model 'neg': max_batch_size 0, the model cannot batch: input 'x' has a fixed first dim 3"
+        in pb_utils.Logger.lines
+    )
 
 
 def test_a_non_batched_model_answers_whole_tensors(pb_utils, tmp_path):
@@ -76,14 +85,16 @@ def test_a_non_batched_model_answers_whole_tensors(pb_utils, tmp_path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 5])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 5])
-    model = helper.make_model(helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
     model.ir_version = 9
     onnx.save(model, tmp_path / "model.onnx")
     served_model = served(pb_utils, tmp_path / "model.onnx", max_batch_size=0)
     data = [np.random.default_rng(n).standard_normal((n, 4, 5)).astype(np.float32) for n in (3, 1, 2)]
     responses = served_model.execute([pb_utils.InferenceRequest(x=d) for d in data])
-    for d, response in zip(data, responses):
+    for d, response in zip(data, responses, strict=False):
         assert response.error is None
         np.testing.assert_array_equal(response.outputs()["y"], -d)
 
@@ -131,9 +142,12 @@ def test_initialize_names_the_model_when_the_graph_cannot_batch(pb_utils, tmp_pa
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [
-        helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
-    ])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp_path / "fixed.onnx")
@@ -158,9 +172,14 @@ def test_an_input_listed_by_hand_keeps_its_own_optional_flag(pb_utils, tmp_path)
 
     bias = numpy_helper.from_array(np.zeros(2, np.float32), "bias")
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "bias"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]), helper.make_tensor_value_info("bias", TensorProto.FLOAT, [2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [bias],
+        [helper.make_node("Add", ["x", "bias"], ["y"])],
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("bias", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [bias],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9

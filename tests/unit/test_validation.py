@@ -97,7 +97,9 @@ def test_a_scalar_arrives_as_shape_1_and_runs_at_rank_0():
 
 def test_a_fixed_zero_dim_is_held_to_zero():
     with pytest.raises(InvalidInputError, match=r"input 'axes' has shape \[2\], which does not fit \[0\]"):
-        prepare_request({"scale": np.ones(1, np.float32), "axes": np.ones(2, np.int64), "words": np.array([b""], object)}, FLAT)
+        prepare_request(
+            {"scale": np.ones(1, np.float32), "axes": np.ones(2, np.int64), "words": np.array([b""], object)}, FLAT
+        )
 
 
 def test_strings_become_str_with_nul_and_non_ascii_bytes_kept():
@@ -114,8 +116,13 @@ def test_bytes_that_are_not_utf8_are_refused_with_their_place():
 
 def test_an_optional_input_may_be_given_and_a_required_one_may_not_be_left_out():
     given = prepare_request(
-        {"scale": np.ones(1, np.float32), "axes": np.zeros(0, np.int64), "words": np.array([b"x"], object),
-         "bias": np.ones(2, np.float32)}, FLAT
+        {
+            "scale": np.ones(1, np.float32),
+            "axes": np.zeros(0, np.int64),
+            "words": np.array([b"x"], object),
+            "bias": np.ones(2, np.float32),
+        },
+        FLAT,
     )
     assert given.feeds["bias"].shape == (2,)
     with pytest.raises(InvalidInputError, match=r"missing input\(s\) 'scale'"):
