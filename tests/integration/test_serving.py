@@ -188,7 +188,9 @@ def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(tri
     count = 2 * capacity
     # 16 distinct images in turn: every accepted answer is still checked, against 16 in-process runs, not `count`.
     data = images(16, seed=11)
-    outcomes = infer_concurrently(client, model, [{"input": data[i % 16 : i % 16 + 1]} for i in range(count)], ["output"])
+    outcomes = infer_concurrently(
+        client, model, [{"input": data[i % 16 : i % 16 + 1]} for i in range(count)], ["output"]
+    )
 
     rejected = [o for o in outcomes if o.error is not None]
     accepted = [(i, o) for i, o in enumerate(outcomes) if o.error is None]
