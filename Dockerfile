@@ -1,39 +1,48 @@
-# tritonnx on the Triton container: the same backend package, pinned versions and model
-# repository layout as `make serve`, with the container's own tritonserver and Python backend.
-#   docker build -t tritonnx .   (add --build-arg BASE_IMAGE=... for another Triton image)
-#   docker run --rm --network host tritonnx
+# tritonnx on the Triton server container (make images: tag tritonnx:ngc). The image keeps NGC's
+# tritonserver and Python backend and adds the backend package, the supervisor, the facade, their
+# pinned dependencies and the demo model repository.
+#
+# With NVIDIA's registry (the image's Python is 3.10, so its wheelhouse is too):
+#   make wheelhouse WHEEL_PYTHON=3.10
+#   docker build -t tritonnx:ngc --build-arg WHEELHOUSE=build/wheelhouse/py3.10 .
+# Without it, `make images` builds this file on a stand-in with NGC's layout and Python 3.11
+# (deploy/docker/Dockerfile.standin says what it reproduces and what it does not).
+#
+#   docker run --init --network host --shm-size 512m -e TRITONNX_ADMIN_KEY=... tritonnx:ngc
+#
+# What this file assumes of the NGC image, each checked by the stand-in: tritonserver at
+# /opt/tritonserver/bin, the Python backend with its stub in /opt/tritonserver/backends/python,
+# python3 with pip, the user triton-server with uid 1000. Packages go to /opt/tritonnx/site-packages,
+# put first on the system Python's path (the stub's too) by a .pth file, so they win over the
+# numpy NGC installs; nothing NGC ships is changed. NGC has no tini: run with --init.
 ARG BASE_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
+ARG WHEELHOUSE=build/wheelhouse/py3.10
 
-# Stage 1: generate the demo models (seeded random weights) unless model_repository already
-# holds an .onnx file for a model; the generator skips those.
-FROM ${BASE_IMAGE} AS models
-WORKDIR /build
-COPY requirements-serving.txt ./
-RUN python3 -m pip install --no-cache-dir -r requirements-serving.txt onnx==1.19.1 protobuf==4.25.8
-COPY backend/ backend/
-COPY model_repository/ model_repository/
-RUN python3 -m backend.demo_models --repository model_repository
+FROM ${BASE_IMAGE} AS packages
+ARG WHEELHOUSE
+COPY ${WHEELHOUSE} /wheelhouse
+RUN python3 -m pip install --no-index --no-deps --no-cache-dir --quiet --find-links /wheelhouse \
+        --target /opt/tritonnx/site-packages -r /wheelhouse/requirements-image.txt /wheelhouse/tritonnx-*.whl \
+    && rm -f /opt/tritonnx/site-packages/bin/perf_analyzer /opt/tritonnx/site-packages/bin/perf_client
 
-# Stage 2: the serving image.
+# The demo models, generated with the same seeded code as `make models` (onnx stays in this stage).
+FROM packages AS models
+RUN python3 -m pip install --no-index --no-deps --no-cache-dir --quiet --find-links /wheelhouse \
+        --target /tmp/models-tools -r /wheelhouse/requirements-models.txt
+COPY model_repository/ /models/
+RUN PYTHONPATH=/opt/tritonnx/site-packages:/tmp/models-tools python3 -m backend.demo_models --repository /models >/dev/null
+
 FROM ${BASE_IMAGE}
-WORKDIR /opt/tritonnx
-COPY requirements-serving.txt pyproject.toml README.md ./
-RUN python3 -m pip install --no-cache-dir -r requirements-serving.txt
-COPY backend/ backend/
-COPY client/ client/
-RUN python3 -m pip install --no-cache-dir --no-deps .
-COPY --from=models /build/model_repository/ model_repository/
-
-EXPOSE 8000 8001 8002
-# Same server flags as backend/tritonserver.py: whole batches travel through the Python
-# backend's shared memory, so start the region large enough for a 16-image batch; explicit model
-# control and the administrative APIs behind the key in $TRITONNX_ADMIN_KEY (required).
-ENV RESTRICTED=model-repository,model-config,shared-memory,statistics,trace,logging
-CMD ["sh", "-c", "exec tritonserver \
-     --model-repository=/opt/tritonnx/model_repository \
-     --backend-config=python,shm-default-byte-size=16777216 \
-     --backend-config=python,shm-growth-byte-size=16777216 \
-     --exit-timeout-secs=10 \
-     --model-control-mode=explicit --load-model='*' \
-     --grpc-restricted-protocol=${RESTRICTED}:tritonnx-admin-key=${TRITONNX_ADMIN_KEY:?set TRITONNX_ADMIN_KEY} \
-     --http-restricted-api=${RESTRICTED}:tritonnx-admin-key=${TRITONNX_ADMIN_KEY}"]
+COPY --from=packages /opt/tritonnx/ /opt/tritonnx/
+COPY --from=models /models/ /models/
+RUN python3 -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'tritonnx.pth').write_text('import sys; sys.path.insert(0, \"/opt/tritonnx/site-packages\")\n')"
+ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
+    TRITONNX_TRITON_HOME=/opt/tritonserver \
+    TRITONNX_MODEL_REPOSITORY=/models \
+    TRITONNX_BUILD_DIR=/tmp/tritonnx \
+    TRITONNX_ORT_CACHE_DIR=/tmp/tritonnx/ort-cache \
+    TRITONNX_TRITON_HOST=0.0.0.0 \
+    TRITONNX_HOST=0.0.0.0
+USER triton-server
+EXPOSE 8000 8001 8002 50051 3000
+CMD ["tritonnx-serve", "--no-facade", "--log-dir", "-"]

@@ -18,8 +18,10 @@ TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
 CONFORMANCE_ARGS ?=
+WHEEL_PYTHON ?= 3.11
+BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve lint format test test-fast unit bench tune soak chaos conformance clean
+.PHONY: help setup apt venv proto models serve lint format test test-fast unit bench tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -93,6 +95,15 @@ chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault t
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
 	$(PY) -m bench.conformance $(CONFORMANCE_ARGS)
+
+docker-engine: ## Install (Debian's docker.io) and start the Docker engine when none answers
+	deploy/docker/images.sh engine
+
+wheelhouse: venv ## Every package the images install, as wheels in build/wheelhouse/py$(WHEEL_PYTHON) (WHEEL_PYTHON=3.10 for NGC)
+	WHEEL_PYTHON=$(WHEEL_PYTHON) deploy/docker/images.sh wheelhouse
+
+images: venv ## Build tritonnx:cpu (slim) and tritonnx:ngc (on BASE_IMAGE, else a stand-in with NGC's layout)
+	WHEEL_PYTHON=$(WHEEL_PYTHON) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) deploy/docker/images.sh all
 
 clean: ## Remove the venv, build outputs and generated models
 	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)

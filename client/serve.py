@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,42 +22,90 @@ from pathlib import Path
 from backend.server.admin import GRPC_ADMIN_HEADER, share_admin_key
 from backend.server.paths import Paths
 from backend.server.process import ServerError, StopRequest
+from backend.server.shm import check_shared_memory
 from backend.server.stack import ServingStack
 from backend.server.triton import Ports, format_model_states
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
 
 
 def main(argv: list[str] | None = None) -> int:
     paths = Paths.from_environment()
     parser = argparse.ArgumentParser(
-        prog="python -m client.serve",
+        prog="tritonnx-serve",
         description="Run tritonserver with the model repository, its supervisor and the gRPC facade in front of it, "
-        "until Ctrl-C.",
-        epilog="Facade flags (e.g. --max-in-flight, --default-model) go after `--`; see python -m client.facade --help. "
-        "Environment: TRITONNX_MODEL_REPOSITORY, TRITONNX_BUILD_DIR, TRITONNX_ADMIN_KEY.",
+        "until Ctrl-C or SIGTERM (`python -m client.serve` is the same command).",
+        epilog="Facade flags (e.g. --max-in-flight, --default-model) go after `--`; see tritonnx-facade --help. "
+        "Each flag's environment variable is in its help; the model repository and the build folder come from "
+        "TRITONNX_MODEL_REPOSITORY and TRITONNX_BUILD_DIR, the admin key from TRITONNX_ADMIN_KEY.",
     )
     parser.add_argument("--model-repository", type=Path, default=paths.model_repository, help="default: %(default)s")
-    parser.add_argument("--log-dir", type=Path, default=paths.build, help="server logs; default: %(default)s")
+    parser.add_argument(
+        "--log-dir",
+        default=str(paths.build),
+        help="where tritonserver.log and facade.log go; '-' for this process's output (a container's log); "
+        "default: %(default)s",
+    )
+    parser.add_argument(
+        "--host",
+        default=_env("TRITONNX_TRITON_HOST", "127.0.0.1"),
+        help="where Triton listens; 0.0.0.0 in a container with port mappings (env TRITONNX_TRITON_HOST; "
+        "default: %(default)s)",
+    )
+    parser.add_argument(
+        "--http-port",
+        type=int,
+        default=int(_env("TRITONNX_TRITON_HTTP_PORT", "8000")),
+        help="Triton's HTTP port (env TRITONNX_TRITON_HTTP_PORT; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(_env("TRITONNX_TRITON_GRPC_PORT", "8001")),
+        help="Triton's gRPC port (env TRITONNX_TRITON_GRPC_PORT; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("TRITONNX_TRITON_METRICS_PORT", "8002")),
+        help="Triton's metrics port (env TRITONNX_TRITON_METRICS_PORT; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-verbose",
+        type=int,
+        default=int(_env("TRITONNX_TRITON_LOG_VERBOSE", "0")),
+        help="tritonserver's --log-verbose level (env TRITONNX_TRITON_LOG_VERBOSE; default: %(default)s)",
+    )
     parser.add_argument(
         "--triton-http",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="serve Triton's HTTP endpoint on 8000 (the facade needs only gRPC; --no-triton-http "
-        "turns it off); default: on",
+        help="serve Triton's HTTP endpoint (the facade needs only gRPC; --no-triton-http turns it off); default: on",
     )
     parser.add_argument(
         "--facade",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="run the facade in front of Triton (--no-facade: tritonserver alone); default: on",
+        help="run the facade in front of Triton (--no-facade: tritonserver alone, as the container does); default: on",
     )
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    to_terminal = args.log_dir == "-"
+    log_dir = paths.build if to_terminal else Path(args.log_dir)
+    repository = args.model_repository.resolve()
+    try:
+        check_shared_memory(repository)
+    except (ServerError, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
     stack = ServingStack(
-        repository=args.model_repository.resolve(),
-        workdir=args.log_dir,
-        triton_ports=Ports(),
+        repository=repository,
+        workdir=log_dir,
+        triton_ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
         facade_ports=(50051, 3000),
         with_facade=args.facade,
         facade_args=args.facade_args,
@@ -64,19 +113,24 @@ def main(argv: list[str] | None = None) -> int:
         triton_http=args.triton_http,
         all_models_ready=False,  # a model that failed is listed with its reason
         backend_dir=paths.backends,
+        log_files=not to_terminal,
+        host=args.host,
+        log_verbose=args.log_verbose,
     )
     triton = stack.triton
     key_place = share_admin_key(stack.admin_key, paths)
     stop = StopRequest()
     started = time.monotonic()
     try:
-        print(f"starting tritonserver with {triton.model_repository} (log: {triton.log_file}) ...", flush=True)
+        print(
+            f"starting tritonserver with {triton.model_repository} (log: {triton.log_file or 'here'}) ...", flush=True
+        )
         stack.start_triton()
         print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states()), flush=True)
         facade = None
         if args.facade:
-            print(f"starting the facade (log: {args.log_dir / 'facade.log'}) ...", flush=True)
+            print(f"starting the facade (log: {'here' if to_terminal else log_dir / 'facade.log'}) ...", flush=True)
             facade = stack.start_facade()
         print(
             f"ready after {time.monotonic() - started:.1f}s\n"

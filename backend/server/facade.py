@@ -72,7 +72,7 @@ class FacadeProcess(ManagedProcess):
 def start_facade(
     triton_url: str,
     admin_key: str,
-    log_file: Path,
+    log_file: Path | None,
     extra_args: list[str] | None = None,
     ports: tuple[int, int] | None = None,
     timeout: float = 60.0,

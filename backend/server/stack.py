@@ -25,7 +25,7 @@ from backend.server.triton import Ports, TritonServer
 @dataclass
 class ServingStack:
     repository: Path
-    workdir: Path
+    workdir: Path  # logs and Triton's assembled backend directory
     triton_ports: Ports | None = None  # None: free loopback ports
     facade_ports: tuple[int, int] | None = None  # (gRPC, HTTP); None: free loopback ports
     with_facade: bool = True
@@ -40,6 +40,9 @@ class ServingStack:
     triton_cwd: Path | None = None
     triton_env: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 180.0
+    log_files: bool = True  # False: the servers write to this process's stdout and stderr (a container's log)
+    host: str = "127.0.0.1"  # where Triton listens (0.0.0.0 in a container, for port mappings)
+    log_verbose: int = 0
     triton: TritonServer = field(init=False)
     supervisor: TritonSupervisor | None = field(init=False, default=None)
     facade: FacadeProcess | None = field(init=False, default=None)
@@ -50,7 +53,9 @@ class ServingStack:
             model_repository=self.repository,
             ports=self.triton_ports or Ports(*free_ports(3)),
             backend_dir=self.backend_dir or self.workdir / "backends",
-            log_file=self.workdir / "tritonserver.log",
+            log_file=self.workdir / "tritonserver.log" if self.log_files else None,
+            host=self.host,
+            log_verbose=self.log_verbose,
             http=self.triton_http,
             startup_models=self.startup_models,
             admin_key=self.admin_key,
@@ -78,7 +83,7 @@ class ServingStack:
         self.facade = start_facade(
             self.triton.grpc_url,
             self.admin_key,
-            self.workdir / "facade.log",
+            self.workdir / "facade.log" if self.log_files else None,
             self.facade_args,
             self.facade_ports,
             timeout=self.ready_timeout,

@@ -22,45 +22,61 @@ import tritonclient.grpc as grpcclient
 
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, RESTRICTED_PROTOCOLS, new_admin_key
 from backend.server.process import ManagedProcess, ServerError
+from backend.server.shm import STUB_REGION_BYTES
+
+TRITON_HOME_ENV = "TRITONNX_TRITON_HOME"
+NGC_HOME = Path("/opt/tritonserver")
 
 
 @dataclass(frozen=True)
 class TritonInstall:
-    """Where the pieces of Triton live inside the installed wheel."""
+    """Where tritonserver and its Python backend are: the `nvidia-pytriton` wheel, or a Triton in
+    the NGC container's layout (`bin/tritonserver`, `lib/`, `backends/python/`).
+    """
 
-    root: Path
+    binary: Path
+    library_dir: Path
+    backends: Path | None  # a ready backend directory (NGC layout); None: assembled from the wheel's files
+    python_backend_files: tuple[Path, ...] = ()
 
     @classmethod
     def find(cls) -> TritonInstall:
+        """$TRITONNX_TRITON_HOME, else the wheel in this environment, else /opt/tritonserver."""
+        if os.environ.get(TRITON_HOME_ENV):
+            return cls.ngc_layout(Path(os.environ[TRITON_HOME_ENV]))
         # Located, not imported: only the wheel's files are used, and its Python API would
         # need dependencies this project does not install.
         spec = importlib.util.find_spec("pytriton")
-        if spec is None or spec.origin is None:
-            raise ServerError("nvidia-pytriton is not installed in this venv: run `make venv`")
-        return cls(Path(spec.origin).resolve().parent / "tritonserver")
+        if spec is not None and spec.origin is not None:
+            return cls.wheel(Path(spec.origin).resolve().parent / "tritonserver")
+        if (NGC_HOME / "bin" / "tritonserver").exists():
+            return cls.ngc_layout(NGC_HOME)
+        raise ServerError("no tritonserver: install nvidia-pytriton (make venv) or set $TRITONNX_TRITON_HOME")
 
-    @property
-    def binary(self) -> Path:
-        return self.root / "bin" / "tritonserver"
-
-    @property
-    def library_dir(self) -> Path:
-        return self.root.parent.parent / "nvidia_pytriton.libs"
-
-    def python_backend_files(self) -> list[Path]:
+    @classmethod
+    def wheel(cls, root: Path) -> TritonInstall:
         minor = f"{sys.version_info.major}.{sys.version_info.minor}"
-        return [
-            self.root / "backends" / "python" / "libtriton_python.so",
-            self.root / "backends" / "python" / "triton_python_backend_utils.py",
-            self.root / "python_backend_stubs" / minor / "triton_python_backend_stub",
-        ]
+        return cls(
+            binary=root / "bin" / "tritonserver",
+            library_dir=root.parent.parent / "nvidia_pytriton.libs",
+            backends=None,
+            python_backend_files=(
+                root / "backends" / "python" / "libtriton_python.so",
+                root / "backends" / "python" / "triton_python_backend_utils.py",
+                root / "python_backend_stubs" / minor / "triton_python_backend_stub",
+            ),
+        )
+
+    @classmethod
+    def ngc_layout(cls, home: Path) -> TritonInstall:
+        return cls(binary=home / "bin" / "tritonserver", library_dir=home / "lib", backends=home / "backends")
 
 
 def assemble_backend_dir(dest: Path, install: TritonInstall) -> Path:
     """Make `dest/python/` hold the Python backend (symlinks into the wheel); return `dest`."""
     python_dir = dest / "python"
     python_dir.mkdir(parents=True, exist_ok=True)
-    for source in install.python_backend_files():
+    for source in install.python_backend_files:
         if not source.exists():
             raise ServerError(f"{source} is missing from the nvidia-pytriton wheel")
         link = python_dir / source.name
@@ -100,6 +116,7 @@ class TritonServer(ManagedProcess):
     startup_models: tuple[str, ...] = ("*",)  # loaded at start; () starts empty (load through model control)
     cwd: Path | None = None  # the server's working directory; None: this process's
     extra_env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
+    log_verbose: int = 0  # tritonserver's --log-verbose
     admin_key: str = field(default_factory=new_admin_key)
 
     @property
@@ -124,11 +141,11 @@ class TritonServer(ManagedProcess):
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.ports.metrics}/metrics"
 
-    def command(self, install: TritonInstall) -> list[str]:
+    def command(self, install: TritonInstall, backends: Path) -> list[str]:
         return [
             str(install.binary),
             f"--model-repository={self.model_repository}",
-            f"--backend-directory={self.backend_dir}",
+            f"--backend-directory={backends}",
             *self._http_args(),
             f"--grpc-address={self.host}",
             f"--grpc-port={self.ports.grpc}",
@@ -136,8 +153,8 @@ class TritonServer(ManagedProcess):
             f"--metrics-port={self.ports.metrics}",
             # Whole batches travel through the stub's shared memory: start big enough for a
             # 16-image batch of 224x224 FP32 (9.6 MB) so the region does not grow request by request.
-            "--backend-config=python,shm-default-byte-size=16777216",
-            "--backend-config=python,shm-growth-byte-size=16777216",
+            f"--backend-config=python,shm-default-byte-size={STUB_REGION_BYTES}",
+            f"--backend-config=python,shm-growth-byte-size={STUB_REGION_BYTES}",
             "--exit-timeout-secs=10",
             # Explicit model control, behind the admin key: the supervisor reloads a model whose
             # stub died; clients cannot load or unload models.
@@ -146,6 +163,7 @@ class TritonServer(ManagedProcess):
             # A model that fails to load (a graph Triton cannot carry, say) is UNAVAILABLE with its
             # reason while the others serve; Triton's default would stop the whole server.
             "--exit-on-error=false",
+            f"--log-verbose={self.log_verbose}",
             f"--grpc-restricted-protocol={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
             *self.extra_args,
         ]
@@ -167,8 +185,8 @@ class TritonServer(ManagedProcess):
 
     def start(self) -> None:
         install = TritonInstall.find()
-        assemble_backend_dir(self.backend_dir, install)
-        self.spawn(self.command(install), env=self.environment(install), cwd=self.cwd)
+        backends = install.backends or assemble_backend_dir(self.backend_dir, install)
+        self.spawn(self.command(install, backends), env=self.environment(install), cwd=self.cwd)
 
     def wait_ready(self, timeout: float = 120.0, all_models: bool = True) -> None:
         """Block until the server answers, which it does once its start-up models are loaded or have failed.

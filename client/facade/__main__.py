@@ -13,13 +13,14 @@ from client.facade.settings import add_arguments, from_arguments
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m client.facade",
+        prog="tritonnx-facade",
         description=(
             "Serve inference.InferenceService/Predict (client/proto/inference.proto) on gRPC and forward "
             "each call to Triton over KServe v2 gRPC. Also serves grpc.health.v1 and reflection on the "
-            "gRPC port, and /metrics and /health on the HTTP port. SIGTERM drains in-flight calls."
+            "gRPC port, and /metrics and /health on the HTTP port. SIGTERM drains in-flight calls. "
+            "`python -m client.facade` is the same command."
         ),
-        epilog="Example: python -m client.facade --triton-url 127.0.0.1:8001 --default-model mobilenet_v3_small",
+        epilog="Example: tritonnx-facade --triton-url 127.0.0.1:8001 --default-model mobilenet_v3_small",
     )
     add_arguments(parser)
     settings = from_arguments(parser.parse_args(argv))

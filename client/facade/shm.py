@@ -32,8 +32,13 @@ class SharedInputPool:
         path = f"/dev/shm{self.key}"
         descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(descriptor, self.byte_size)
+            # Reserved, not just sized: a sparse region in a /dev/shm too small for it (a container's
+            # 64 MB) would end the process with SIGBUS on a later write, instead of failing here.
+            os.posix_fallocate(descriptor, 0, self.byte_size)
             self._map = mmap.mmap(descriptor, self.byte_size)
+        except OSError:
+            os.unlink(path)
+            raise
         finally:
             os.close(descriptor)
         self._path = path

@@ -23,6 +23,22 @@ log = logging.getLogger("tritonnx.facade")
 _REGISTRATION_RETRY_SECONDS = 1.0
 
 
+def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
+    """The pool inputs travel in, or None: turned off, or no room for it in /dev/shm."""
+    if not (slots and slot_bytes):
+        return None
+    try:
+        return SharedInputPool(slots, slot_bytes)
+    except OSError as error:
+        log.warning(
+            "inputs go over the socket: no %d MiB shared-memory region in /dev/shm (%s); give the container "
+            "more (docker run --shm-size) or lower --shm-slots",
+            (slots * slot_bytes) >> 20,
+            error.strerror,
+        )
+        return None
+
+
 class TritonGateway:
     """Calls Triton's KServe v2 gRPC API; every failure comes out as a `FacadeError`."""
 
@@ -38,7 +54,7 @@ class TritonGateway:
         self.url = url
         # Model config, shared memory and the repository index are Triton's restricted APIs.
         self._admin = ((GRPC_ADMIN_HEADER, admin_key),) if admin_key else ()
-        self._pool = SharedInputPool(shm_slots, shm_slot_bytes) if shm_slots and shm_slot_bytes else None
+        self._pool = _shared_pool(shm_slots, shm_slot_bytes)
         self._registered = False
         self._next_registration = 0.0
         self._channel = grpc.aio.insecure_channel(

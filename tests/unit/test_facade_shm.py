@@ -41,3 +41,22 @@ def test_close_removes_the_region():
     assert os.path.exists(path)
     pool.close()
     assert not os.path.exists(path)
+
+
+def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gateway_uses_the_socket(monkeypatch, caplog):
+    import errno
+    import os
+
+    from client.facade import shm, triton
+
+    def full(descriptor, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(OSError):
+        shm.SharedInputPool(4, 1 << 20)
+    assert set(os.listdir("/dev/shm")) == before  # nothing left behind
+    with caplog.at_level("WARNING", logger="tritonnx.facade"):
+        assert triton._shared_pool(4, 1 << 20) is None
+    assert "inputs go over the socket: no 4 MiB shared-memory region" in caplog.text

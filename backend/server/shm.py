@@ -1,0 +1,56 @@
+"""Whether /dev/shm can hold what a model repository needs, checked before tritonserver starts.
+
+Every instance of a Python-backend model is a stub process with a shared-memory region in
+/dev/shm (`STUB_REGION_BYTES` to start with), and each model loading briefly has one more stub
+for auto-complete. Docker gives a container 64 MB of /dev/shm; a /dev/shm that fills up makes
+stubs fail to start or die of SIGBUS later, far from the cause. So the serving command refuses to
+start and says what to give instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from backend.server.process import ServerError
+
+STUB_REGION_BYTES = 16 * 1024 * 1024  # tritonserver's --backend-config=python,shm-default-byte-size
+LOADS_AT_ONCE = 4  # tritonserver loads up to 4 models in parallel, each with an auto-complete stub
+_COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
+_MIB = 1024 * 1024
+
+
+def stub_instances(repository: Path) -> tuple[int, int]:
+    """(models, Python stub instances) of a model repository, from each config.pbtxt's instance_group."""
+    models = instances = 0
+    for model in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        models += 1
+        try:
+            text = (model / "config.pbtxt").read_text()
+        except OSError:
+            text = ""  # no config.pbtxt: Triton's default, one instance
+        text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+        group = text[text.index("instance_group") :] if "instance_group" in text else ""
+        instances += sum(int(n) for n in _COUNT.findall(group.split("]", 1)[0])) or 1
+    return models, instances
+
+
+def needed_bytes(repository: Path) -> int:
+    models, instances = stub_instances(repository)
+    return (instances + min(models, LOADS_AT_ONCE)) * STUB_REGION_BYTES
+
+
+def check_shared_memory(repository: Path, shm: Path = Path("/dev/shm")) -> None:
+    """Raise ServerError with what to do when `shm` has less room than `repository` needs."""
+    needed = needed_bytes(repository)
+    stats = os.statvfs(shm)
+    free = stats.f_bavail * stats.f_frsize
+    if free < needed:
+        models, instances = stub_instances(repository)
+        raise ServerError(
+            f"{shm} has {free // _MIB} MiB free, and the {models} model(s) of {repository} need about "
+            f"{needed // _MIB} MiB ({instances} Python stub instance(s) and up to {min(models, LOADS_AT_ONCE)} "
+            f"loading at once, {STUB_REGION_BYTES // _MIB} MiB each): give it more, e.g. `docker run "
+            f"--shm-size=512m`, or an emptyDir with medium: Memory at /dev/shm in Kubernetes"
+        )
