@@ -30,8 +30,10 @@ NGC_HOME = Path("/opt/tritonserver")
 
 @dataclass(frozen=True)
 class TritonInstall:
-    """Where tritonserver and its Python backend are: the `nvidia-pytriton` wheel, or a Triton in
-    the NGC container's layout (`bin/tritonserver`, `lib/`, `backends/python/`).
+    """Where tritonserver and its Python backend are.
+
+    Either the `nvidia-pytriton` wheel, or a Triton in the NGC container's layout
+    (`bin/tritonserver`, `lib/`, `backends/python/`).
     """
 
     binary: Path
