@@ -35,7 +35,8 @@ RUN PYTHONPATH=/opt/tritonnx/site-packages:/tmp/models-tools python3 -m backend.
 FROM ${BASE_IMAGE}
 COPY --from=packages /opt/tritonnx/ /opt/tritonnx/
 COPY --from=models /models/ /models/
-RUN python3 -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'tritonnx.pth').write_text('import sys; sys.path.insert(0, \"/opt/tritonnx/site-packages\")\n')"
+RUN python3 -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'tritonnx.pth').write_text('import sys; sys.path.insert(0, \"/opt/tritonnx/site-packages\")\n')" \
+    && mkdir -p /tmp/tritonnx/ort-cache && chown -R triton-server:triton-server /tmp/tritonnx
 ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
     TRITONNX_TRITON_HOME=/opt/tritonserver \
     TRITONNX_MODEL_REPOSITORY=/models \

@@ -21,7 +21,7 @@ CONFORMANCE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve lint format test test-fast unit bench tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,6 +75,9 @@ test: setup ## Run the whole test suite: unit, integration (a real tritonserver)
 test-fast: setup ## The inner loop: unit and integration tests only
 	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
 	$(PY) -m pytest $(PYTEST_ARGS) tests/integration
+
+test-containers: setup ## Build both images (the engine installed and started if needed) and test them in real containers
+	$(PY) -m pytest $(PYTEST_ARGS) tests/containers
 
 unit: venv proto ## Run the unit tests only (no server, seconds)
 	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit

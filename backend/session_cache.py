@@ -15,6 +15,7 @@ directory or a model too large to save in one file just means no cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -82,20 +83,30 @@ def create_session(
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
             session = ort.InferenceSession(str(cached), options, providers=providers)
-            os.utime(cached)  # recently used: kept when older copies are dropped
-            return session
         except Exception as error:  # noqa: BLE001 - a damaged copy is rebuilt below
             log(f"optimized copy {cached} unusable ({error}); optimizing the model again")
             options.graph_optimization_level = level
+        else:
+            with contextlib.suppress(OSError):  # a read-only cache serves as it is
+                os.utime(cached)  # recently used: kept when older copies are dropped
+            return session
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(cache_dir, os.W_OK):
+            raise PermissionError(f"{cache_dir} is not writable")
     except OSError as error:
         log(f"no optimized-model cache ({error})")
         return ort.InferenceSession(str(onnx_file), options, providers=providers)
     partial = cached.with_name(f"{cached.name}.{os.getpid()}.partial")
     options.optimized_model_filepath = str(partial)
     options.log_severity_level = _QUIET
-    session = ort.InferenceSession(str(onnx_file), options, providers=providers)
+    try:
+        session = ort.InferenceSession(str(onnx_file), options, providers=providers)
+    except Exception as error:  # noqa: BLE001 - ONNX Runtime may fail writing the copy: serve without it
+        partial.unlink(missing_ok=True)
+        log(f"could not write an optimized copy of {onnx_file.name} ({error}); serving without it")
+        options.optimized_model_filepath = ""
+        return ort.InferenceSession(str(onnx_file), options, providers=providers)
     try:
         os.replace(partial, cached)
     except OSError as error:

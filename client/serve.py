@@ -79,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
         help="tritonserver's --log-verbose level (env TRITONNX_TRITON_LOG_VERBOSE; default: %(default)s)",
     )
     parser.add_argument(
+        "--load-model",
+        action="append",
+        help="a model to load at start, repeatable; default: every model of the repository (env "
+        "TRITONNX_TRITON_LOAD_MODELS, comma-separated)",
+    )
+    parser.add_argument(
         "--triton-http",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -96,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     to_terminal = args.log_dir == "-"
     log_dir = paths.build if to_terminal else Path(args.log_dir)
     repository = args.model_repository.resolve()
+    startup_models = tuple(args.load_model or filter(None, _env("TRITONNX_TRITON_LOAD_MODELS", "*").split(",")))
     try:
-        check_shared_memory(repository)
+        check_shared_memory(repository, startup_models)
     except (ServerError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -112,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         supervised=True,
         triton_http=args.triton_http,
         all_models_ready=False,  # a model that failed is listed with its reason
+        startup_models=startup_models,
         backend_dir=paths.backends,
         log_files=not to_terminal,
         host=args.host,

@@ -22,7 +22,7 @@ from backend.server.stack import ServingStack
 from backend.server.triton import TritonServer
 from tests.serving import MODEL_REPOSITORY, MODELS, start_facade
 
-TIERS = ("unit", "integration", "slow")
+TIERS = ("unit", "integration", "slow", "containers")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

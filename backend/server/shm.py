@@ -21,10 +21,15 @@ _COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
 _MIB = 1024 * 1024
 
 
-def stub_instances(repository: Path) -> tuple[int, int]:
-    """(models, Python stub instances) of a model repository, from each config.pbtxt's instance_group."""
+def stub_instances(repository: Path, names: tuple[str, ...] = ("*",)) -> tuple[int, int]:
+    """(models, Python stub instances) of the models `names` ("*": all) of a model repository.
+
+    The instances come from each config.pbtxt's instance_group.
+    """
     models = instances = 0
     for model in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if "*" not in names and model.name not in names:
+            continue
         models += 1
         try:
             text = (model / "config.pbtxt").read_text()
@@ -36,18 +41,18 @@ def stub_instances(repository: Path) -> tuple[int, int]:
     return models, instances
 
 
-def needed_bytes(repository: Path) -> int:
-    models, instances = stub_instances(repository)
+def needed_bytes(repository: Path, names: tuple[str, ...] = ("*",)) -> int:
+    models, instances = stub_instances(repository, names)
     return (instances + min(models, LOADS_AT_ONCE)) * STUB_REGION_BYTES
 
 
-def check_shared_memory(repository: Path, shm: Path = Path("/dev/shm")) -> None:
-    """Raise ServerError with what to do when `shm` has less room than `repository` needs."""
-    needed = needed_bytes(repository)
+def check_shared_memory(repository: Path, names: tuple[str, ...] = ("*",), shm: Path = Path("/dev/shm")) -> None:
+    """Raise ServerError with what to do when `shm` has less room than the models `names` of `repository` need."""
+    needed = needed_bytes(repository, names)
     stats = os.statvfs(shm)
     free = stats.f_bavail * stats.f_frsize
     if free < needed:
-        models, instances = stub_instances(repository)
+        models, instances = stub_instances(repository, names)
         raise ServerError(
             f"{shm} has {free // _MIB} MiB free, and the {models} model(s) of {repository} need about "
             f"{needed // _MIB} MiB ({instances} Python stub instance(s) and up to {min(models, LOADS_AT_ONCE)} "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build tritonnx's images without an image registry (make images, make wheelhouse, make docker-engine).
 #
-#   deploy/docker/images.sh engine      install and start the Docker engine when none answers
+#   deploy/docker/images.sh engine      install and start the Docker engine when none answers (and the tools below)
 #   deploy/docker/images.sh wheelhouse  every Python package the images install, as wheels in build/wheelhouse/
 #   deploy/docker/images.sh base        tritonnx/debian:bookworm, a minimal Debian with Python 3.11, from debootstrap
 #   deploy/docker/images.sh standin     tritonnx/tritonserver:24.10-py3-standin, the NGC image's layout
@@ -41,13 +41,22 @@ build() {  # build TAG DOCKERFILE [build args...]
     say "  $tag: $(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1 / 1e6}') in $((SECONDS - started)) s"
 }
 
-engine() {
-    if docker info >/dev/null 2>&1; then return; fi
-    if ! command -v dockerd >/dev/null; then
-        say "installing the Docker engine (Debian's docker.io)"
+tools() {  # what the build uses, from Debian: the engine, debootstrap, strip, docker-compose (for the tests)
+    local missing=()
+    command -v dockerd >/dev/null || missing+=(docker.io)
+    command -v debootstrap >/dev/null || missing+=(debootstrap)
+    command -v strip >/dev/null || missing+=(binutils)
+    command -v docker-compose >/dev/null || missing+=(docker-compose)
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing ${missing[*]} (Debian's packages)"
         $SUDO apt-get update -qq
-        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+engine() {
+    tools
+    if docker info >/dev/null 2>&1; then return; fi
     mkdir -p build
     say "starting dockerd (no bridge, no iptables: containers run on the host's network); log: build/dockerd.log"
     $SUDO setsid dockerd --bridge=none --iptables=false >build/dockerd.log 2>&1 </dev/null &
@@ -65,6 +74,7 @@ wheelhouse() {
         say "wheelhouse $WHEELHOUSE is up to date"
         return
     fi
+    tools
     say "filling $WHEELHOUSE for Python $WHEEL_PYTHON (pip inside a build cannot reach the package registry)"
     rm -rf "$WHEELHOUSE" && mkdir -p "$WHEELHOUSE"
     local platform=(--only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp

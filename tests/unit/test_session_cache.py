@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -70,3 +71,17 @@ def test_only_the_most_recently_used_copies_of_a_model_are_kept(double_onnx, ort
     kept = list(ort_cache_dir.iterdir())
     assert len(kept) == COPIES_KEPT_PER_MODEL
     assert any(cache_key(double_onnx, ALL) in p.name for p in kept)  # the newest survives
+
+
+def test_a_cache_that_cannot_be_written_means_no_cache_not_a_failed_model(double_onnx, tmp_path):
+    # A cache directory a user cannot write (a root-owned volume in a container run as uid 1000) must
+    # not fail the model. /proc/self is a directory nobody can create files in, root included.
+    lines = []
+    session = create_session(double_onnx, ort.SessionOptions(), Path("/proc/self"), lines.append)
+    assert session.run(None, {"x": np.ones((1, 4), np.float32)})[0].tolist() == [[2.0] * 4]
+    assert any("serving without it" in line or "no optimized-model cache" in line for line in lines), lines
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    lines.clear()
+    assert create_session(double_onnx, ort.SessionOptions(), not_a_dir, lines.append) is not None
+    assert any("no optimized-model cache" in line for line in lines)

@@ -1,0 +1,168 @@
+"""python -m bench.images: size, start-up and idle memory of the images, beside seed 003's table.
+
+For each image: its size; `docker run` to READY (the server's HTTP readiness) in a new container,
+whose optimized-model cache is empty, and again in one that reuses the first's cache through a
+named volume (what a deployment with a cache volume gets); and the idle memory of the container's
+processes (PSS: tritonserver and its stubs share pages). Writes report.md and results.json to
+bench/results/<UTC time>-images/. The images come from `make images`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+from backend.server.process import free_ports
+from bench import RESULTS
+from bench.output import say
+
+IMAGES = ("tritonnx:cpu", "tritonnx:ngc")
+# Seed 003's deployment table: image size and application start time of the servers it compares.
+SEED_003 = {"torch-serving": (650, 4.342), "onnx-serving": (296, 1.396), "rust-onnx-serving": (48.3, 0.348)}
+NGC_LISTED_GB = 15  # nvcr.io/nvidia/tritonserver:24.10-py3, as NVIDIA lists it (not pullable here)
+# The container's PSS, summed over its processes, read from inside it (psutil is in the image).
+_PSS = (
+    "import psutil; print(sum(p.memory_full_info().pss for p in psutil.process_iter() "
+    "if p.pid != psutil.Process().pid) / 2**20)"
+)
+
+
+def docker(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"docker {' '.join(args[:3])} ...: {done.stderr.strip()[-500:]}")
+    return done.stdout.strip()
+
+
+def image_mb(image: str) -> float:
+    return int(docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6
+
+
+def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: float = 120) -> tuple[float, float]:
+    """Seconds from `docker run` to READY in a new container, and its idle PSS in MiB.
+
+    The container serves `models` (comma-separated; "*" for all of the image's repository).
+    """
+    http, grpc, metrics = free_ports(3)
+    name = f"tritonnx-startup-{http}"
+    env = {
+        "TRITONNX_ADMIN_KEY": "startup-measurement",
+        "TRITONNX_TRITON_HOST": "127.0.0.1",
+        "TRITONNX_TRITON_HTTP_PORT": str(http),
+        "TRITONNX_TRITON_GRPC_PORT": str(grpc),
+        "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+        "TRITONNX_TRITON_LOAD_MODELS": models,
+    }
+    started = time.perf_counter()
+    docker(
+        "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
+        "-v", f"{cache_volume}:/tmp/tritonnx/ort-cache",
+        *(f"--env={k}={v}" for k, v in env.items()), image,
+    )  # fmt: skip
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/health/ready", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.perf_counter() - started > timeout:
+                raise RuntimeError(f"{image} not ready after {timeout:.0f} s:\n{docker('logs', name)[-2000:]}")
+            time.sleep(0.02)
+        ready = time.perf_counter() - started
+        time.sleep(2)  # the stubs settle after their warm-up
+        return ready, float(docker("exec", name, "python3", "-c", _PSS))
+    finally:
+        docker("rm", "-f", name)
+
+
+def measure(image: str, runs: int, models: str = "*") -> dict:
+    """Size; first start (empty cache) and `runs` warm starts (the cache volume kept) to READY."""
+    volume = f"tritonnx-ort-cache-{free_ports(1)[0]}"
+    docker("volume", "create", volume)
+    try:
+        first, memory = run_to_ready(image, volume, models)
+        warm = [run_to_ready(image, volume, models)[0] for _ in range(runs)]
+    finally:
+        docker("volume", "rm", "-f", volume)
+    return {
+        "image": image,
+        "models": models,
+        "size_mb": round(image_mb(image), 1),
+        "ready_first_s": round(first, 2),
+        "ready_warm_s": [round(s, 2) for s in warm],
+        "idle_pss_mib": round(memory, 1),
+    }
+
+
+def write_report(out: Path, results: list[dict]) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    lines = [
+        f"# Images: size, docker run to READY, idle memory ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+        "",
+        "Start-up is `docker run` until Triton's HTTP readiness (every demo model loaded), on this machine. "
+        "First: a new container, its optimized-model cache empty. Warm: a new container reusing that cache "
+        "through a named volume. Memory: the container's processes' PSS, idle after start-up.",
+        "",
+        "| image | serving | size (MB) | first start (s) | warm start (s) | idle PSS (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        warm = ", ".join(f"{s:.2f}" for s in r["ready_warm_s"])
+        serving = "the 4 demo models" if r["models"] == "*" else r["models"]
+        lines.append(
+            f"| `{r['image']}` | {serving} | {r['size_mb']:.0f} | {r['ready_first_s']:.2f} | {warm} "
+            f"| {r['idle_pss_mib']:.0f} |"
+        )
+    lines += [
+        f"| `nvcr.io/nvidia/tritonserver:24.10-py3` (NVIDIA's listing) | | about {NGC_LISTED_GB} GB | | | |",
+        "",
+        "Seed 003's deployment table (one MobileNetV3-Small, Apple M2 Max, 4 cores per container):",
+        "",
+        "| server | image size (MB) | application start (s) |",
+        "|---|---|---|",
+        *(f"| {name} | {size} | {start} |" for name, (size, start) in SEED_003.items()),
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(lines))
+    return out / "report.md"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.images",
+        description="Measure the images of `make images`: size, docker run to READY (first and warm) and idle memory.",
+    )
+    parser.add_argument("--images", nargs="+", default=list(IMAGES), help="default: %(default)s")
+    parser.add_argument("--warm-runs", type=int, default=3, help="warm starts per image; default: %(default)s")
+    parser.add_argument(
+        "--one-model",
+        default="mobilenet_v3_small",
+        help="also start the first image serving only this model, as seed 003's servers do ('' to skip); "
+        "default: %(default)s",
+    )
+    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-images")
+    args = parser.parse_args(argv)
+    out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-images"
+    results = []
+    runs = [(image, "*") for image in args.images] + ([(args.images[0], args.one_model)] if args.one_model else [])
+    for image, models in runs:
+        say(f"{image} serving {models}: size, first start, {args.warm_runs} warm start(s) ...")
+        results.append(measure(image, args.warm_runs, models))
+        r = results[-1]
+        say(f"  {r['size_mb']:.0f} MB, READY after {r['ready_first_s']:.2f} s first, {r['ready_warm_s']} warm, "
+            f"idle PSS {r['idle_pss_mib']:.0f} MiB")  # fmt: skip
+    say(f"report: {write_report(out, results)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,233 @@
+"""Both images, built by `deploy/docker/images.sh` (make images) and run by a real Docker engine.
+
+Every container runs on the host's network with its ports on 127.0.0.1 (this engine has no bridge).
+The NGC image is built on the stand-in with NGC's layout, since NVIDIA's registry is not reachable.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import np_to_triton_dtype
+
+from backend.server.process import free_ports
+from client.proto import inference_pb2, inference_pb2_grpc
+from tests.containers.docker import Container, docker, run, run_triton, wait_http
+from tests.kserve import assert_close
+from tests.serving import CHECKOUT, MODEL_REPOSITORY, MODELS
+from tests.unit.test_image_requirements import pins
+
+ADMIN_KEY = "container-tests"
+IMAGES = {"cpu": "tritonnx:cpu", "ngc": "tritonnx:ngc"}
+
+
+@pytest.fixture(scope="session")
+def images() -> dict[str, str]:
+    """Both images, built (or found up to date in the layer cache), the engine started first if needed."""
+    done = subprocess.run([str(CHECKOUT / "deploy/docker/images.sh"), "all"], cwd=CHECKOUT, capture_output=True,
+                          text=True, timeout=1500, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return IMAGES
+
+
+@pytest.fixture(scope="module", params=list(IMAGES))
+def triton(request, images):
+    container = run_triton(images[request.param], ADMIN_KEY, options=("--ipc", "shareable"))
+    try:
+        wait_http(f"http://127.0.0.1:{container.ports['http']}/v2/health/ready", container)
+        yield container
+    finally:
+        container.remove()
+
+
+def demo_inputs(model: str, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    if model in ("resnet50", "mobilenet_v3_small"):
+        return {"input": rng.standard_normal((2, 3, 224, 224), dtype=np.float32)}
+    ids = rng.integers(1, 1000, size=(2, 9), dtype=np.int64)
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+
+
+def infer(protocol: str, container: Container, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    module = grpcclient if protocol == "grpc" else httpclient
+    client = module.InferenceServerClient(f"127.0.0.1:{container.ports[protocol]}")
+    tensors = []
+    for name, array in inputs.items():
+        tensor = module.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    result = client.infer(model, tensors)
+    outputs = result.get_response()["outputs"] if protocol == "http" else result.get_response().outputs
+    names = [o["name"] if protocol == "http" else o.name for o in outputs]
+    return {name: result.as_numpy(name) for name in names}
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_every_demo_model_answers_as_onnxruntime_does_on_the_images_own_file(triton, protocol, tmp_path):
+    for seed, model in enumerate(MODELS):
+        onnx_file = triton.copy_out(f"/models/{model}/1/model.onnx", tmp_path / f"{model}.onnx")
+        inputs = demo_inputs(model, seed)
+        served = infer(protocol, triton, model, inputs)
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        assert sorted(served) == sorted(names), model
+        for name, expected in zip(names, session.run(names, inputs), strict=True):
+            assert served[name].shape == expected.shape, (model, name)
+            assert_close(served[name], expected)
+
+
+def test_it_runs_as_uid_1000_with_the_packages_the_venv_runs(triton):
+    assert triton.exec("id", "-u").strip() == "1000"
+    names = sorted(pins(CHECKOUT / "deploy/docker/requirements-image.txt"))
+    in_image = json.loads(triton.python(
+        f"import importlib.metadata as m, json; print(json.dumps({{n: m.version(n) for n in {names!r}}}))"
+    ))  # fmt: skip
+    assert in_image == {name: importlib.metadata.version(name) for name in names}
+    assert triton.python("import backend; print(backend.__file__)").startswith(("/usr/local/lib", "/opt/tritonnx"))
+
+
+def test_the_seed_client_predicts_through_a_facade_container(triton):
+    grpc_port, http_port = free_ports(2)
+    env = {
+        "TRITONNX_ADMIN_KEY": ADMIN_KEY, "TRITONNX_HOST": "127.0.0.1", "TRITONNX_PORT": str(grpc_port),
+        "TRITONNX_HTTP_PORT": str(http_port), "TRITONNX_TRITON_URL": f"127.0.0.1:{triton.ports['grpc']}",
+    }  # fmt: skip
+    facade = run(triton.image, "tritonnx-facade", env=env, options=("--ipc", f"container:{triton.name}"))
+    try:
+        wait_http(f"http://127.0.0.1:{http_port}/health", facade, timeout=60)
+        # The seed client's call, as the README shows it: a flat float list and a shape.
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            data = np.random.default_rng(3).standard_normal((1, 3, 224, 224), dtype=np.float32)
+            reply = stub.Predict(inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=[1, 3, 224, 224]))
+        assert list(reply.shape) == [1, 1000]
+        session = ort.InferenceSession(
+            str(MODEL_REPOSITORY / "resnet50/1/model.onnx"), providers=["CPUExecutionProvider"]
+        )
+        assert_close(np.array(reply.predictions, np.float32).reshape(1, 1000), session.run(None, {"input": data})[0])
+        assert "inputs go to Triton through shared memory" in facade.logs()  # the two containers share IPC
+    finally:
+        facade.remove()
+
+
+def test_a_stub_killed_inside_the_container_is_healed_by_the_supervisor(triton):
+    kill = (
+        "import os, psutil, signal\n"
+        "stubs = [p for p in psutil.process_iter(['cmdline']) if p.info['cmdline'] and "
+        "p.info['cmdline'][0].endswith('triton_python_backend_stub') and '/mobilenet_v3_small/' in p.info['cmdline'][1]]\n"
+        "os.kill(stubs[0].pid, signal.SIGKILL); print(stubs[0].pid)"
+    )
+    killed = int(triton.python(kill))
+    assert killed > 1
+    deadline = time.monotonic() + 60
+    while "supervisor: mobilenet_v3_small reloaded" not in triton.logs():
+        assert time.monotonic() < deadline, triton.logs()[-3000:]
+        time.sleep(0.5)
+    inputs = demo_inputs("mobilenet_v3_small", 9)
+    for _ in range(6):  # every instance answers again (the scheduler spreads the requests)
+        assert infer("grpc", triton, "mobilenet_v3_small", inputs)["output"].shape == (2, 1000)
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_docker_stop_ends_it_cleanly_within_its_grace_period_leaving_no_shared_memory(images, image):
+    # /dev/shm is a host folder here, so what the container leaves in it can be seen after it is gone.
+    shm = Path("/dev/shm") / f"tritonnx-test-{uuid.uuid4().hex[:8]}"
+    shm.mkdir(mode=0o1777)
+    shm.chmod(0o1777)
+    container = run_triton(images[image], ADMIN_KEY, options=("-v", f"{shm}:/dev/shm"))
+    try:
+        wait_http(f"http://127.0.0.1:{container.ports['http']}/v2/health/ready", container)
+        assert len(list(shm.iterdir())) >= 9  # one region per stub: the mount is the one used
+        seconds, code = container.stop(grace=30)
+        assert code == 0, container.logs()[-3000:]
+        assert seconds < 30
+        assert list(shm.iterdir()) == []
+        assert "tritonserver stopped (exit code 0)" in container.logs()
+    finally:
+        container.remove()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_mounted_model_repository_is_served(images, tmp_path):
+    repository = tmp_path / "models"
+    shutil.copytree(MODEL_REPOSITORY / "text_classifier", repository / "text_classifier",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for path in [tmp_path, *repository.rglob("*")]:  # the container's user is uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    container = run_triton(images["cpu"], ADMIN_KEY, options=("-v", f"{repository}:/models:ro"))
+    try:
+        wait_http(f"http://127.0.0.1:{container.ports['http']}/v2/health/ready", container)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{container.ports['grpc']}")
+        index = client.get_model_repository_index(headers={"triton-grpc-protocol-tritonnx-admin-key": ADMIN_KEY})
+        assert [(m.name, m.state) for m in index.models] == [("text_classifier", "READY")]
+        inputs = demo_inputs("text_classifier", 5)
+        expected = ort.InferenceSession(str(repository / "text_classifier/1/model.onnx")).run(["logits"], inputs)[0]
+        assert_close(infer("grpc", container, "text_classifier", inputs)["logits"], expected)
+    finally:
+        container.remove()
+
+
+def test_a_dev_shm_too_small_for_the_models_is_refused_with_what_to_give(images):
+    container = run_triton(images["cpu"], ADMIN_KEY, shm="64m")
+    try:
+        deadline = time.monotonic() + 30
+        while container.running():
+            assert time.monotonic() < deadline, container.logs()[-2000:]
+            time.sleep(0.2)
+        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", container.name).stdout.strip())
+        assert code == 1
+        assert "/dev/shm has 64 MiB free" in container.logs() and "--shm-size=512m" in container.logs()
+    finally:
+        container.remove()
+
+
+def test_compose_runs_triton_and_the_facade_healthy_on_real_inference(images):
+    ports = dict(zip(["TRITONNX_TRITON_HTTP_PORT", "TRITONNX_TRITON_GRPC_PORT", "TRITONNX_TRITON_METRICS_PORT",
+                      "TRITONNX_PORT", "TRITONNX_HTTP_PORT"], map(str, free_ports(5)), strict=True))  # fmt: skip
+    env = {**os.environ, **ports, "TRITONNX_ADMIN_KEY": ADMIN_KEY}
+    compose = ["docker-compose", "-f", str(CHECKOUT / "deploy/compose.yaml"), "-p", f"tnx{uuid.uuid4().hex[:6]}"]
+    subprocess.run([*compose, "up", "-d"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            listed = subprocess.run([*compose, "ps"], env=env, capture_output=True, text=True, check=True).stdout
+            if listed.count("(healthy)") == 2:
+                break
+            assert time.monotonic() < deadline, listed
+            time.sleep(1)
+        with grpc.insecure_channel(f"127.0.0.1:{ports['TRITONNX_PORT']}") as channel:
+            reply = inference_pb2_grpc.InferenceServiceStub(channel).Predict(
+                inference_pb2.PredictRequest(data=[0.5] * 150528, shape=[1, 3, 224, 224])
+            )
+        assert list(reply.shape) == [1, 1000]
+    finally:
+        down = subprocess.run([*compose, "down", "-t", "30"], env=env, capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+
+
+def test_size_and_start_up_are_measured_and_reported(images, tmp_path):
+    from bench.images import main
+
+    assert main(["--warm-runs", "1", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["image"], r["models"]) for r in results] == [
+        ("tritonnx:cpu", "*"),
+        ("tritonnx:ngc", "*"),
+        ("tritonnx:cpu", "mobilenet_v3_small"),
+    ]
+    for r in results:
+        assert r["size_mb"] > 50 and r["ready_first_s"] > 0 and r["ready_warm_s"][0] > 0 and r["idle_pss_mib"] > 100
+    assert "| `tritonnx:cpu` |" in (tmp_path / "report.md").read_text()

@@ -1,0 +1,45 @@
+import os
+
+import pytest
+
+from backend.server.process import ServerError
+from backend.server.shm import STUB_REGION_BYTES, check_shared_memory, needed_bytes, stub_instances
+
+
+def repository(tmp_path):
+    configs = {
+        "two": 'backend: "python"\n# instance_group [ { count: 9 } ] (a comment)\ninstance_group [ { kind: KIND_CPU, count: 2 } ]\n',
+        "split": 'instance_group [ { count: 1 }, { count: 3 } ]\nparameters { key: "count: 7" }\n',
+        "default": 'backend: "python"\n',
+    }
+    for name, text in configs.items():
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    (tmp_path / "bare" / "1").mkdir(parents=True)  # no config.pbtxt: Triton infers one instance
+    return tmp_path
+
+
+def test_instances_come_from_each_instance_group(tmp_path):
+    repo = repository(tmp_path)
+    assert stub_instances(repo) == (4, 2 + 4 + 1 + 1)
+    assert needed_bytes(repo) == (8 + 4) * STUB_REGION_BYTES
+
+
+def test_a_dev_shm_too_small_refuses_to_start_with_what_to_give(tmp_path, monkeypatch):
+    repo = repository(tmp_path)
+
+    class Small:
+        f_bavail, f_frsize = 64 * 1024 * 1024 // 4096, 4096  # Docker's default 64 MB
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Small)
+    with pytest.raises(ServerError) as refused:
+        check_shared_memory(repo)
+    message = str(refused.value)
+    assert "/dev/shm has 64 MiB free" in message and "need about 192 MiB" in message
+    assert "--shm-size=512m" in message and "emptyDir with medium: Memory" in message
+
+
+def test_the_demo_repository_fits_this_machine():
+    from tests.serving import MODEL_REPOSITORY
+
+    check_shared_memory(MODEL_REPOSITORY)  # raises when it does not

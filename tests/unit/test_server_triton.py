@@ -1,0 +1,48 @@
+from pathlib import Path
+
+from backend.server.triton import Ports, TritonInstall, TritonServer
+
+
+def test_a_triton_in_the_ngc_layout_is_used_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITONNX_TRITON_HOME", str(tmp_path))
+    install = TritonInstall.find()
+    assert install.binary == tmp_path / "bin" / "tritonserver"
+    assert install.library_dir == tmp_path / "lib" and install.backends == tmp_path / "backends"
+
+
+def test_the_wheel_is_found_in_the_venv_and_its_backend_is_assembled(monkeypatch):
+    monkeypatch.delenv("TRITONNX_TRITON_HOME", raising=False)
+    install = TritonInstall.find()
+    assert install.backends is None and install.binary.is_file()
+    assert [f.name for f in install.python_backend_files] == [
+        "libtriton_python.so",
+        "triton_python_backend_utils.py",
+        "triton_python_backend_stub",
+    ]
+    assert all(f.exists() for f in install.python_backend_files)
+
+
+def test_the_command_carries_the_settings_a_deployment_gives(tmp_path):
+    server = TritonServer(
+        model_repository=tmp_path,
+        ports=Ports(1, 2, 3),
+        host="0.0.0.0",
+        log_verbose=2,
+        startup_models=(),
+        http=False,
+        admin_key="k",
+    )
+    install = TritonInstall.ngc_layout(Path("/opt/tritonserver"))
+    command = server.command(install, install.backends)
+    assert command[0] == "/opt/tritonserver/bin/tritonserver"
+    assert "--backend-directory=/opt/tritonserver/backends" in command
+    assert {
+        "--grpc-address=0.0.0.0",
+        "--grpc-port=2",
+        "--metrics-port=3",
+        "--log-verbose=2",
+        "--allow-http=false",
+        "--exit-on-error=false",
+        "--model-control-mode=explicit",
+    } <= set(command)
+    assert not any(arg.startswith("--load-model") for arg in command)
