@@ -70,9 +70,9 @@ def resolve_url(args: argparse.Namespace) -> str:
 
 
 def describe_error(exc: InferenceServerException) -> str:
-    """`<status>.
+    """The error as `<status>: <message>`.
 
-    <message>`; gRPC statuses lose their `StatusCode.` prefix so that both protocols read alike (`NOT_FOUND` / `404`).
+    gRPC statuses lose their `StatusCode.` prefix so that both protocols read alike (`NOT_FOUND` / `404`).
     """
     status = exc.status()
     message = exc.message() or str(exc)

@@ -40,10 +40,10 @@ def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[st
 
 
 def add_model(directory: Path, name: str, config: str, model_py: Path | None = None) -> Path:
-    """`directory/name` with `config` as config.pbtxt and `model_py` (default.
+    """`directory/name` with `config` as config.pbtxt and `model_py` in version 1; the version folder.
 
-    The stock one) in version 1; returns the version folder, where the caller puts `model.onnx` (and any external data
-    beside it).
+    `model_py` defaults to the stock one. The caller puts `model.onnx` in the folder returned (and any
+    external data beside it).
     """
     version = directory / name / "1"
     version.mkdir(parents=True)

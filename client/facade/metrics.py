@@ -18,6 +18,11 @@ class FacadeMetrics:
             ["model", "code"],
             registry=self.registry,
         )
+        self.retries = Counter(
+            "tritonnx_facade_triton_retries",
+            "Calls sent again to another Triton replica because theirs went away",
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "tritonnx_facade_in_flight_requests", "Requests being handled now", registry=self.registry
         )

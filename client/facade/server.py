@@ -51,10 +51,9 @@ class Facade:
     """
 
     def __init__(self, settings: FacadeSettings, gateway: TritonGateway | None = None) -> None:
-        """`gateway`.
+        """A facade with its gateway to Triton, the one given or one built from the settings.
 
-        Triton's, built from the settings when not given (tests give a stand-in with its interface). The facade owns it:
-        `stop()` closes it.
+        Tests give a stand-in with the gateway's interface. The facade owns it: `stop()` closes it.
         """
         self.settings = settings
         self.metrics = FacadeMetrics()
@@ -66,6 +65,7 @@ class Facade:
                 shm_slots=settings.shm_slots,
                 shm_slot_bytes=settings.shm_slot_bytes,
                 admin_key=settings.admin_key,
+                on_retry=self.metrics.retries.inc,
             )
         self.gateway = gateway
         self.health_servicer = HealthServicer()

@@ -40,7 +40,8 @@ _HELP = {
     "host": "address to bind the gRPC and HTTP servers to",
     "port": "gRPC port of inference.InferenceService, grpc.health.v1 and reflection",
     "http_port": "HTTP port of /metrics (Prometheus) and /health",
-    "triton_url": "Triton's KServe v2 gRPC endpoint",
+    "triton_url": "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), "
+    "or a name resolving to several (a headless Service); a call whose replica went away goes once to another",
     "default_model": "model served when a request names none",
     "max_in_flight": "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once",
     "max_message_bytes": "largest request or response message",

@@ -1,6 +1,8 @@
-"""The facade's one long-lived async gRPC channel to Triton.
+"""The facade's calls to Triton.
 
-With its model-metadata cache, and the shared-memory slots its inputs travel in (see shm.py).
+To one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
+inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a
+call whose replica went away.
 """
 
 from __future__ import annotations
@@ -8,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import grpc
-from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from backend.server.admin import GRPC_ADMIN_HEADER
 from client.facade.errors import FacadeError, Internal, NotFound, Unavailable, from_triton
+from client.facade.replicas import Replicas, channel_options
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
 
@@ -21,6 +25,9 @@ log = logging.getLogger("tritonnx.facade")
 # After a failed registration (Triton down, or on another machine), wait before asking again;
 # inputs use the socket meanwhile.
 _REGISTRATION_RETRY_SECONDS = 1.0
+# What a replica that went away answers (its connection, or it is stopping and unloading): worth
+# one more try elsewhere, once the replica confirms it is not ready.
+_GONE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
 
 def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
@@ -50,32 +57,19 @@ class TritonGateway:
         shm_slots: int = 0,
         shm_slot_bytes: int = 0,
         admin_key: str = "",
+        on_retry: Callable[[], None] = lambda: None,
     ) -> None:
         self.url = url
         # Model config, shared memory and the repository index are Triton's restricted APIs.
         self._admin = ((GRPC_ADMIN_HEADER, admin_key),) if admin_key else ()
-        self._pool = _shared_pool(shm_slots, shm_slot_bytes)
+        self._replicas = Replicas(url, channel_options(max_message_bytes))
+        # Shared memory needs Triton to map this machine's /dev/shm: one server at a fixed address.
+        self._pool = _shared_pool(shm_slots, shm_slot_bytes) if self._replicas.fixed_single else None
+        if shm_slots and not self._replicas.fixed_single:
+            log.info("inputs go over the socket: shared memory is for one Triton next to the facade, not %s", url)
         self._registered = False
         self._next_registration = 0.0
-        self._channel = grpc.aio.insecure_channel(
-            url,
-            options=[
-                ("grpc.max_send_message_length", max_message_bytes),
-                ("grpc.max_receive_message_length", max_message_bytes),
-                # Find Triton again within a fraction of a second after it restarts, instead of
-                # gRPC's default backoff of up to 2 min (a refused connect on loopback costs nothing).
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 250),
-            ],
-        )
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        # ModelInfer takes the request already serialised (InferCall.serialize).
-        self._model_infer = self._channel.unary_unary(
-            "/inference.GRPCInferenceService/ModelInfer",
-            request_serializer=None,
-            response_deserializer=service_pb2.ModelInferResponse.FromString,
-        )
+        self._on_retry = on_retry
         self._ttl = model_info_ttl
         self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}
         # The last request Triton failed on its side (a dead stub, a restart): a health signal.
@@ -87,10 +81,11 @@ class TritonGateway:
         cached = self._models.get(key)
         if cached and cached[0] > time.monotonic():
             return cached[1]
+        stub = self._replicas.pick().stub
         try:
             metadata, config = await asyncio.gather(
-                self._stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=timeout),
-                self._stub.ModelConfig(
+                stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=timeout),
+                stub.ModelConfig(
                     service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout, metadata=self._admin
                 ),
             )
@@ -110,7 +105,7 @@ class TritonGateway:
     async def _not_found_message(self, name: str, version: str) -> str:
         target = f"model '{name}'" + (f" version '{version}'" if version else "")
         try:
-            index = await self._stub.RepositoryIndex(
+            index = await self._replicas.pick().stub.RepositoryIndex(
                 service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
             )
             served = sorted({m.name for m in index.models})
@@ -127,10 +122,10 @@ class TritonGateway:
             return None
         try:
             # A region of the same name left from before a Triton restart would refuse the new one.
-            await self._stub.SystemSharedMemoryUnregister(
+            await self._replicas.pick().stub.SystemSharedMemoryUnregister(
                 service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region), timeout=2.0, metadata=self._admin
             )
-            await self._stub.SystemSharedMemoryRegister(
+            await self._replicas.pick().stub.SystemSharedMemoryRegister(
                 service_pb2.SystemSharedMemoryRegisterRequest(
                     name=pool.region, key=pool.key, offset=0, byte_size=pool.byte_size
                 ),
@@ -148,7 +143,7 @@ class TritonGateway:
     async def _region_lost(self, pool: SharedInputPool) -> bool:
         """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""
         try:
-            await self._stub.SystemSharedMemoryStatus(
+            await self._replicas.pick().stub.SystemSharedMemoryStatus(
                 service_pb2.SystemSharedMemoryStatusRequest(name=pool.region), timeout=2.0, metadata=self._admin
             )
             return False
@@ -175,7 +170,7 @@ class TritonGateway:
             body = call.header.SerializeToString()
         model, version = call.header.model_name, call.header.model_version
         try:
-            return await self._model_infer(body, timeout=timeout)
+            return await self._infer_on_replicas(body, timeout)
         except grpc.aio.AioRpcError as error:
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
             restarted = pool is not None and slot is not None and gone and await self._region_lost(pool)
@@ -203,11 +198,32 @@ class TritonGateway:
             if pool is not None and slot is not None:
                 pool.release(slot)
 
+    async def _infer_on_replicas(self, body: bytes, timeout: float | None) -> service_pb2.ModelInferResponse:
+        """ModelInfer on the next replica; once more on another if the first went away meanwhile."""
+        await self._replicas.refresh()
+        started = time.monotonic()
+        replica = self._replicas.pick()
+        try:
+            return await replica.model_infer(body, timeout=timeout)
+        except grpc.aio.AioRpcError as error:
+            if len(self._replicas) < 2 or error.code() not in _GONE_CODES or await replica.ready():
+                raise  # one server, or a replica that answered (a full queue): its answer stands
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                raise
+            replica.rest()
+            other = self._replicas.pick(avoid=replica)
+            log.warning(
+                "replica %s went away (%s); the call goes to %s", replica.address, error.code().name, other.address
+            )
+            self._on_retry()
+            return await other.model_infer(body, timeout=left)
+
     async def close(self) -> None:
         if self._pool is not None:
             if self._registered:
                 try:
-                    await self._stub.SystemSharedMemoryUnregister(
+                    await self._replicas.pick().stub.SystemSharedMemoryUnregister(
                         service_pb2.SystemSharedMemoryUnregisterRequest(name=self._pool.region),
                         timeout=2.0,
                         metadata=self._admin,
@@ -215,4 +231,4 @@ class TritonGateway:
                 except grpc.aio.AioRpcError:
                     pass  # Triton is gone, and the region with it
             self._pool.close()
-        await self._channel.close(None)
+        await self._replicas.close()

@@ -1,0 +1,126 @@
+import asyncio
+import socket
+
+import grpc
+import pytest
+
+from client.facade import replicas as replicas_module
+from client.facade.errors import Unavailable
+from client.facade.replicas import Replicas, channel_options
+from client.facade.triton import TritonGateway
+
+
+def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class FakeReplica:
+    """A replica that answers with `outcome` (a response or an error) and says whether it is ready."""
+
+    def __init__(self, address: str, outcome, ready: bool) -> None:
+        self.address, self.outcome, self._ready, self.calls = address, outcome, ready, 0
+        self.rested = 0
+
+    @property
+    def down(self) -> bool:
+        return self.rested > 0
+
+    def rest(self) -> None:
+        self.rested += 1
+
+    async def model_infer(self, body, timeout=None):
+        self.calls += 1
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+    async def ready(self) -> bool:
+        return self._ready
+
+
+def gateway_over(*fakes: FakeReplica) -> tuple[TritonGateway, list]:
+    retried = []
+    gateway = TritonGateway(",".join(f.address for f in fakes), 1 << 20, 30.0, on_retry=lambda: retried.append(1))
+    gateway._replicas._replicas = {f.address: f for f in fakes}
+    return gateway, retried
+
+
+def test_a_call_whose_replica_went_away_goes_once_to_another():
+    async def scenario():
+        gone = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Socket closed"), ready=False)
+        healthy = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        gateway, retried = gateway_over(gone, healthy)
+        answers = [await gateway._infer_on_replicas(b"", 5.0) for _ in range(4)]
+        return answers, retried, gone.calls, healthy.calls
+
+    answers, retried, gone_calls, healthy_calls = asyncio.run(scenario())
+    assert answers == ["answer"] * 4
+    # The first call finds it gone and is retried; the others skip it while it rests.
+    assert len(retried) == gone_calls == 1 and healthy_calls == 4
+
+
+def test_a_replica_that_answers_has_the_last_word():
+    # A full queue is UNAVAILABLE too, but the replica still answers ready: never sent elsewhere.
+    async def scenario():
+        full = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size"), True)
+        other = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        gateway, retried = gateway_over(full, other)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await gateway._infer_on_replicas(b"", 5.0)
+        return retried, other.calls
+
+    retried, other_calls = asyncio.run(scenario())
+    assert retried == [] and other_calls == 0
+
+
+def test_an_invalid_request_is_never_retried_and_one_server_has_no_retry():
+    async def scenario():
+        wrong = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.INVALID_ARGUMENT), ready=False)
+        other = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        gateway, retried = gateway_over(wrong, other)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await gateway._infer_on_replicas(b"", 5.0)
+        alone = FakeReplica("127.0.0.1:3", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
+        single, single_retried = gateway_over(alone)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await single._infer_on_replicas(b"", 5.0)
+        return retried, single_retried
+
+    assert asyncio.run(scenario()) == ([], [])
+
+
+def test_the_facade_maps_a_retry_that_fails_too_like_any_failure():
+    async def scenario():
+        first = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
+        second = FakeReplica("127.0.0.1:2", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
+        gateway, retried = gateway_over(first, second)
+        from tritonclient.grpc import service_pb2
+
+        from client.facade.translate import InferCall
+
+        with pytest.raises(Unavailable):
+            await gateway.infer(InferCall(service_pb2.ModelInferRequest(model_name="m"), []), 5.0)
+        return retried
+
+    assert asyncio.run(scenario()) == [1]
+
+
+def test_a_name_stands_for_every_address_it_resolves_to_and_picks_skip_replicas_down(monkeypatch):
+    def resolve(host, port, type=0):
+        assert host == "triton-headless"
+        return [(socket.AF_INET, type, 6, "", (ip, port)) for ip in ("10.0.0.2", "10.0.0.1")]
+
+    async def scenario():
+        monkeypatch.setattr(replicas_module.socket, "getaddrinfo", resolve)
+        replicas = Replicas("triton-headless:8001", channel_options(1 << 20))
+        addresses = sorted(r.address for r in replicas._replicas.values())
+        fixed = Replicas("127.0.0.1:8001", channel_options(1 << 20))
+        picks = [replicas.pick().address for _ in range(4)]
+        await replicas.close()
+        await fixed.close()
+        return addresses, replicas.fixed_single, fixed.fixed_single, picks
+
+    addresses, named_single, fixed_single, picks = asyncio.run(scenario())
+    assert addresses == ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert not named_single and fixed_single  # shared memory only for one server at a fixed address
+    assert sorted(picks) == ["10.0.0.1:8001", "10.0.0.1:8001", "10.0.0.2:8001", "10.0.0.2:8001"]
