@@ -41,7 +41,15 @@ def main(argv: list[str] | None = None) -> int:
         "Each flag's environment variable is in its help; the model repository and the build folder come from "
         "TRITONNX_MODEL_REPOSITORY and TRITONNX_BUILD_DIR, the admin key from TRITONNX_ADMIN_KEY.",
     )
-    parser.add_argument("--model-repository", type=Path, default=paths.model_repository, help="default: %(default)s")
+    # KServe's spellings (--model_dir, --http_port, --grpc_port, --model_name, --workers) are taken
+    # too: a ServingRuntime's container gets an InferenceService's `model.args` appended to its own.
+    parser.add_argument(
+        "--model-repository",
+        "--model_dir",
+        type=Path,
+        default=paths.model_repository,
+        help="default: %(default)s (--model_dir is KServe's name for it)",
+    )
     parser.add_argument(
         "--log-dir",
         default=str(paths.build),
@@ -56,12 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--http-port",
+        "--http_port",
         type=int,
         default=int(_env("TRITONNX_TRITON_HTTP_PORT", "8000")),
         help="Triton's HTTP port (env TRITONNX_TRITON_HTTP_PORT; default: %(default)s)",
     )
     parser.add_argument(
         "--grpc-port",
+        "--grpc_port",
         type=int,
         default=int(_env("TRITONNX_TRITON_GRPC_PORT", "8001")),
         help="Triton's gRPC port (env TRITONNX_TRITON_GRPC_PORT; default: %(default)s)",
@@ -96,9 +106,15 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="run the facade in front of Triton (--no-facade: tritonserver alone, as the container does); default: on",
     )
+    # Taken and ignored: Triton serves every model of the repository whatever the InferenceService
+    # is called, and the models' instance groups, not a worker count, set the parallelism.
+    parser.add_argument("--model_name", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", help=argparse.SUPPRESS)
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.model_name or args.workers:
+        logging.info("ignoring --model_name/--workers: every model of the repository is served as configured")
     to_terminal = args.log_dir == "-"
     log_dir = paths.build if to_terminal else Path(args.log_dir)
     repository = args.model_repository.resolve()

@@ -25,22 +25,13 @@ from tritonclient.utils import np_to_triton_dtype
 
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.containers.conftest import IMAGES
 from tests.containers.docker import Container, docker, run, run_triton, wait_http
 from tests.kserve import assert_close
 from tests.serving import CHECKOUT, MODEL_REPOSITORY, MODELS
 from tests.unit.test_image_requirements import pins
 
 ADMIN_KEY = "container-tests"
-IMAGES = {"cpu": "tritonnx:cpu", "ngc": "tritonnx:ngc"}
-
-
-@pytest.fixture(scope="session")
-def images() -> dict[str, str]:
-    """Both images, built (or found up to date in the layer cache), the engine started first if needed."""
-    done = subprocess.run([str(CHECKOUT / "deploy/docker/images.sh"), "all"], cwd=CHECKOUT, capture_output=True,
-                          text=True, timeout=1500, check=False)  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return IMAGES
 
 
 @pytest.fixture(scope="module", params=list(IMAGES))

@@ -1,0 +1,108 @@
+"""The pod of deploy/k8s, run by Docker as the rendered manifests say Kubernetes runs it.
+
+Both containers of the production overlay's pod, with the settings of their generated ConfigMaps,
+the pod's user and group, each container's securityContext turned into `docker run` flags, and the
+pod's two emptyDir volumes as host folders mounted into both (an emptyDir is shared by the pod's
+containers). Only the ports differ: free loopback ports instead of 8000-8002/50051/3000, since the
+containers run on the host's network.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+
+from backend.server.process import free_ports
+from client.proto import inference_pb2, inference_pb2_grpc
+from tests.containers.docker import Container, run, wait_http
+from tests.kserve import assert_close
+from tests.manifests import container, deployment_pod, environment, rendered
+from tests.serving import MODEL_REPOSITORY
+
+ADMIN_KEY = "pod-test"
+
+
+def docker_flags(pod: dict[str, Any], spec: dict[str, Any], volumes: dict[str, Path]) -> tuple[str, ...]:
+    """`docker run` flags for what the pod and container specs say about users, privileges and mounts."""
+    pod_security, security = pod["securityContext"], spec["securityContext"]
+    flags = [f"--user={pod_security['runAsUser']}:{pod_security['runAsGroup']}"]
+    flags += [f"--group-add={pod_security['fsGroup']}"]
+    if security["readOnlyRootFilesystem"]:
+        flags.append("--read-only")
+    flags += [f"--cap-drop={capability}" for capability in security["capabilities"]["drop"]]
+    if security["allowPrivilegeEscalation"] is False:
+        flags.append("--security-opt=no-new-privileges")
+    flags += [f"--volume={volumes[m['name']]}:{m['mountPath']}" for m in spec["volumeMounts"]]
+    return tuple(flags)
+
+
+def plain(env: dict[str, Any]) -> dict[str, str]:
+    """The container's variables with the Secret's value given (the test's admin key)."""
+    values = {name: value for name, value in env.items() if isinstance(value, str)}
+    values["TRITONNX_ADMIN_KEY"] = ADMIN_KEY
+    return values
+
+
+def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_between_its_containers(images, tmp_path):
+    objects = rendered("k8s/overlays/production")
+    pod = deployment_pod(objects)
+    triton_spec, facade_spec = container(pod, "triton"), container(pod, "facade")
+    assert "args" not in triton_spec and facade_spec["args"] == ["tritonnx-facade"]
+    assert {triton_spec["image"], facade_spec["image"]} == {images["cpu"]}
+
+    # The pod's emptyDirs: memory-backed for /dev/shm, a folder for /tmp; writable by the pod's user.
+    volumes = {"dshm": Path("/dev/shm") / f"tritonnx-pod-{uuid.uuid4().hex[:8]}", "tmp": tmp_path / "tmp"}
+    assert {v["name"] for v in pod["volumes"]} == set(volumes)
+    for folder in volumes.values():
+        folder.mkdir(mode=0o1777)
+        folder.chmod(0o1777)
+
+    http, grpc_port, metrics, facade_grpc, facade_http = free_ports(5)
+    triton_env = plain(environment(triton_spec, objects)) | {
+        "TRITONNX_TRITON_HOST": "127.0.0.1",
+        "TRITONNX_TRITON_HTTP_PORT": str(http),
+        "TRITONNX_TRITON_GRPC_PORT": str(grpc_port),
+        "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+    }
+    facade_env = plain(environment(facade_spec, objects)) | {
+        "TRITONNX_HOST": "127.0.0.1",
+        "TRITONNX_PORT": str(facade_grpc),
+        "TRITONNX_HTTP_PORT": str(facade_http),
+        "TRITONNX_TRITON_URL": f"127.0.0.1:{grpc_port}",
+    }
+    started: list[Container] = []
+    try:
+        triton = run(triton_spec["image"], env=triton_env, options=docker_flags(pod, triton_spec, volumes))
+        started.append(triton)
+        facade = run(facade_spec["image"], *facade_spec["args"], env=facade_env,
+                     options=docker_flags(pod, facade_spec, volumes))  # fmt: skip
+        started.append(facade)
+        # The startup and readiness probes' URL: 200 only once a real inference went through Triton.
+        wait_http(f"http://127.0.0.1:{facade_http}/health", facade, timeout=180)
+        assert triton.exec("id", "-u").strip() == "1000"
+        assert "Read-only file system" in triton.exec("sh", "-c", "touch /home/tritonnx/x 2>&1 || true")
+
+        data = np.random.default_rng(11).standard_normal((1, 3, 224, 224), dtype=np.float32)
+        with grpc.insecure_channel(f"127.0.0.1:{facade_grpc}") as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            reply = stub.Predict(inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=[1, 3, 224, 224]))
+        session = ort.InferenceSession(str(MODEL_REPOSITORY / "resnet50/1/model.onnx"),
+                                       providers=["CPUExecutionProvider"])  # fmt: skip
+        assert_close(np.array(reply.predictions, np.float32).reshape(1, 1000), session.run(None, {"input": data})[0])
+        # The facade's inputs reached Triton through the shared emptyDir, not over the socket.
+        assert "inputs go to Triton through shared memory" in facade.logs()
+        regions = [p.name for p in volumes["dshm"].iterdir()]
+        facade_regions = [name for name in regions if name.startswith("tritonnx_facade_")]
+        assert len(facade_regions) == 1 and len(regions) >= 10, regions  # + one per stub of Triton
+        # Everything the processes write went to the /tmp emptyDir (the root is read-only).
+        assert (volumes["tmp"] / "tritonnx").is_dir()
+    finally:
+        for c in reversed(started):
+            c.remove()
+        shutil.rmtree(volumes["dshm"], ignore_errors=True)
