@@ -45,5 +45,5 @@ ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
     TRITONNX_TRITON_HOST=0.0.0.0 \
     TRITONNX_HOST=0.0.0.0
 USER triton-server
-EXPOSE 8000 8001 8002 50051 3000
+EXPOSE 8000 8001 8002 8003 50051 3000
 CMD ["tritonnx-serve", "--no-facade", "--log-dir", "-"]

@@ -7,7 +7,8 @@ PYTHON_SYSTEM ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-APT_PACKAGES := libpython3.11 libb64-0d
+# The stub's libpython, perf_analyzer's libb64, Prometheus and promtool for the monitoring stack.
+APT_PACKAGES := libpython3.11 libb64-0d prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
@@ -18,21 +19,22 @@ TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
 CONFORMANCE_ARGS ?=
+MONITOR_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve monitor lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: venv proto models ## Install everything, generate the protobuf code and the models (serve and test do this first)
 
-apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64
+apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo ">> apt-get install $$missing"; \
-	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	  $(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
 venv: apt $(STAMP) ## Create .venv with the pinned Python dependencies and tritonserver 2.51
@@ -57,6 +59,9 @@ models: venv ## Generate the demo ONNX models (seeded random weights; cached aft
 
 serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000)
 	$(PY) -m client.serve
+
+monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
+	$(PY) -m client.monitor $(MONITOR_ARGS)
 
 lint: venv proto ## ruff (lint and format check) and mypy on backend/ and client/; `make format` rewrites
 	$(PY) -m ruff check backend client bench tests

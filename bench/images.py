@@ -49,7 +49,7 @@ def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: floa
 
     The container serves `models` (comma-separated; "*" for all of the image's repository).
     """
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, supervisor = free_ports(4)
     name = f"tritonnx-startup-{http}"
     env = {
         "TRITONNX_ADMIN_KEY": "startup-measurement",
@@ -57,6 +57,7 @@ def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: floa
         "TRITONNX_TRITON_HTTP_PORT": str(http),
         "TRITONNX_TRITON_GRPC_PORT": str(grpc),
         "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+        "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
         "TRITONNX_TRITON_LOAD_MODELS": models,
     }
     started = time.perf_counter()

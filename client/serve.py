@@ -1,7 +1,7 @@
 """python -m client.serve: tritonserver and the facade together, as `make serve` runs them.
 
 Starts the serving stack (backend/server/stack.py): tritonserver with the model repository on
-ports 8000-8002, a supervisor that reloads a model whose stub process died and restarts
+ports 8000-8002, a supervisor (its metrics on 8003) that reloads a model whose stub process died and restarts
 tritonserver if it exits, and the facade on 50051 (gRPC) and 3000 (HTTP), ready once a real
 inference went through. Ctrl-C or SIGTERM drains the facade first, then stops Triton.
 
@@ -83,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
         help="Triton's metrics port (env TRITONNX_TRITON_METRICS_PORT; default: %(default)s)",
     )
     parser.add_argument(
+        "--supervisor-metrics-port",
+        type=int,
+        default=int(_env("TRITONNX_SUPERVISOR_METRICS_PORT", "8003")),
+        help="the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --host; "
+        "-1 turns them off (env TRITONNX_SUPERVISOR_METRICS_PORT; default: %(default)s)",
+    )
+    parser.add_argument(
         "--log-verbose",
         type=int,
         default=int(_env("TRITONNX_TRITON_LOG_VERBOSE", "0")),
@@ -140,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         log_files=not to_terminal,
         host=args.host,
         log_verbose=args.log_verbose,
+        supervisor_metrics_port=args.supervisor_metrics_port if args.supervisor_metrics_port >= 0 else None,
     )
     triton = stack.triton
     key_place = share_admin_key(stack.admin_key, paths)
@@ -160,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
             f"ready after {time.monotonic() - started:.1f}s\n"
             f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
             f"metrics {triton.metrics_url}\n"
+            + (
+                f"  supervisor  http://{args.host}:{stack.supervisor_metrics_port}/metrics\n"
+                if stack.supervisor_metrics_port is not None
+                else ""
+            )
             + (
                 f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
                 f"{facade.http_url}/metrics  {facade.http_url}/health\n"

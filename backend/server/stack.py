@@ -32,6 +32,7 @@ class ServingStack:
     facade_args: list[str] = field(default_factory=list)
     supervised: bool = False
     supervisor_interval: float = 0.2  # seconds between its looks at the stubs
+    supervisor_metrics_port: int | None = None  # its /metrics (0: a free port); None: not served
     triton_http: bool = True
     startup_models: tuple[str, ...] = ("*",)
     all_models_ready: bool = True  # a model that failed to load fails the start (else: listed by model_states)
@@ -77,6 +78,8 @@ class ServingStack:
         self.triton.wait_ready(self.ready_timeout, all_models=self.all_models_ready)
         if self.supervisor is not None:
             self.supervisor.start()
+            if self.supervisor_metrics_port is not None:
+                self.supervisor_metrics_port = self.supervisor.metrics.serve(self.host, self.supervisor_metrics_port)
         return self.triton
 
     def start_facade(self) -> FacadeProcess:
@@ -95,6 +98,7 @@ class ServingStack:
         codes = {"facade": self.facade.stop() if self.facade is not None else None}
         if self.supervisor is not None:
             self.supervisor.stop()
+            self.supervisor.metrics.close()
         codes["tritonserver"] = self.triton.stop()
         return codes
 

@@ -35,6 +35,7 @@ import psutil
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from backend.server.metrics import SupervisorMetrics
 from backend.server.process import ServerError
 from backend.server.triton import TritonServer
 
@@ -44,6 +45,8 @@ STUB_EXECUTABLE = "triton_python_backend_stub"
 RELOAD_PARAMETER = "tritonnx.reload"
 # After a reload, how long the old generation's stubs get to stop on their own.
 RETIRE_AFTER_SECONDS = 5.0
+# How often the models' states (tritonnx_model_ready) are read from Triton's repository index.
+STATES_EVERY_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,15 @@ def reload_config(served: dict, generation: str) -> dict:
 class TritonSupervisor:
     """Watches one TritonServer (started in explicit model-control mode) from a thread and heals it."""
 
-    def __init__(self, server: TritonServer, interval: float = 0.2, ready_timeout: float = 180.0) -> None:
+    def __init__(
+        self,
+        server: TritonServer,
+        interval: float = 0.2,
+        ready_timeout: float = 180.0,
+        metrics: SupervisorMetrics | None = None,
+    ) -> None:
         self.server = server
+        self.metrics = metrics or SupervisorMetrics()
         self.interval = interval
         self.ready_timeout = ready_timeout
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
@@ -114,11 +124,13 @@ class TritonSupervisor:
         self._complete: set[str] = set()  # models seen with all their instances
         self._suspects: set[str] = set()  # short on the last look
         self._retiring: list[tuple[float, list[Stub]]] = []  # (when, stubs of a replaced generation)
+        self._states_due = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self.check_stubs()  # learn the stubs before any can die unseen
+        self.refresh_model_states()
         self._thread = threading.Thread(target=self._run, name="triton-supervisor", daemon=True)
         self._thread.start()
 
@@ -140,6 +152,8 @@ class TritonSupervisor:
                     backoff = 0.5  # a minute of serving: the next failure is not a crash loop
                 self.check_stubs()
                 self._retire_due()
+                if time.monotonic() >= self._states_due:
+                    self.refresh_model_states()
             except Exception:  # the watch must outlive any one failed attempt
                 log.exception("supervisor: healing attempt failed; trying again")
 
@@ -173,6 +187,19 @@ class TritonSupervisor:
         self._stubs = live | {p: s for p, s in self._stubs.items() if s.model in self._suspects and p not in live}
         return reloaded
 
+    def refresh_model_states(self) -> None:
+        """Set tritonnx_model_ready of every model in Triton's repository index."""
+        self._states_due = time.monotonic() + STATES_EVERY_SECONDS
+        with self._client() as client:
+            try:
+                index = client.get_model_repository_index(headers=self.server.admin_headers, as_json=True)
+            except InferenceServerException:
+                return  # stopping or restarting: the process watch deals with it
+        ready: dict[str, bool] = {}
+        for entry in index.get("models", []):
+            ready[entry["name"]] = ready.get(entry["name"], False) or entry.get("state") == "READY"
+        self.metrics.set_model_states(ready)
+
     def _client(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.server.grpc_url)
 
@@ -203,6 +230,7 @@ class TritonSupervisor:
         with self._client() as client:
             client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
         self.reloads.append((time.monotonic(), model))
+        self.metrics.model_reloads.labels(model).inc()
         log.warning("supervisor: %s reloaded in %.1fs", model, time.monotonic() - started)
 
     def _retire_due(self) -> None:
@@ -231,6 +259,7 @@ class TritonSupervisor:
     def _restart_server(self, backoff: float) -> None:
         code = self.server.process.returncode if self.server.process else None
         log.error("supervisor: tritonserver exited with code %s; restarting it in %.1fs", code, backoff)
+        self.metrics.server_restarts.inc()
         self.server.stop()  # its process group: stubs that outlived it
         self._remove_stub_regions()
         if self._stop.wait(backoff):

@@ -63,16 +63,17 @@ def run(image: str, *command: str, env: dict[str, str] | None = None, options: t
 
 def run_triton(image: str, admin_key: str, options: tuple[str, ...] = (), shm: str = "512m") -> Container:
     """The image's default command (Triton under the supervisor) on free loopback ports."""
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, supervisor = free_ports(4)
     env = {
         "TRITONNX_ADMIN_KEY": admin_key,
         "TRITONNX_TRITON_HOST": "127.0.0.1",
         "TRITONNX_TRITON_HTTP_PORT": str(http),
         "TRITONNX_TRITON_GRPC_PORT": str(grpc),
         "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+        "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
     }
     container = run(image, env=env, options=options, shm=shm)
-    container.ports = {"http": http, "grpc": grpc, "metrics": metrics}
+    container.ports = {"http": http, "grpc": grpc, "metrics": metrics, "supervisor": supervisor}
     return container
 
 

@@ -187,7 +187,8 @@ def test_a_dev_shm_too_small_for_the_models_is_refused_with_what_to_give(images)
 
 def test_compose_runs_triton_and_the_facade_healthy_on_real_inference(images):
     ports = dict(zip(["TRITONNX_TRITON_HTTP_PORT", "TRITONNX_TRITON_GRPC_PORT", "TRITONNX_TRITON_METRICS_PORT",
-                      "TRITONNX_PORT", "TRITONNX_HTTP_PORT"], map(str, free_ports(5)), strict=True))  # fmt: skip
+                      "TRITONNX_SUPERVISOR_METRICS_PORT", "TRITONNX_PORT", "TRITONNX_HTTP_PORT"],
+                     map(str, free_ports(6)), strict=True))  # fmt: skip
     env = {**os.environ, **ports, "TRITONNX_ADMIN_KEY": ADMIN_KEY}
     compose = ["docker-compose", "-f", str(CHECKOUT / "deploy/compose.yaml"), "-p", f"tnx{uuid.uuid4().hex[:6]}"]
     subprocess.run([*compose, "up", "-d"], env=env, check=True, capture_output=True, timeout=120)

@@ -63,12 +63,13 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
         folder.mkdir(mode=0o1777)
         folder.chmod(0o1777)
 
-    http, grpc_port, metrics, facade_grpc, facade_http = free_ports(5)
+    http, grpc_port, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
     triton_env = plain(environment(triton_spec, objects)) | {
         "TRITONNX_TRITON_HOST": "127.0.0.1",
         "TRITONNX_TRITON_HTTP_PORT": str(http),
         "TRITONNX_TRITON_GRPC_PORT": str(grpc_port),
         "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+        "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
     }
     facade_env = plain(environment(facade_spec, objects)) | {
         "TRITONNX_HOST": "127.0.0.1",

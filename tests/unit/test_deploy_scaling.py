@@ -44,7 +44,7 @@ def test_triton_service_exposes_triton_and_facade_metrics_named_by_protocol(over
     assert service["spec"].get("clusterIP") != "None"
     assert _selects(service["spec"]["selector"], labels)
     ports = {p["port"]: p for p in service["spec"]["ports"]}
-    assert set(ports) == {8000, 8001, 8002, 3000}
+    assert set(ports) == {8000, 8001, 8002, 8003, 3000}
     by_container = {p["containerPort"]: c for c in pod["containers"] for p in c["ports"]}
     for number, port in ports.items():
         assert port["name"].split("-")[0] in ("grpc", "http"), port["name"]
@@ -90,9 +90,9 @@ def test_production_keeps_tritons_ports_to_its_namespace():
         if not sources:
             assert ports == {50051}, "only the facade's gRPC port is open to all"
         else:
-            assert all(s.get("namespaceSelector") is None or ports <= {8002, 3000} for s in sources)
+            assert all(s.get("namespaceSelector") is None or ports <= {8002, 8003, 3000} for s in sources)
     open_ports = {p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]}
-    assert open_ports == {50051, 8000, 8001, 8002, 3000}
+    assert open_ports == {50051, 8000, 8001, 8002, 8003, 3000}
 
 
 def test_prometheus_adapter_rules_expose_per_pod_metrics_of_triton():

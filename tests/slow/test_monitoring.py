@@ -1,0 +1,199 @@
+"""The monitoring stack against a real Prometheus scraping three supervised replicas and a facade.
+
+Prometheus (Debian's package) scrapes every replica's Triton and supervisor metrics and the
+facade's, evaluates deploy/monitoring/rules.yml, and after some traffic (and a stub killed in one
+replica) every query of the Grafana dashboard returns data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+
+from backend.server.admin import new_admin_key
+from backend.server.facade import start_facade
+from backend.server.process import free_ports
+from backend.server.prometheus import PrometheusServer
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from backend.server.supervisor import live_stubs
+from client.proto import inference_pb2, inference_pb2_grpc
+from tests.serving import CHECKOUT, MODEL_REPOSITORY
+
+MONITORING = CHECKOUT / "deploy" / "monitoring"
+MODEL = "mobilenet_v3_small"
+CONFIG = (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text().replace("count: 3", "count: 1")
+# Grafana's interval variables, as Grafana would fill them for a short time range.
+GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "5s"}
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every query of every panel, Grafana's variables filled in."""
+    dashboard = json.loads((MONITORING / "grafana-dashboard.json").read_text())
+    queries = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, expr
+            queries.append((panel["title"], expr))
+    return queries
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory):
+    """Three supervised replicas (metrics on free ports), a facade over them, Prometheus over all."""
+    workdir = tmp_path_factory.mktemp("monitoring")
+    repository = link_models(workdir / "repository", {MODEL: MODEL_REPOSITORY / MODEL}, {MODEL: CONFIG})
+    key = new_admin_key()
+    stacks = [
+        ServingStack(
+            repository,
+            workdir / f"replica-{i}",
+            with_facade=False,
+            admin_key=key,
+            supervised=True,
+            supervisor_metrics_port=0,
+        )  # fmt: skip
+        for i in range(3)
+    ]
+    facade = prometheus = None
+    try:
+        for stack in stacks:
+            stack.start_triton()
+        facade = start_facade(
+            ",".join(stack.triton.grpc_url for stack in stacks),
+            key,
+            workdir / "facade.log",
+            ["--default-model", MODEL, "--health-interval", "1"],
+        )
+        prometheus = PrometheusServer(
+            workdir=workdir / "prometheus",
+            targets={
+                "triton": [stack.triton.metrics_url.removeprefix("http://").split("/")[0] for stack in stacks],
+                "facade": [facade.http_url.removeprefix("http://")],
+                "supervisor": [f"127.0.0.1:{stack.supervisor_metrics_port}" for stack in stacks],
+            },
+            rule_files=[MONITORING / "rules.yml"],
+            port=free_ports(1)[0],
+            interval="1s",
+        )
+        prometheus.start()
+        yield stacks, facade, prometheus
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        if facade is not None:
+            facade.stop()
+        for stack in stacks:
+            stack.stop()
+
+
+def traffic(facade, seconds: float) -> dict[str, int]:
+    """8 callers for `seconds` through the facade, every 10th call with a wrong shape; statuses counted."""
+    image = np.random.default_rng(0).standard_normal((1, 3, 224, 224), dtype=np.float32).tobytes()
+    deadline = time.monotonic() + seconds
+
+    def caller(index: int) -> dict[str, int]:
+        statuses: dict[str, int] = {}
+        with grpc.insecure_channel(facade.grpc_url) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            while time.monotonic() < deadline:
+                index += 8
+                shape = [1, 3, 224, 224] if index % 10 else [1, 3, 224, 223]
+                try:
+                    stub.Predict(
+                        inference_pb2.PredictRequest(raw_data=image, shape=shape, model_name=MODEL), timeout=10
+                    )
+                    code = "OK"
+                except grpc.RpcError as error:
+                    code = error.code().name
+                statuses[code] = statuses.get(code, 0) + 1
+        return statuses
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(caller, range(8)))
+    return {code: sum(r.get(code, 0) for r in results) for r in results for code in r}
+
+
+def wait_for(prometheus: PrometheusServer, promql: str, timeout: float = 30) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while not (result := prometheus.query(promql)):
+        assert time.monotonic() < deadline, f"no data for {promql} within {timeout:.0f}s"
+        time.sleep(0.5)
+    return result
+
+
+def test_every_target_is_scraped(monitored):
+    _, _, prometheus = monitored
+    deadline = time.monotonic() + 30
+    while True:  # service discovery and the first scrapes take a few seconds
+        targets = prometheus.api("targets")["activeTargets"]
+        if len(targets) == 7 and all(t["health"] == "up" for t in targets):
+            break
+        assert time.monotonic() < deadline, [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
+        time.sleep(0.5)
+    assert sorted(t["labels"]["job"] for t in targets) == ["facade"] + ["supervisor"] * 3 + ["triton"] * 3
+
+
+def test_the_rules_load_and_a_healed_stub_fires_its_alert(monitored):
+    stacks, _, prometheus = monitored
+    groups = prometheus.api("rules")["groups"]
+    assert sorted(g["name"] for g in groups) == ["tritonnx.alerts", "tritonnx.recording"]
+    assert all(rule["health"] == "ok" for g in groups for rule in g["rules"]), groups
+    victim = stacks[2]
+    (stub,) = live_stubs(victim.triton.pid).values()
+    os.kill(stub.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while not victim.supervisor.reloads:
+        assert time.monotonic() < deadline, "the supervisor did not heal the stub"
+        time.sleep(0.2)
+    instance = f"127.0.0.1:{victim.supervisor_metrics_port}"
+    deadline = time.monotonic() + 30
+    while True:
+        alerts = prometheus.api("alerts")["alerts"]
+        healed = [a for a in alerts if a["labels"]["alertname"] == "TritonnxStubHealed"]
+        if healed:
+            break
+        assert time.monotonic() < deadline, alerts
+        time.sleep(0.5)
+    assert [(a["labels"]["model"], a["labels"]["instance"], a["state"]) for a in healed] == [
+        (MODEL, instance, "firing")
+    ]
+    ready = prometheus.query(f'tritonnx_model_ready{{instance="{instance}"}}')
+    assert [float(r["value"][1]) for r in ready] == [1.0]  # the reloaded model serves again
+
+
+def test_every_dashboard_query_returns_data_after_traffic(monitored):
+    stacks, facade, prometheus = monitored
+    statuses = traffic(facade, seconds=8)
+    assert statuses.get("OK", 0) > 100 and statuses.get("INVALID_ARGUMENT", 0) > 5, statuses
+    assert set(statuses) == {"OK", "INVALID_ARGUMENT"}, statuses
+    time.sleep(3)  # two scrapes after the last call
+    empty = []
+    for title, promql in dashboard_queries():
+        result = prometheus.query(promql)
+        if not result:
+            empty.append((title, promql))
+    assert not empty, f"panels without data: {empty}"
+
+    # What the panels show matches what was done.
+    throughput = prometheus.query(dashboard_queries()[0][1])
+    assert len(throughput) == 3 and all(float(r["value"][1]) > 0 for r in throughput), throughput
+    rejected = {r["metric"]["reason"]: float(r["value"][1]) for r in prometheus.query(
+        'sum by (reason) (increase(tritonnx_facade_rejections_total{job="facade"}[1m]))')}  # fmt: skip
+    assert rejected.get("invalid_argument", 0) >= 5, rejected
+    batch = prometheus.query(
+        'sum(rate(nv_inference_count{job="triton"}[1m])) / sum(rate(nv_inference_exec_count{job="triton"}[1m]))'
+    )
+    assert float(batch[0]["value"][1]) >= 1.0
+    p99 = wait_for(prometheus, "tritonnx:facade_request_duration_seconds:p99_5m")
+    assert 0 < float(p99[0]["value"][1]) < 10
