@@ -93,8 +93,8 @@ def monitored(tmp_path_factory):
             prometheus.stop()
         if facade is not None:
             facade.stop()
-        for stack in stacks:
-            stack.stop()
+        with ThreadPoolExecutor(len(stacks)) as pool:  # each takes seconds to unload its models
+            list(pool.map(ServingStack.stop, stacks))
 
 
 def traffic(facade, seconds: float) -> dict[str, int]:

@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -102,8 +103,8 @@ def replicas(tmp_path_factory):
     finally:
         if facade is not None:
             facade.stop()
-        for stack in stacks:
-            stack.stop()
+        with ThreadPoolExecutor(len(stacks)) as pool:  # each takes seconds to unload its models
+            list(pool.map(ServingStack.stop, stacks))
 
 
 @pytest.fixture(scope="module")
