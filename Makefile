@@ -47,6 +47,9 @@ $(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt require
 	$(PY) -m pip install --quiet --no-deps -r requirements-triton.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# This checkout, editable: the Python stub finds `backend` in the venv wherever tritonserver starts.
 	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	@# perf_analyzer needs the CUDA runtime wheel's libcudart on its path (see the wrapper).
+	@if head -c 4 $(VENV)/bin/perf_analyzer | grep -q ELF; then mv $(VENV)/bin/perf_analyzer $(VENV)/bin/perf_analyzer.bin; fi
+	install -m 755 bench/perf_analyzer.sh $(VENV)/bin/perf_analyzer
 	@touch $@
 
 proto: $(PROTO_OUT) ## Generate the Python code (and its type stub) of client/proto/inference.proto (build outputs)

@@ -5,7 +5,7 @@ ports 8000-8002, a supervisor (its metrics on 8003) that reloads a model whose s
 tritonserver if it exits, and the facade on 50051 (gRPC) and 3000 (HTTP), ready once a real
 inference went through. Ctrl-C or SIGTERM drains the facade first, then stops Triton.
 
-Triton's restricted APIs (model control, configs, shared memory, statistics) need the admin key:
+Triton's restricted APIs (model control, repository index, shared memory, trace, logging) need the admin key:
 $TRITONNX_ADMIN_KEY when set, else a new random key written to <build>/admin-key (mode 600).
 Paths come from $TRITONNX_MODEL_REPOSITORY and $TRITONNX_BUILD_DIR (backend/server/paths.py).
 """

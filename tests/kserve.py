@@ -88,7 +88,7 @@ def assert_close(actual: np.ndarray, expected: np.ndarray) -> None:
 def execution_counts(
     client: grpcclient.InferenceServerClient, model: str, admin_headers: Mapping[str, str], at_least: int = 0
 ) -> tuple[int, int]:
-    """(inference_count, execution_count) of a model since the server started (statistics are restricted).
+    """(inference_count, execution_count) of a model since the server started.
 
     Triton counts a request when the model's instance releases it, which may come just after the
     answer: with `at_least`, wait (5 s at most) until that many inferences are counted.

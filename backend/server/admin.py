@@ -1,8 +1,9 @@
 """The key of Triton's administrative APIs.
 
-tritonserver's restricted-protocol options make model control, model configs, the repository
-index, shared memory, statistics, trace and logging answer only requests carrying a header with
-this key; inference, health and metadata stay open. The key is `$TRITONNX_ADMIN_KEY`, else a
+tritonserver's restricted-protocol options make model control, the repository index, shared
+memory, trace and logging answer only requests carrying a header with this key; inference,
+health, metadata, model configs and statistics stay open: they are read-only, and what
+perf_analyzer and every Triton tutorial call first. The key is `$TRITONNX_ADMIN_KEY`, else a
 random one that `make serve` writes to `<build>/admin-key`, readable by its user only, for local
 tools (perf_analyzer -H, the client scripts).
 """
@@ -17,7 +18,7 @@ from backend.server.paths import Paths
 ADMIN_HEADER = "tritonnx-admin-key"
 GRPC_ADMIN_HEADER = f"triton-grpc-protocol-{ADMIN_HEADER}"  # Triton's gRPC server adds the prefix
 ADMIN_KEY_ENV = "TRITONNX_ADMIN_KEY"
-RESTRICTED_PROTOCOLS = "model-repository,model-config,shared-memory,statistics,trace,logging"
+RESTRICTED_PROTOCOLS = "model-repository,shared-memory,trace,logging"
 
 
 def new_admin_key() -> str:

@@ -123,7 +123,7 @@ class TritonServer(ManagedProcess):
 
     @property
     def admin_headers(self) -> dict[str, str]:
-        """GRPC metadata that opens the restricted APIs: model control, config, shared memory, statistics."""
+        """GRPC metadata that opens the restricted APIs: model control, repository index, shared memory, trace, logging."""
         return {GRPC_ADMIN_HEADER: self.admin_key}
 
     @property
