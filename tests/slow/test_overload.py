@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from bench.burst import BurstResult, burst
 from bench.overload import REJECTIONS, expected_outputs, measure, path_target
 from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
 
@@ -51,3 +52,25 @@ def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton
     while facade.health()[0] != 200:
         assert time.monotonic() < deadline, facade.health()
         time.sleep(0.2)
+
+
+def test_a_burst_of_large_calls_on_one_channel_is_refused_at_once_and_the_accepted_are_right(facade):
+    """400 calls of ~600 KB at once (bench/burst.py): the facade takes its in-flight limit and refuses the rest when
+    each call starts, before its body; every accepted answer equals in-process ONNX Runtime's."""
+    model = "mobilenet_v3_small"
+    rng = np.random.default_rng(11)
+    images = [rng.standard_normal((1, 3, 224, 224), dtype=np.float32) for _ in range(3)]
+    target = path_target("facade", facade.grpc_url, model, images, expected_outputs(onnx_file(model), images))
+
+    async def bursts() -> list[BurstResult]:
+        try:
+            return [await burst(target, 400) for _ in range(2)]
+        finally:
+            await target.close()
+
+    for result in asyncio.run(bursts()):
+        print(result.summary())
+        assert set(result.statuses) == {"OK", "RESOURCE_EXHAUSTED"}, result.statuses
+        assert result.statuses["OK"] >= FACADE_MAX_IN_FLIGHT
+        assert result.wrong_outputs == 0
+    assert facade.health()[0] == 200

@@ -17,7 +17,7 @@ from tritonclient.grpc import service_pb2
 
 from client.facade.errors import NotFound, Unavailable
 from client.facade.server import Facade, StartupError
-from client.facade.service import UNEXPECTED_FAILURE
+from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
 from client.facade.settings import FacadeSettings
 from client.facade.translate import InferCall, ModelInfo, TensorInfo
 from client.proto import inference_pb2, inference_pb2_grpc
@@ -246,5 +246,63 @@ def test_a_taken_port_is_a_startup_error_that_closes_the_gateway():
                 with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{taken} for {protocol}"):
                     await Facade(settings(**ports), gateway).start()
                 assert gateway.closed
+
+    run(test)
+
+
+def test_a_call_holds_its_slot_from_its_start_so_one_over_the_limit_is_refused_before_its_body():
+    """The limit counts calls, not bodies received: calls whose bodies are still on their way hold
+    slots, and a call beyond them is told RESOURCE_EXHAUSTED without sending its body at all."""
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway, max_in_flight=2) as (facade, channel):
+            # Predict as a request stream on the client's side: the call starts, its body waits.
+            predict = channel.stream_unary(
+                f"/{SERVICE_NAME}/Predict",
+                request_serializer=inference_pb2.PredictRequest.SerializeToString,
+                response_deserializer=inference_pb2.PredictResponse.FromString,
+            )
+            bodies = [asyncio.Event() for _ in range(3)]
+            sent = [False] * 3
+
+            async def body(index: int) -> AsyncIterator[inference_pb2.PredictRequest]:
+                await bodies[index].wait()
+                sent[index] = True
+                yield request(f"r{index}", [index, 1, 1, 1])
+
+            first, second = (asyncio.ensure_future(predict(body(i))) for i in range(2))
+            await until(lambda: facade.servicer.admission.in_flight == 2)  # no body has been sent
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await predict(body(2))
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not sent[2]
+            bodies[0].set()
+            bodies[1].set()
+            assert list((await first).predictions) == [0, 2, 2, 2]
+            assert list((await second).predictions) == [2, 2, 2, 2]
+            assert facade.servicer.admission.in_flight == 0
+
+    run(test)
+
+
+def test_a_body_that_never_arrives_gives_its_slot_back():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (facade, channel):
+            facade.servicer.receive_timeout = 0.2
+            predict = channel.stream_unary(f"/{SERVICE_NAME}/Predict")
+            never = asyncio.Event()
+
+            async def stalled() -> AsyncIterator[bytes]:
+                await never.wait()
+                yield b""
+
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await predict(stalled())
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert "did not arrive within" in caught.value.details()
+            assert facade.servicer.admission.in_flight == 0
+            assert count(facade, "tritonnx_facade_rejections_total", reason="deadline_exceeded") == 1
 
     run(test)
