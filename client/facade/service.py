@@ -34,11 +34,16 @@ RECEIVE_TIMEOUT_S = 30.0
 class Admission:
     """Backpressure: at most `limit` requests in flight, the rest refused at once, never queued.
 
-    All handlers run on one event loop, so a plain counter is race-free.
+    The last quarter of the slots is kept for high-priority requests (PredictRequest.priority 1,
+    Triton's highest level): under an overload of others, they still get in. All handlers run on
+    one event loop, so a plain counter is race-free.
     """
+
+    HIGH_PRIORITY = 1
 
     def __init__(self, limit: int, retry_after_ms: int, metrics: FacadeMetrics) -> None:
         self.limit = limit
+        self.high_priority_reserve = limit // 4
         self.in_flight = 0
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self._metrics = metrics
@@ -58,6 +63,19 @@ class Admission:
         finally:
             self.in_flight -= 1
             self._metrics.in_flight.set(self.in_flight)
+
+    def check_priority(self, priority: int) -> None:
+        """Once the request is read: refuse it if it is not high priority and only reserved slots are left.
+
+        (The slot was taken at the call's start, before its priority could be known.)
+        """
+        if priority != self.HIGH_PRIORITY and self.in_flight > self.limit - self.high_priority_reserve:
+            raise Overloaded(
+                f"the server is handling {self.in_flight} requests; its last {self.high_priority_reserve} "
+                f"slots are for priority {self.HIGH_PRIORITY}: retry after the grpc-retry-pushback-ms hint "
+                f"({self._retry_hint[0][1]} ms)",
+                self._retry_hint,
+            )
 
 
 class Predictor:
@@ -155,6 +173,7 @@ class InferenceServicer:
                 decoded = await receive()
                 if isinstance(decoded, WireError):
                     raise InvalidArgument(f"malformed PredictRequest: {decoded}")
+                self.admission.check_priority(decoded.message.priority)
                 model, response = await self.predictor.predict(decoded, time_remaining())
             self.metrics.latency.labels(model).observe(time.perf_counter() - started)
             self.metrics.request_bytes.labels(model).observe(_payload_bytes(decoded))

@@ -71,6 +71,6 @@ def test_a_burst_of_large_calls_on_one_channel_is_refused_at_once_and_the_accept
     for result in asyncio.run(bursts()):
         print(result.summary())
         assert set(result.statuses) == {"OK", "RESOURCE_EXHAUSTED"}, result.statuses
-        assert result.statuses["OK"] >= FACADE_MAX_IN_FLIGHT
+        assert result.statuses["OK"] >= FACADE_MAX_IN_FLIGHT - FACADE_MAX_IN_FLIGHT // 4  # the rest: high priority
         assert result.wrong_outputs == 0
     assert facade.health()[0] == 200

@@ -306,3 +306,27 @@ def test_a_body_that_never_arrives_gives_its_slot_back():
             assert count(facade, "tritonnx_facade_rejections_total", reason="deadline_exceeded") == 1
 
     run(test)
+
+
+def test_the_last_quarter_of_the_slots_is_kept_for_high_priority_requests():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        gateway.hold = asyncio.Event()
+        async with serving(gateway, max_in_flight=4) as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            low = [asyncio.ensure_future(stub.Predict(request(f"low{i}", [i, 0, 0, 0]))) for i in range(3)]
+            await until(lambda: facade.servicer.admission.in_flight == 3)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Predict(request("low3", [3, 0, 0, 0]))  # priority 0: the model's default level
+            assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "are for priority 1" in caught.value.details()
+            high_request = request("high", [5, 0, 0, 0])
+            high_request.priority = 1
+            high = asyncio.ensure_future(stub.Predict(high_request))
+            await until(lambda: facade.servicer.admission.in_flight == 4)
+            gateway.hold.set()
+            assert list((await high).predictions) == [10, 0, 0, 0]
+            assert [list((await call).predictions)[0] for call in low] == [0, 2, 4]
+
+    run(test)
