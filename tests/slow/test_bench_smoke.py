@@ -72,3 +72,16 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
     assert "### Where the CPU goes at c=1" in report and "| facade, project load generator |" in report
     assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000
     assert (out / "mobilenet_v3_small_latency.png").stat().st_size > 1000
+
+
+def test_the_priority_benchmark_keeps_high_priority_requests_in_under_overload(tmp_path):
+    from bench.priority import main as priority_main
+
+    out = tmp_path / "priority"
+    assert priority_main(["--paths", "direct", "--seconds", "5", "--unloaded-seconds", "1", "--capacity-seconds",
+                          "2", "--out", str(out)]) == 0  # fmt: skip
+    results = {r["priorities"]: r for r in json.loads((out / "results.json").read_text())}
+    assert results[True]["wrong_outputs"] == results[False]["wrong_outputs"] == 0
+    assert results[True]["high"]["rejected_pct"] < results[True]["other"]["rejected_pct"]
+    assert results[True]["high"]["rejected_pct"] < results[False]["high"]["rejected_pct"]
+    assert "| direct | with |" in (out / "report.md").read_text()
