@@ -16,7 +16,7 @@ import grpc
 
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument, Overloaded
 from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
-from client.facade.translate import to_infer_request, to_predict_response
+from client.facade.translate import to_infer_request, to_list_models_response, to_predict_response
 from client.facade.triton import TritonGateway
 from client.facade.wire import DecodedRequest, EncodedResponse, WireError, decode_predict_request, serialize_response
 from client.proto import inference_pb2
@@ -155,6 +155,11 @@ class InferenceServicer:
                 "PredictStream": grpc.stream_stream_rpc_method_handler(
                     self.predict_stream, request_deserializer=_deserialize, response_serializer=serialize_response
                 ),
+                "ListModels": grpc.unary_unary_rpc_method_handler(
+                    self.list_models,
+                    request_deserializer=inference_pb2.ListModelsRequest.FromString,
+                    response_serializer=inference_pb2.ListModelsResponse.SerializeToString,
+                ),
             },
         )
 
@@ -225,6 +230,26 @@ class InferenceServicer:
             return await self._serve(receive, context.time_remaining)
         except FacadeError as error:
             await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata)
+
+    async def list_models(
+        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
+        gateway = self.predictor.gateway
+        try:
+            entries = await gateway.repository_index(request.ready_only, context.time_remaining())
+            infos = {}
+            for entry in entries:
+                if entry.state == "READY":
+                    infos[(entry.name, entry.version)] = await gateway.model_info(
+                        entry.name, entry.version, context.time_remaining()
+                    )
+            return to_list_models_response(entries, infos)
+        except FacadeError as error:
+            await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata)
+        except Exception:
+            log.exception("ListModels failed unexpectedly; answered INTERNAL")
+            await context.abort(grpc.StatusCode.INTERNAL, UNEXPECTED_FAILURE)
+        raise AssertionError("abort raises")  # for the type checker: every path above returns or raises
 
     async def predict_stream(
         self, requests: AsyncIterator[DecodedRequest | WireError], context: grpc.aio.ServicerContext

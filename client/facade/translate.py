@@ -284,3 +284,19 @@ def to_predict_response(
                 )
             )
     return EncodedResponse(reply, predictions)
+
+
+def to_list_models_response(
+    entries: Sequence[service_pb2.RepositoryIndexResponse.ModelIndex], infos: dict[tuple[str, str], ModelInfo]
+) -> inference_pb2.ListModelsResponse:
+    """The repository index as ListModels answers it; `infos` has the tensors of the ready versions."""
+    response = inference_pb2.ListModelsResponse()
+    for entry in sorted(entries, key=lambda e: (e.name, int(e.version) if e.version.isdigit() else -1)):
+        model = response.models.add(name=entry.name, version=entry.version, state=entry.state, reason=entry.reason)
+        info = infos.get((entry.name, entry.version))
+        if info is not None:
+            model.max_batch_size = info.max_batch_size
+            for specs, tensors in ((model.inputs, info.inputs), (model.outputs, info.outputs)):
+                for t in tensors:
+                    specs.add(name=t.name, datatype=t.datatype, shape=t.shape, optional=t.optional)
+    return response

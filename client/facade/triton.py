@@ -97,6 +97,18 @@ class TritonGateway:
         self._models[key] = (time.monotonic() + self._ttl, info)
         return info
 
+    async def repository_index(
+        self, ready_only: bool, timeout: float | None = None
+    ) -> list[service_pb2.RepositoryIndexResponse.ModelIndex]:
+        """Every model version of Triton's repository (an administrative API: sent with the key)."""
+        try:
+            index = await self._replicas.pick().stub.RepositoryIndex(
+                service_pb2.RepositoryIndexRequest(ready=ready_only), timeout=timeout, metadata=self._admin
+            )
+        except grpc.aio.AioRpcError as error:
+            raise from_triton(error, "", "") from None
+        return list(index.models)
+
     def knows(self, name: str, version: str) -> bool:
         """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
         cached = self._models.get((name, version))

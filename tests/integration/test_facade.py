@@ -22,6 +22,7 @@ from tests.kserve import assert_close, infer, reference_session
 from tests.serving import (
     CHECKOUT,
     FACADE_MAX_IN_FLIGHT,
+    MODELS,
     onnx_file,
     start_facade,
 )
@@ -387,3 +388,20 @@ def _health_code(facade) -> int | None:
         return facade.health()[0]
     except OSError:
         return None
+
+
+def test_list_models_shows_every_demo_model_as_triton_describes_it(stub, triton_client):
+    listed = stub.ListModels(inference_pb2.ListModelsRequest(), timeout=30)
+    by_name = {m.name: m for m in listed.models}
+    assert set(MODELS) <= set(by_name)
+    for name in MODELS:
+        entry = by_name[name]
+        assert (entry.version, entry.state) == ("1", "READY"), entry
+        metadata = triton_client.get_model_metadata(name)
+        assert [(t.name, t.datatype, list(t.shape)) for t in entry.inputs] == [
+            (t.name, t.datatype, list(t.shape)) for t in metadata.inputs
+        ]
+        assert [(t.name, t.datatype, list(t.shape)) for t in entry.outputs] == [
+            (t.name, t.datatype, list(t.shape)) for t in metadata.outputs
+        ]
+        assert entry.max_batch_size == triton_client.get_model_config(name).config.max_batch_size

@@ -61,6 +61,15 @@ class FakeGateway:
             model_name=DOUBLE.name, outputs=[output], raw_output_contents=[doubled.tobytes()]
         )
 
+    async def repository_index(self, ready_only: bool, timeout: float | None = None) -> list:
+        entries = [
+            service_pb2.RepositoryIndexResponse.ModelIndex(name="double", version="1", state="READY"),
+            service_pb2.RepositoryIndexResponse.ModelIndex(
+                name="broken", version="1", state="UNAVAILABLE", reason="load failed: no model.onnx"
+            ),
+        ]
+        return [e for e in entries if e.state == "READY" or not ready_only]
+
     async def close(self) -> None:
         self.closed = True
 
@@ -330,3 +339,26 @@ def test_the_last_quarter_of_the_slots_is_kept_for_high_priority_requests():
             assert [list((await call).predictions)[0] for call in low] == [0, 2, 4]
 
     run(test)
+
+
+def test_list_models_names_every_version_its_state_and_the_ready_ones_tensors():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (_, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            listed = await stub.ListModels(inference_pb2.ListModelsRequest())
+            assert [(m.name, m.version, m.state) for m in listed.models] == [
+                ("broken", "1", "UNAVAILABLE"),
+                ("double", "1", "READY"),
+            ]
+            broken, double = listed.models
+            assert broken.reason == "load failed: no model.onnx" and not broken.inputs
+            assert [(t.name, t.datatype, list(t.shape)) for t in double.inputs] == [("x", "FP32", [-1, 4])]
+            assert [(t.name, t.datatype, list(t.shape)) for t in double.outputs] == [("y", "FP32", [-1, 4])]
+            assert double.max_batch_size == 8
+            ready = await stub.ListModels(inference_pb2.ListModelsRequest(ready_only=True))
+            assert [m.name for m in ready.models] == ["double"]
+
+    run(test)
+
