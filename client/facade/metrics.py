@@ -55,5 +55,18 @@ class FacadeMetrics:
             registry=self.registry,
         )
 
+        self.cache_requests = Counter(
+            "tritonnx_facade_cache_requests",
+            "Requests to models with the result cache on, by model and result (hit, miss)",
+            ["model", "result"],
+            registry=self.registry,
+        )
+        self.cache_evictions = Counter(
+            "tritonnx_facade_cache_evictions",
+            "Cached results dropped to stay within --cache-bytes",
+            registry=self.registry,
+        )
+        self.cache_bytes = Gauge("tritonnx_facade_cache_bytes", "Bytes the result cache holds", registry=self.registry)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

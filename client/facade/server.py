@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from client.facade.auth import BearerTokenInterceptor
+from client.facade.cache import ResultCache
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
@@ -78,7 +79,15 @@ class Facade:
             self.health_servicer,
         )
         self.servicer = InferenceServicer(
-            Predictor(self.gateway, settings.default_model),
+            Predictor(
+                self.gateway,
+                settings.default_model,
+                ResultCache(
+                    frozenset(filter(None, settings.cache_models.split(","))), settings.cache_bytes, self.metrics
+                )
+                if settings.cache_models
+                else None,
+            ),
             Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),
             self.metrics,
         )

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 import grpc
 
+from client.facade.cache import ResultCache, cache_key
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument, Overloaded
 from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
 from client.facade.translate import to_infer_request, to_list_models_response, to_predict_response
@@ -81,9 +82,10 @@ class Admission:
 class Predictor:
     """One PredictRequest through Triton: model lookup, checks, translation, the call."""
 
-    def __init__(self, gateway: TritonGateway, default_model: str) -> None:
+    def __init__(self, gateway: TritonGateway, default_model: str, cache: ResultCache | None = None) -> None:
         self.gateway = gateway
         self.default_model = default_model
+        self.cache = cache
 
     def model_label(self, decoded: DecodedRequest | WireError | None) -> str:
         """The metrics label of a request: its model once Triton confirmed it serves that model."""
@@ -107,7 +109,13 @@ class Predictor:
         remaining = left()
         # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
         request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
-        response = await self.gateway.infer(request, left())
+        cache = self.cache if self.cache is not None and self.cache.enabled_for(info.name) else None
+        key = cache_key(info, request) if cache is not None else b""
+        response = cache.get(info.name, key) if cache is not None else None
+        if response is None:
+            response = await self.gateway.infer(request, left())
+            if cache is not None:
+                cache.put(key, response)
         return info.name, to_predict_response(decoded, info, response)
 
 

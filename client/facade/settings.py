@@ -34,6 +34,8 @@ class FacadeSettings:
     tls_key: str = ""
     reflection: bool = True
     log_level: str = "INFO"
+    cache_models: str = ""
+    cache_bytes: int = 64 * 1024 * 1024
 
 
 _HELP = {
@@ -60,6 +62,9 @@ _HELP = {
     "tls_key": "PEM private key of --tls-cert",
     "reflection": "serve gRPC server reflection (turn off in production: 0)",
     "log_level": "DEBUG, INFO, WARNING or ERROR",
+    "cache_models": "comma-separated models whose results the facade caches (by model, version, every input's name, "
+    "datatype, shape and bytes, and the outputs asked for); none by default",
+    "cache_bytes": "most bytes of results the cache keeps; the least recently used go first",
 }
 
 

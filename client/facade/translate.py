@@ -78,6 +78,7 @@ class ModelInfo:
     inputs: tuple[TensorInfo, ...]
     outputs: tuple[TensorInfo, ...]
     max_batch_size: int
+    versions: tuple[str, ...] = ()  # the versions Triton serves, from its metadata
 
     @classmethod
     def from_triton(
@@ -91,7 +92,12 @@ class ModelInfo:
             )
 
         return cls(
-            metadata.name, version, tensors(metadata.inputs), tensors(metadata.outputs), config.config.max_batch_size
+            metadata.name,
+            version,
+            tensors(metadata.inputs),
+            tensors(metadata.outputs),
+            config.config.max_batch_size,
+            tuple(metadata.versions),
         )
 
     def describe_inputs(self) -> str:

@@ -85,3 +85,13 @@ def test_the_priority_benchmark_keeps_high_priority_requests_in_under_overload(t
     assert results[True]["high"]["rejected_pct"] < results[True]["other"]["rejected_pct"]
     assert results[True]["high"]["rejected_pct"] < results[False]["high"]["rejected_pct"]
     assert "| direct | with |" in (out / "report.md").read_text()
+
+
+def test_the_cache_benchmark_measures_both_facades_and_the_hit_ratio(tmp_path):
+    from bench.cache import main as cache_main
+
+    out = tmp_path / "cache"
+    assert cache_main(["--seconds", "2", "--rounds", "1", "--distinct", "50", "--out", str(out)]) == 0
+    runs = {r["cache"]: r for r in json.loads((out / "results.json").read_text())}
+    assert runs[False]["hit_ratio"] == 0 and runs[True]["hit_ratio"] > 0.5
+    assert runs[True]["throughput_rps"] > 0 and runs[False]["throughput_rps"] > 0

@@ -37,6 +37,7 @@ class FakeGateway:
         self.down = False  # every call fails as when Triton is unreachable
         self.hold: asyncio.Event | None = None  # when set, inferences (not health probes) wait for it
         self.closed = False
+        self.inferences = 0  # calls that reached "Triton"
 
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         if name != DOUBLE.name:
@@ -51,6 +52,7 @@ class FakeGateway:
             raise Unavailable("model 'double' cannot take the request now: retry later")
         if self.hold is not None and call.header.id != HEALTH_PROBE_ID:
             await self.hold.wait()
+        self.inferences += 1
         if call.header.id.startswith("boom"):
             raise RuntimeError("lost the slot table in /opt/tritonnx/client/facade/secret.py")
         doubled = 2 * np.frombuffer(call.payloads[0], "<f4")
@@ -362,3 +364,25 @@ def test_list_models_names_every_version_its_state_and_the_ready_ones_tensors():
 
     run(test)
 
+
+def test_a_cached_answer_is_byte_identical_and_another_shape_of_the_same_bytes_is_not_served_from_it():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway, cache_models="double") as (facade, channel):
+            predict = channel.unary_unary(f"/{SERVICE_NAME}/Predict")  # raw bytes in and out
+            first = request("same", [1, 2, 3, 4, 5, 6, 7, 8])
+            first.shape[:] = [2, 4]
+            computed = await predict(first.SerializeToString())
+            probes = gateway.inferences
+            cached = await predict(first.SerializeToString())
+            assert cached == computed and gateway.inferences == probes  # no second call to Triton
+            other_shape = request("same", [1, 2, 3, 4, 5, 6, 7, 8])
+            other_shape.shape[:] = [1, 8]  # the same bytes: not a hit (and refused: double takes [-1, 4])
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await predict(other_shape.SerializeToString())
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="hit") == 1
+            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="miss") >= 1
+
+    run(test)
