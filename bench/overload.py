@@ -3,8 +3,8 @@
 For one path at a time (the facade's Predict, or Triton's KServe ModelInfer directly, as a
 tritonclient user sends it) and one model:
 
-1. capacity: a closed loop at 48 in flight (3 full batches; keep it within the facade's
-   --max-in-flight) for a few seconds -> requests/s;
+1. capacity: a closed loop at 48 in flight (3 full batches; keep it within the facade's share
+   for default-priority requests, 3/4 of --max-in-flight: 48 of 64) for a few seconds -> requests/s;
 2. idle memory of the servers (PSS of each process tree), after that warm-up has made them
    serve their largest batches;
 3. overload: an open loop sending `--factor` x capacity requests/s for `--seconds`, each request
