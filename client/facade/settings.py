@@ -56,7 +56,7 @@ _HELP = {
     "drain_seconds": "grace period for in-flight calls after SIGTERM",
     "auth_token": "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); "
     "prefer the environment variable, flags show in `ps`",
-    "admin_key": "key of Triton's restricted APIs (model config, shared memory, repository index), as given to "
+    "admin_key": "key of Triton's restricted APIs (shared memory, repository index, model control), as given to "
     "tritonserver's restricted-protocol option; prefer the environment variable",
     "tls_cert": "PEM certificate chain: serve gRPC over TLS (with --tls-key)",
     "tls_key": "PEM private key of --tls-cert",

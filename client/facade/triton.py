@@ -60,7 +60,7 @@ class TritonGateway:
         on_retry: Callable[[], None] = lambda: None,
     ) -> None:
         self.url = url
-        # Model config, shared memory and the repository index are Triton's restricted APIs.
+        # Shared memory and the repository index are Triton's restricted APIs (sent with the key).
         self._admin = ((GRPC_ADMIN_HEADER, admin_key),) if admin_key else ()
         self._replicas = Replicas(url, channel_options(max_message_bytes))
         # Shared memory needs Triton to map this machine's /dev/shm: one server at a fixed address.
