@@ -37,7 +37,9 @@ class FakeGateway:
         self.down = False  # every call fails as when Triton is unreachable
         self.hold: asyncio.Event | None = None  # when set, inferences (not health probes) wait for it
         self.closed = False
-        self.inferences = 0  # calls that reached "Triton"
+        # Requests that reached "Triton", health probes left out: they come every 50 ms, and a
+        # test counting calls across a cache hit would fail when one lands in between.
+        self.inferences = 0
 
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         if name != DOUBLE.name:
@@ -52,7 +54,8 @@ class FakeGateway:
             raise Unavailable("model 'double' cannot take the request now: retry later")
         if self.hold is not None and call.header.id != HEALTH_PROBE_ID:
             await self.hold.wait()
-        self.inferences += 1
+        if call.header.id != HEALTH_PROBE_ID:
+            self.inferences += 1
         if call.header.id.startswith("boom"):
             raise RuntimeError("lost the slot table in /opt/tritonnx/client/facade/secret.py")
         doubled = 2 * np.frombuffer(call.payloads[0], "<f4")
@@ -374,15 +377,38 @@ def test_a_cached_answer_is_byte_identical_and_another_shape_of_the_same_bytes_i
             first = request("same", [1, 2, 3, 4, 5, 6, 7, 8])
             first.shape[:] = [2, 4]
             computed = await predict(first.SerializeToString())
-            probes = gateway.inferences
+            calls = gateway.inferences
             cached = await predict(first.SerializeToString())
-            assert cached == computed and gateway.inferences == probes  # no second call to Triton
+            assert cached == computed and gateway.inferences == calls  # no second call to Triton
             other_shape = request("same", [1, 2, 3, 4, 5, 6, 7, 8])
             other_shape.shape[:] = [1, 8]  # the same bytes: not a hit (and refused: double takes [-1, 4])
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await predict(other_shape.SerializeToString())
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="hit") == 1
-            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="miss") >= 1
+            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="miss") == 1
+
+    run(test)
+
+
+def test_a_failed_inference_is_not_cached():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway, cache_models="double") as (facade, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            gateway.down = True
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.Predict(request("r1", [1, 2, 3, 4]))
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            gateway.down = False
+            # The same request again: Triton answers it (the failure was not kept), then the cache does.
+            for _ in range(2):
+                response = await stub.Predict(request("r1", [1, 2, 3, 4]))
+                assert list(response.predictions) == [2, 4, 6, 8]
+            cache = facade.servicer.predictor.cache
+            assert gateway.inferences == 1 and cache is not None and len(cache) == 1
+            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="miss") == 2
+            assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="hit") == 1
 
     run(test)
