@@ -96,6 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         help="tritonserver's --log-verbose level (env TRITONNX_TRITON_LOG_VERBOSE; default: %(default)s)",
     )
     parser.add_argument(
+        "--otlp-endpoint",
+        default=_env("TRITONNX_OTLP_ENDPOINT", ""),
+        help="OpenTelemetry tracing: tritonserver and the facade send spans to this OTLP/HTTP receiver "
+        "(e.g. http://127.0.0.1:4318; `python -m client.traces` is one), one trace per call from the facade "
+        "through Triton's queue and compute (env TRITONNX_OTLP_ENDPOINT; default: off)",
+    )
+    parser.add_argument(
+        "--trace-ratio",
+        type=float,
+        default=float(_env("TRITONNX_TRACE_RATIO", "0.1")),
+        help="share of the facade's calls traced, 0..1; Triton traces the requests that carry a trace context: "
+        "those calls, and direct requests sent with a traceparent (env TRITONNX_TRACE_RATIO; default: %(default)s)",
+    )
+    parser.add_argument(
         "--load-model",
         action="append",
         help="a model to load at start, repeatable; default: every model of the repository (env "
@@ -132,23 +146,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
-    stack = ServingStack(
-        repository=repository,
-        workdir=log_dir,
-        triton_ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
-        facade_ports=(50051, 3000),
-        with_facade=args.facade,
-        facade_args=args.facade_args,
-        supervised=True,
-        triton_http=args.triton_http,
-        all_models_ready=False,  # a model that failed is listed with its reason
-        startup_models=startup_models,
-        backend_dir=paths.backends,
-        log_files=not to_terminal,
-        host=args.host,
-        log_verbose=args.log_verbose,
-        supervisor_metrics_port=args.supervisor_metrics_port if args.supervisor_metrics_port >= 0 else None,
-    )
+    try:
+        stack = ServingStack(
+            repository=repository,
+            workdir=log_dir,
+            triton_ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
+            facade_ports=(50051, 3000),
+            with_facade=args.facade,
+            facade_args=args.facade_args,
+            supervised=True,
+            triton_http=args.triton_http,
+            all_models_ready=False,  # a model that failed is listed with its reason
+            startup_models=startup_models,
+            backend_dir=paths.backends,
+            log_files=not to_terminal,
+            host=args.host,
+            log_verbose=args.log_verbose,
+            supervisor_metrics_port=args.supervisor_metrics_port if args.supervisor_metrics_port >= 0 else None,
+            otlp_endpoint=args.otlp_endpoint,
+            trace_ratio=args.trace_ratio,
+        )
+    except ValueError as error:  # a tracing endpoint or ratio out of range
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     triton = stack.triton
     key_place = share_admin_key(stack.admin_key, paths)
     stop = StopRequest()
@@ -177,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
                 f"{facade.http_url}/metrics  {facade.http_url}/health\n"
                 if facade
+                else ""
+            )
+            + (
+                f"  tracing  {args.trace_ratio:.0%} of calls, OpenTelemetry (OTLP/HTTP) to {args.otlp_endpoint}\n"
+                if args.otlp_endpoint
                 else ""
             )
             + f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key in {key_place}\n"

@@ -19,6 +19,7 @@ from backend.server.admin import new_admin_key
 from backend.server.facade import FacadeProcess, start_facade
 from backend.server.process import free_ports
 from backend.server.supervisor import TritonSupervisor
+from backend.server.tracing import check_ratio, triton_trace_args
 from backend.server.triton import Ports, TritonServer
 
 
@@ -45,12 +46,24 @@ class ServingStack:
     log_files: bool = True  # False: the servers write to this process's stdout and stderr (a container's log)
     host: str = "127.0.0.1"  # where Triton listens (0.0.0.0 in a container, for port mappings)
     log_verbose: int = 0
+    otlp_endpoint: str = ""  # OpenTelemetry tracing of Triton and the facade to this OTLP/HTTP receiver; "": off
+    trace_ratio: float = 0.1  # share of the facade's calls traced (Triton traces those; backend/server/tracing.py)
     triton: TritonServer = field(init=False)
     supervisor: TritonSupervisor | None = field(init=False, default=None)
     facade: FacadeProcess | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.otlp_endpoint:
+            check_ratio(self.trace_ratio)
+            self.triton_args = [*self.triton_args, *triton_trace_args(self.otlp_endpoint)]
+            self.facade_args = [
+                "--otlp-endpoint",
+                self.otlp_endpoint,
+                "--trace-ratio",
+                str(self.trace_ratio),
+                *self.facade_args,
+            ]
         self.triton = TritonServer(
             model_repository=self.repository,
             ports=self.triton_ports or Ports(*free_ports(3)),

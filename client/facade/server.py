@@ -22,6 +22,7 @@ from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
 from client.facade.settings import FacadeSettings
+from client.facade.tracing import Tracing
 from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
@@ -58,6 +59,10 @@ class Facade:
         """
         self.settings = settings
         self.metrics = FacadeMetrics()
+        try:
+            self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio)
+        except ValueError as error:
+            raise StartupError(f"tracing: {error}") from None
         if gateway is None:
             gateway = TritonGateway(
                 settings.triton_url,
@@ -90,6 +95,7 @@ class Facade:
             ),
             Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),
             self.metrics,
+            tracing=self.tracing,
         )
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -191,6 +197,8 @@ class Facade:
         if self._http:
             await self._http.cleanup()
         await self.gateway.close()
+        # Last: the drained calls' spans are sent too (a blocking post of at most the exporter's timeout).
+        await asyncio.to_thread(self.tracing.shutdown)
 
 
 async def run_until_signalled(settings: FacadeSettings) -> None:

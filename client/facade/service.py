@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
@@ -17,6 +17,7 @@ import grpc
 from client.facade.cache import ResultCache, cache_key
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument, Overloaded
 from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
+from client.facade.tracing import NOT_TRACED, CallTrace, Tracing
 from client.facade.translate import to_infer_request, to_list_models_response, to_predict_response
 from client.facade.triton import TritonGateway
 from client.facade.wire import DecodedRequest, EncodedResponse, WireError, decode_predict_request, serialize_response
@@ -49,8 +50,8 @@ class Admission:
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self._metrics = metrics
 
-    @contextmanager
-    def slot(self):
+    def acquire(self) -> None:
+        """Take a slot, or raise Overloaded; every acquire that returns is paired with one release."""
         if self.in_flight >= self.limit:
             raise Overloaded(
                 f"the server is handling its limit of {self.limit} requests: retry after the "
@@ -59,11 +60,18 @@ class Admission:
             )
         self.in_flight += 1
         self._metrics.in_flight.set(self.in_flight)
+
+    def release(self) -> None:
+        self.in_flight -= 1
+        self._metrics.in_flight.set(self.in_flight)
+
+    @contextmanager
+    def slot(self) -> Iterator[None]:
+        self.acquire()
         try:
             yield
         finally:
-            self.in_flight -= 1
-            self._metrics.in_flight.set(self.in_flight)
+            self.release()
 
     def check_priority(self, priority: int) -> None:
         """Once the request is read: refuse it if it is not high priority and only reserved slots are left.
@@ -94,7 +102,9 @@ class Predictor:
         name = decoded.message.model_name or self.default_model
         return name if self.gateway.knows(name, decoded.message.model_version) else UNRESOLVED_MODEL
 
-    async def predict(self, decoded: DecodedRequest, time_remaining: float | None) -> tuple[str, EncodedResponse]:
+    async def predict(
+        self, decoded: DecodedRequest, time_remaining: float | None, trace: CallTrace = NOT_TRACED
+    ) -> tuple[str, EncodedResponse]:
         """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
         message = decoded.message
         deadline = None if time_remaining is None else time.monotonic() + time_remaining
@@ -105,18 +115,27 @@ class Predictor:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        info = await self.gateway.model_info(message.model_name or self.default_model, message.model_version, left())
-        remaining = left()
-        # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
-        request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
-        cache = self.cache if self.cache is not None and self.cache.enabled_for(info.name) else None
-        key = cache_key(info, request) if cache is not None else b""
-        response = cache.get(info.name, key) if cache is not None else None
+        with trace.span("decode"):
+            info = await self.gateway.model_info(
+                message.model_name or self.default_model, message.model_version, left()
+            )
+            remaining = left()
+            # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
+            request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
+            cache = self.cache if self.cache is not None and self.cache.enabled_for(info.name) else None
+            key = cache_key(info, request) if cache is not None else b""
+            response = cache.get(info.name, key) if cache is not None else None
+        trace.set("tritonnx.model", info.name)
+        if cache is not None:
+            trace.set("tritonnx.cache_hit", response is not None)
         if response is None:
-            response = await self.gateway.infer(request, left())
+            with trace.span("ModelInfer", client=True) as span:
+                response = await self.gateway.infer(request, left(), trace.propagation(span))
             if cache is not None:
                 cache.put(key, response)
-        return info.name, to_predict_response(decoded, info, response)
+        trace.set("tritonnx.model_version", response.model_version)
+        with trace.span("encode"):
+            return info.name, to_predict_response(decoded, info, response)
 
 
 def _payload_bytes(decoded: DecodedRequest) -> int:
@@ -145,11 +164,13 @@ class InferenceServicer:
         admission: Admission,
         metrics: FacadeMetrics,
         receive_timeout: float = RECEIVE_TIMEOUT_S,
+        tracing: Tracing | None = None,
     ) -> None:
         self.predictor = predictor
         self.admission = admission
         self.metrics = metrics
         self.receive_timeout = receive_timeout
+        self.tracing = tracing or Tracing("", 0.0)
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler(
@@ -172,22 +193,32 @@ class InferenceServicer:
         )
 
     async def _serve(
-        self, receive: Callable[[], Awaitable[DecodedRequest | WireError]], time_remaining: Callable[[], float | None]
+        self,
+        receive: Callable[[], Awaitable[DecodedRequest | WireError]],
+        time_remaining: Callable[[], float | None],
+        trace: CallTrace,
     ) -> EncodedResponse:
         """One request, measured from its arrival; `receive` gives the request once a slot is taken.
 
         The error boundary of Predict and PredictStream. Every failure comes out as a FacadeError, except cancellation,
-        which propagates.
+        which propagates. The call's trace ends here, with its status.
         """
         started = time.perf_counter()
         decoded: DecodedRequest | WireError | None = None
         try:
-            with self.admission.slot():
-                decoded = await receive()
+            with trace.span("admission"):
+                self.admission.acquire()
+            try:
+                with trace.span("receive"):
+                    decoded = await receive()
                 if isinstance(decoded, WireError):
                     raise InvalidArgument(f"malformed PredictRequest: {decoded}")
+                if decoded.message.request_id:
+                    trace.set("tritonnx.request_id", decoded.message.request_id)
                 self.admission.check_priority(decoded.message.priority)
-                model, response = await self.predictor.predict(decoded, time_remaining())
+                model, response = await self.predictor.predict(decoded, time_remaining(), trace)
+            finally:
+                self.admission.release()
             self.metrics.latency.labels(model).observe(time.perf_counter() - started)
             self.metrics.request_bytes.labels(model).observe(_payload_bytes(decoded))
             outputs = response.message.outputs
@@ -197,12 +228,15 @@ class InferenceServicer:
             )
             # Counted last: a request is OK or failed, never both.
             self.metrics.requests.labels(model, grpc.StatusCode.OK.name).inc()
+            trace.end(grpc.StatusCode.OK)
             return response
         except FacadeError as error:
             self._count_failure(decoded, error)
+            trace.end(error.code, error.message)
             raise
         except asyncio.CancelledError:
             self.metrics.requests.labels(self.predictor.model_label(decoded), grpc.StatusCode.CANCELLED.name).inc()
+            trace.end(grpc.StatusCode.CANCELLED)
             raise
         except Exception as error:
             # Left to gRPC, a bug would reach the caller as UNKNOWN with its class name, uncounted;
@@ -210,6 +244,7 @@ class InferenceServicer:
             log.exception("a request failed unexpectedly; answered INTERNAL")
             failure = Internal(UNEXPECTED_FAILURE)
             self._count_failure(decoded, failure)
+            trace.end(failure.code, failure.message)
             raise failure from error
 
     def _count_failure(self, decoded: DecodedRequest | WireError | None, error: FacadeError) -> None:
@@ -234,8 +269,9 @@ class InferenceServicer:
                 return message
             return WireError("the call carried no PredictRequest")  # gRPC's EOF: the stream ended first
 
+        trace = self.tracing.call("Predict", context.invocation_metadata())
         try:
-            return await self._serve(receive, context.time_remaining)
+            return await self._serve(receive, context.time_remaining, trace)
         except FacadeError as error:
             await context.abort(error.code, error.message, trailing_metadata=error.trailing_metadata)
 
@@ -265,11 +301,13 @@ class InferenceServicer:
         """Serve every request of the stream concurrently; answer each as soon as it is done."""
         done: asyncio.Queue[EncodedResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
+        metadata = context.invocation_metadata()
 
         async def serve_one(decoded: DecodedRequest | WireError) -> None:
             request_id = "" if isinstance(decoded, WireError) else decoded.message.request_id
+            trace = self.tracing.call("PredictStream", metadata)  # one trace per request of the stream
             try:
-                done.put_nowait(await self._serve(lambda: _ready(decoded), context.time_remaining))
+                done.put_nowait(await self._serve(lambda: _ready(decoded), context.time_remaining, trace))
             except FacadeError as error:
                 failed = inference_pb2.PredictResponse(
                     request_id=request_id, error=inference_pb2.Error(code=error.code.value[0], message=error.message)

@@ -36,6 +36,8 @@ class FacadeSettings:
     log_level: str = "INFO"
     cache_models: str = ""
     cache_bytes: int = 64 * 1024 * 1024
+    otlp_endpoint: str = ""
+    trace_ratio: float = 0.1
 
 
 _HELP = {
@@ -65,6 +67,11 @@ _HELP = {
     "cache_models": "comma-separated models whose results the facade caches (by model, version, every input's name, "
     "datatype, shape and bytes, and the outputs asked for); none by default",
     "cache_bytes": "most bytes of results the cache keeps; the least recently used go first",
+    "otlp_endpoint": "OpenTelemetry tracing: base URL of an OTLP/HTTP receiver (e.g. http://127.0.0.1:4318; spans go "
+    "to <url>/v1/traces, JSON-encoded) and each traced call's context goes to Triton as traceparent; empty: tracing "
+    "off. OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_BSP_* apply",
+    "trace_ratio": "share of calls traced (0..1) when tracing is on; a call whose traceparent is sampled is always "
+    "traced, one whose traceparent is not sampled never",
 }
 
 

@@ -163,7 +163,10 @@ class TritonGateway:
             self._registered = False
             return True
 
-    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
+    async def infer(
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
+        """ModelInfer; `metadata` goes along (a trace's traceparent)."""
         slot = None
         # An empty tensor goes in the message: Triton takes no zero-byte shared-memory input.
         pool = await self._shared_pool() if all(call.payloads) else None
@@ -182,7 +185,7 @@ class TritonGateway:
             body = call.header.SerializeToString()
         model, version = call.header.model_name, call.header.model_version
         try:
-            return await self._infer_on_replicas(body, timeout)
+            return await self._infer_on_replicas(body, timeout, metadata)
         except grpc.aio.AioRpcError as error:
             gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
             restarted = pool is not None and slot is not None and gone and await self._region_lost(pool)
@@ -210,13 +213,15 @@ class TritonGateway:
             if pool is not None and slot is not None:
                 pool.release(slot)
 
-    async def _infer_on_replicas(self, body: bytes, timeout: float | None) -> service_pb2.ModelInferResponse:
+    async def _infer_on_replicas(
+        self, body: bytes, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
         """ModelInfer on the next replica; once more on another if the first went away meanwhile."""
         await self._replicas.refresh()
         started = time.monotonic()
         replica = self._replicas.pick()
         try:
-            return await replica.model_infer(body, timeout=timeout)
+            return await replica.model_infer(body, timeout=timeout, metadata=metadata or None)
         except grpc.aio.AioRpcError as error:
             if len(self._replicas) < 2 or error.code() not in _GONE_CODES or await replica.ready():
                 raise  # one server, or a replica that answered (a full queue): its answer stands
@@ -229,7 +234,7 @@ class TritonGateway:
                 "replica %s went away (%s); the call goes to %s", replica.address, error.code().name, other.address
             )
             self._on_retry()
-            return await other.model_infer(body, timeout=left)
+            return await other.model_infer(body, timeout=left, metadata=metadata or None)
 
     async def close(self) -> None:
         if self._pool is not None:

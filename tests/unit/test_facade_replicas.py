@@ -20,6 +20,7 @@ class FakeReplica:
     def __init__(self, address: str, outcome, ready: bool) -> None:
         self.address, self.outcome, self._ready, self.calls = address, outcome, ready, 0
         self.rested = 0
+        self.metadata = []
 
     @property
     def down(self) -> bool:
@@ -28,8 +29,9 @@ class FakeReplica:
     def rest(self) -> None:
         self.rested += 1
 
-    async def model_infer(self, body, timeout=None):
+    async def model_infer(self, body, timeout=None, metadata=None):
         self.calls += 1
+        self.metadata.append(metadata)
         if isinstance(self.outcome, Exception):
             raise self.outcome
         return self.outcome
@@ -50,7 +52,10 @@ def test_a_call_whose_replica_went_away_goes_once_to_another():
         gone = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Socket closed"), ready=False)
         healthy = FakeReplica("127.0.0.1:2", "answer", ready=True)
         gateway, retried = gateway_over(gone, healthy)
-        answers = [await gateway._infer_on_replicas(b"", 5.0) for _ in range(4)]
+        traceparent = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
+        answers = [await gateway._infer_on_replicas(b"", 5.0, traceparent) for _ in range(4)]
+        # The call sent again carries the caller's trace context too.
+        assert gone.metadata == [traceparent] and healthy.metadata == [traceparent] * 4
         return answers, retried, gone.calls, healthy.calls
 
     answers, retried, gone_calls, healthy_calls = asyncio.run(scenario())

@@ -40,6 +40,7 @@ class FakeGateway:
         # Requests that reached "Triton", health probes left out: they come every 50 ms, and a
         # test counting calls across a cache hit would fail when one lands in between.
         self.inferences = 0
+        self.metadata: list[tuple[tuple[str, str], ...]] = []  # each inference's gRPC metadata (a traceparent)
 
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         if name != DOUBLE.name:
@@ -49,13 +50,16 @@ class FakeGateway:
     def knows(self, name: str, version: str) -> bool:
         return name == DOUBLE.name
 
-    async def infer(self, call: InferCall, timeout: float | None) -> service_pb2.ModelInferResponse:
+    async def infer(
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
         if self.down:
             raise Unavailable("model 'double' cannot take the request now: retry later")
         if self.hold is not None and call.header.id != HEALTH_PROBE_ID:
             await self.hold.wait()
         if call.header.id != HEALTH_PROBE_ID:
             self.inferences += 1
+            self.metadata.append(metadata)
         if call.header.id.startswith("boom"):
             raise RuntimeError("lost the slot table in /opt/tritonnx/client/facade/secret.py")
         doubled = 2 * np.frombuffer(call.payloads[0], "<f4")

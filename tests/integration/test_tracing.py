@@ -1,0 +1,141 @@
+"""One trace from the caller to ONNX Runtime: the real tritonserver and facade, both exporting
+OpenTelemetry spans over OTLP/HTTP to a receiver this test starts, which joins them by trace id."""
+
+from __future__ import annotations
+
+import secrets
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from client.proto import inference_pb2, inference_pb2_grpc
+from client.traces import OtlpReceiver, ReceivedSpan
+from tests.kserve import assert_close, make_inputs, reference_session
+from tests.serving import MODEL_REPOSITORY, onnx_file
+
+MODEL = "mobilenet_v3_small"
+RATIO = 0.25
+FACADE_CHILDREN = ("admission", "receive", "decode", "ModelInfer", "encode")
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    with OtlpReceiver() as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def stack(receiver, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("tracing")
+    repository = link_models(workdir / "repository", {MODEL: MODEL_REPOSITORY / MODEL})
+    with pytest.MonkeyPatch.context() as patch:
+        # Both exporters (the facade's Python SDK, tritonserver's C++ one) send within 100 ms.
+        patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        with ServingStack(
+            repository,
+            workdir,
+            facade_args=["--default-model", MODEL],
+            otlp_endpoint=receiver.endpoint,
+            trace_ratio=RATIO,
+        ) as serving:
+            yield serving
+
+
+@pytest.fixture(scope="module")
+def stub(stack):
+    with grpc.insecure_channel(stack.facade.grpc_url) as channel:
+        yield inference_pb2_grpc.InferenceServiceStub(channel)
+
+
+def traceparent() -> tuple[str, str, str]:
+    """A caller's new sampled context: (trace id, span id, header value)."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+def image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 3, 224, 224), dtype=np.float32)
+
+
+def predict(stub, seed: int, metadata: tuple = ()) -> np.ndarray:
+    x = image(seed)
+    response = stub.Predict(inference_pb2.PredictRequest(raw_data=x.tobytes(), shape=x.shape), metadata=metadata)
+    return np.frombuffer(response.outputs[0].raw_data, "<f4").reshape(response.outputs[0].shape)
+
+
+def complete(trace_id: str):
+    """Whether a facade call's trace holds tritonserver's compute span too (its deepest)."""
+    return lambda spans: any(s.trace_id == trace_id and s.name == "compute" for s in spans)
+
+
+def only(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.service == service and s.name == name]
+    assert len(found) == 1, f"{service}/{name}: {len(found)} spans"
+    return found[0]
+
+
+def test_one_trace_runs_from_the_caller_through_the_facade_into_tritons_queue_and_compute(stack, stub, receiver):
+    trace_id, caller_span, header = traceparent()
+    served = predict(stub, 1, (("traceparent", header),))
+    assert_close(served, reference_session(onnx_file(MODEL)).run(None, {"input": image(1)})[0])
+
+    spans = [s for s in receiver.wait_for(complete(trace_id), 30) if s.trace_id == trace_id]
+    root = only(spans, "tritonnx-facade", "inference.InferenceService/Predict")
+    assert root.parent_id == caller_span and root.kind == "SERVER"
+    assert root.attributes["tritonnx.model"] == MODEL and root.attributes["tritonnx.model_version"] == "1"
+    for name in FACADE_CHILDREN:
+        assert only(spans, "tritonnx-facade", name).parent_id == root.span_id
+    model_infer = only(spans, "tritonnx-facade", "ModelInfer")
+
+    # tritonserver's spans hang under the facade's call to it: request -> model (its queue) -> compute.
+    request = only(spans, "tritonserver", "InferRequest")
+    model = only(spans, "tritonserver", MODEL)
+    compute = only(spans, "tritonserver", "compute")
+    assert request.parent_id == model_infer.span_id
+    assert model.parent_id == request.span_id and compute.parent_id == model.span_id
+    assert {"REQUEST_START", "QUEUE_START", "REQUEST_END"} <= set(model.events)
+    assert {"COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"} <= set(compute.events)
+    assert model.attributes["triton.model_name"] == MODEL
+    # One clock on one machine: Triton's compute lies within the facade's call to Triton.
+    assert model_infer.start_ns <= compute.start_ns <= compute.end_ns <= model_infer.end_ns
+    assert len(spans) == 1 + len(FACADE_CHILDREN) + 3
+
+
+def test_the_ratio_samples_the_facades_calls_and_triton_traces_exactly_those(stack, stub, receiver):
+    before = {s.trace_id for s in receiver.spans()}
+    calls = 80
+    for seed in range(calls):
+        predict(stub, seed)
+    # A last, sampled call: each exporter sends in order, so once its spans are in, the others' are.
+    last, _, header = traceparent()
+    predict(stub, 0, (("traceparent", header),))
+    spans = [s for s in receiver.wait_for(complete(last), 30) if s.trace_id not in before and s.trace_id != last]
+
+    facade_traces = {s.trace_id for s in spans if s.service == "tritonnx-facade"}
+    triton_traces = {s.trace_id for s in spans if s.service == "tritonserver"}
+    # Binomial(80, 0.25): 20 +- 4; outside 5..40 is a sampler that ignores the ratio.
+    assert 5 <= len(facade_traces) <= 40
+    # Triton traced the sampled calls and no other: no trace lacks its start, none is cut short.
+    assert triton_traces == facade_traces
+    calls_to_triton = {s.span_id for s in spans if s.name == "ModelInfer"}
+    assert {s.parent_id for s in spans if s.name == "InferRequest"} == calls_to_triton
+
+
+def test_a_direct_request_is_traced_when_it_carries_a_context_and_only_then(stack, receiver):
+    before = {s.trace_id for s in receiver.spans()}
+    x = image(7)
+    trace_id, caller_span, header = traceparent()
+    with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        untraced = client.infer(MODEL, make_inputs({"input": x}), request_id="no-context")
+        traced = client.infer(MODEL, make_inputs({"input": x}), headers={"traceparent": header})
+    assert_close(traced.as_numpy("output"), untraced.as_numpy("output"))
+
+    spans = receiver.wait_for(complete(trace_id), 30)
+    ours = [s for s in spans if s.trace_id == trace_id]
+    assert only(ours, "tritonserver", "InferRequest").parent_id == caller_span
+    # The request without a context, sent first, left no trace (Triton runs with rate=0).
+    assert {s.trace_id for s in spans} - before == {trace_id}
