@@ -95,3 +95,14 @@ def test_the_cache_benchmark_measures_both_facades_and_the_hit_ratio(tmp_path):
     runs = {r["cache"]: r for r in json.loads((out / "results.json").read_text())}
     assert runs[False]["hit_ratio"] == 0 and runs[True]["hit_ratio"] > 0.5
     assert runs[True]["throughput_rps"] > 0 and runs[False]["throughput_rps"] > 0
+
+
+def test_the_tracing_benchmark_runs_with_tracing_off_and_on_and_sees_joined_traces(tmp_path):
+    from bench.tracing import main as tracing_main
+
+    out = tmp_path / "tracing"
+    assert tracing_main(["--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--out", str(out)]) == 0
+    runs = {r["tracing"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert runs[False]["traces"] == 0 and runs[True]["traces"] > 0
+    assert runs[True]["throughput_rps"] > 0 and runs[False]["throughput_rps"] > 0
+    assert "| 1 | on |" in (out / "report.md").read_text()
