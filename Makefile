@@ -20,10 +20,11 @@ SOAK_ARGS ?=
 CHAOS_ARGS ?=
 CONFORMANCE_ARGS ?=
 MONITOR_ARGS ?=
+SERVE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve monitor lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,8 +61,11 @@ $(PROTO_OUT) &: client/proto/inference.proto $(STAMP)
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
 	$(PY) -m backend.demo_models --repository model_repository $(MODELS)
 
-serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000)
-	$(PY) -m client.serve
+serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000) (SERVE_ARGS=...)
+	$(PY) -m client.serve $(SERVE_ARGS)
+
+traces: venv ## Print OpenTelemetry traces received on 127.0.0.1:4318 (beside make serve SERVE_ARGS="--otlp-endpoint http://127.0.0.1:4318")
+	$(PY) -m client.traces
 
 monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
 	$(PY) -m client.monitor $(MONITOR_ARGS)
