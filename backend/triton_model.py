@@ -83,3 +83,38 @@ class OnnxRuntimeModel:
     def finalize(self) -> None:
         pb_utils.Logger.log_info(f"{self.runner.signature.name}: releasing the ONNX Runtime session")
         del self.runner
+
+
+class ImagePreprocessModel:
+    """Image files (JPEG, PNG) to a classifier's input tensor; the first step of the image ensembles.
+
+    Its input and output come from backend.image_preprocess (UINT8 [-1] bytes in, FP32 [3, 224, 224]
+    out); `config.pbtxt` holds the policy. Each request is decoded on its own: a file that cannot be
+    decoded fails its request, with the reason, and only it.
+    """
+
+    @classmethod
+    def auto_complete_config(cls, auto_complete_model_config):
+        from backend.image_preprocess import CROP, INPUT_NAME, OUTPUT_NAME
+
+        auto_complete_model_config.add_input({"name": INPUT_NAME, "data_type": "TYPE_UINT8", "dims": [-1]})
+        auto_complete_model_config.add_output({"name": OUTPUT_NAME, "data_type": "TYPE_FP32", "dims": [3, CROP, CROP]})
+        return auto_complete_model_config
+
+    def initialize(self, args: dict) -> None:
+        # Pillow is loaded by the instances only, not by the auto-complete stub.
+        from backend.image_preprocess import INPUT_NAME, OUTPUT_NAME, preprocess_requests
+
+        self._input, self._output, self._preprocess = INPUT_NAME, OUTPUT_NAME, preprocess_requests
+        pb_utils.Logger.log_info(
+            f"{json.loads(args['model_config'])['name']} instance {args['model_instance_name']} ready"
+        )
+
+    def execute(self, requests: list) -> list:
+        images = [pb_utils.get_input_tensor_by_name(request, self._input).as_numpy() for request in requests]
+        return [
+            pb_utils.InferenceResponse(output_tensors=[], error=_triton_error(result))
+            if isinstance(result, RequestError)
+            else pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self._output, result)])
+            for result in self._preprocess(images)
+        ]

@@ -12,6 +12,10 @@ from backend.server.triton import TritonServer
 CHECKOUT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = CHECKOUT / "model_repository"
 MODELS = ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier")
+# The image pipeline: its pre-processing model and one ensemble per image classifier.
+IMAGE_CLASSIFIERS = ("resnet50", "mobilenet_v3_small")
+IMAGE_PIPELINES = ("image_preprocess", *(f"{model}_image" for model in IMAGE_CLASSIFIERS))
+SERVED_MODELS = MODELS + IMAGE_PIPELINES  # every model of the repository: the ONNX ones, then the pipeline's
 
 # The facade under test: a small in-flight cap and message limit make backpressure and size
 # limits testable with a few requests.

@@ -18,24 +18,28 @@ from backend.server.process import ServerError
 STUB_REGION_BYTES = 16 * 1024 * 1024  # tritonserver's --backend-config=python,shm-default-byte-size
 LOADS_AT_ONCE = 4  # tritonserver loads up to 4 models in parallel, each with an auto-complete stub
 _COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
+# An ensemble runs in tritonserver itself: no stub, no region, not even to load.
+_ENSEMBLE = re.compile(r'^\s*platform\s*:\s*"ensemble"', re.MULTILINE)
 _MIB = 1024 * 1024
 
 
 def stub_instances(repository: Path, names: tuple[str, ...] = ("*",)) -> tuple[int, int]:
     """(models, Python stub instances) of the models `names` ("*": all) of a model repository.
 
-    The instances come from each config.pbtxt's instance_group.
+    The instances come from each config.pbtxt's instance_group; ensembles have none and are not counted.
     """
     models = instances = 0
     for model in sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if "*" not in names and model.name not in names:
             continue
-        models += 1
         try:
             text = (model / "config.pbtxt").read_text()
         except OSError:
             text = ""  # no config.pbtxt: Triton's default, one instance
         text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
+        if _ENSEMBLE.search(text):
+            continue
+        models += 1
         group = text[text.index("instance_group") :] if "instance_group" in text else ""
         instances += sum(int(n) for n in _COUNT.findall(group.split("]", 1)[0])) or 1
     return models, instances

@@ -11,7 +11,7 @@ import pytest
 
 from backend.server.admin import ADMIN_KEY_ENV
 from tests.kserve import reference_session
-from tests.serving import MODELS, onnx_file
+from tests.serving import SERVED_MODELS, onnx_file
 
 
 @pytest.fixture(autouse=True)
@@ -32,8 +32,8 @@ def test_health_reports_every_model_ready(triton, protocol):
     done = run("client.triton_health", "--url", url, "--protocol", protocol, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert json.dumps(report).count('"ready": true') >= 1 + len(MODELS)
-    assert {m["name"] for m in report["models"]} == set(MODELS)
+    assert json.dumps(report).count('"ready": true') >= 1 + len(SERVED_MODELS)
+    assert {m["name"] for m in report["models"]} == set(SERVED_MODELS)
 
 
 def test_health_exits_1_for_an_unknown_model(triton):

@@ -22,7 +22,7 @@ from tests.kserve import assert_close, infer, reference_session
 from tests.serving import (
     CHECKOUT,
     FACADE_MAX_IN_FLIGHT,
-    MODELS,
+    SERVED_MODELS,
     onnx_file,
     start_facade,
 )
@@ -394,8 +394,8 @@ def _health_code(facade) -> int | None:
 def test_list_models_shows_every_demo_model_as_triton_describes_it(stub, triton_client):
     listed = stub.ListModels(inference_pb2.ListModelsRequest(), timeout=30)
     by_name = {m.name: m for m in listed.models}
-    assert set(MODELS) <= set(by_name)
-    for name in MODELS:
+    assert set(SERVED_MODELS) <= set(by_name)
+    for name in SERVED_MODELS:
         entry = by_name[name]
         assert (entry.version, entry.state) == ("1", "READY"), entry
         metadata = triton_client.get_model_metadata(name)

@@ -15,7 +15,7 @@ from tests.kserve import (
     infer_concurrently,
     reference_session,
 )
-from tests.serving import MODELS, onnx_file
+from tests.serving import MODELS, SERVED_MODELS, onnx_file
 
 VISION = ("resnet50", "mobilenet_v3_small")
 
@@ -37,8 +37,8 @@ def token_request(length: int, seed: int) -> dict[str, np.ndarray]:
 
 def test_every_model_is_ready(triton, client):
     states = {s["name"]: s["state"] for s in triton.model_states()}
-    assert states == {model: "READY" for model in MODELS}
-    assert all(client.is_model_ready(model) for model in MODELS)
+    assert states == {model: "READY" for model in SERVED_MODELS}
+    assert all(client.is_model_ready(model) for model in SERVED_MODELS)
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -4,6 +4,7 @@ import pytest
 
 from backend.server.process import ServerError
 from backend.server.shm import STUB_REGION_BYTES, check_shared_memory, needed_bytes, stub_instances
+from tests.serving import IMAGE_CLASSIFIERS, MODEL_REPOSITORY, MODELS
 
 
 def repository(tmp_path):
@@ -43,3 +44,15 @@ def test_the_demo_repository_fits_this_machine():
     from tests.serving import MODEL_REPOSITORY
 
     check_shared_memory(MODEL_REPOSITORY)  # raises when it does not
+
+
+def test_an_ensemble_has_no_stub_and_is_not_counted(tmp_path):
+    repo = repository(tmp_path)
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(
+        '# runs in tritonserver\nplatform: "ensemble"\nmax_batch_size: 16\n'
+    )
+    assert stub_instances(repo) == (4, 2 + 4 + 1 + 1)
+    # The demo repository: its two image ensembles add nothing, image_preprocess its instances.
+    assert stub_instances(MODEL_REPOSITORY) == stub_instances(MODEL_REPOSITORY, (*MODELS, "image_preprocess"))
+    assert stub_instances(MODEL_REPOSITORY, tuple(f"{m}_image" for m in IMAGE_CLASSIFIERS)) == (0, 0)
