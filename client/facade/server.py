@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
+from client.facade.classify_service import Classifier, ClassifyServicer
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
@@ -97,6 +98,12 @@ class Facade:
             self.metrics,
             tracing=self.tracing,
         )
+        # Classify shares Predict's admission (in-flight slots) and metrics.
+        self.classify_servicer = ClassifyServicer(
+            Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
+            self.servicer.admission,
+            self.metrics,
+        )
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._monitor_task: asyncio.Task | None = None
@@ -122,7 +129,7 @@ class Facade:
                 ("grpc.experimental.tcp_max_read_chunk_size", 4 * 1024 * 1024),
             ],
         )
-        self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
+        self._grpc.add_generic_rpc_handlers((self.servicer.handler(), self.classify_servicer.handler()))
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self._grpc)
         if s.reflection:
             reflection.enable_server_reflection(

@@ -21,6 +21,7 @@ class FacadeSettings:
     default_model: str = "resnet50"
     max_in_flight: int = 64
     max_message_bytes: int = 64 * 1024 * 1024
+    max_image_bytes: int = 8 * 1024 * 1024
     shm_slots: int = 64
     shm_slot_bytes: int = 1024 * 1024
     retry_after_ms: int = 100
@@ -49,6 +50,7 @@ _HELP = {
     "default_model": "model served when a request names none",
     "max_in_flight": "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once",
     "max_message_bytes": "largest request or response message",
+    "max_image_bytes": "largest image file Classify takes; a larger one gets INVALID_ARGUMENT before reaching Triton",
     "shm_slots": "requests whose inputs can be in shared memory with Triton at once (0: none; the rest use the socket)",
     "shm_slot_bytes": "inputs up to this size go to Triton through shared memory (larger ones use the socket)",
     "retry_after_ms": "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)",

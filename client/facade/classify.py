@@ -1,0 +1,121 @@
+"""ClassifyRequest <-> Triton's image pipeline, as pure functions.
+
+A classifier `m` is served for images by the ensemble `m_image` (image_preprocess, then `m`):
+UINT8 [batch, bytes] in, FP32 `scores` [batch, classes] out, with a labels file. The facade asks
+for `scores` with Triton's classification extension, so Triton picks the top k and sends
+"score:index:label" strings. The checks here are the ones that need no server: the image's size
+and format, k, and whether a model is such a pipeline.
+
+Nothing here does I/O, so every rule is unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from tritonclient.grpc import service_pb2
+
+from backend.image_format import format_problem
+from client.facade.errors import Internal, InvalidArgument
+from client.facade.translate import InferCall, ModelInfo
+from client.proto import inference_pb2
+
+PIPELINE_SUFFIX = "_image"
+IMAGE_INPUT = "image"
+SCORES_OUTPUT = "scores"
+DEFAULT_TOP_K = 5
+
+
+def pipeline_name(model: str) -> str:
+    """The ensemble serving images for a classifier; a pipeline's own name is taken as it is."""
+    return model if model.endswith(PIPELINE_SUFFIX) else model + PIPELINE_SUFFIX
+
+
+def classifier_name(pipeline: str) -> str:
+    return pipeline.removesuffix(PIPELINE_SUFFIX)
+
+
+def check_image(image: bytes, max_image_bytes: int) -> None:
+    """Raise InvalidArgument unless `image` is a JPEG or PNG file within the size limit."""
+    if len(image) > max_image_bytes:
+        raise InvalidArgument(
+            f"the image is {len(image)} bytes, above this server's limit of {max_image_bytes} bytes "
+            "(--max-image-bytes): send a smaller or more compressed JPEG or PNG"
+        )
+    problem = format_problem(image)
+    if problem:
+        raise InvalidArgument(problem)
+
+
+def class_count(info: ModelInfo) -> int:
+    """The number of classes of an image pipeline; InvalidArgument when `info` is not one."""
+    inputs = [(t.name, t.datatype, t.shape) for t in info.inputs]
+    scores = next((t for t in info.outputs if t.name == SCORES_OUTPUT), None)
+    if (
+        inputs != [(IMAGE_INPUT, "UINT8", (-1, -1))]
+        or scores is None
+        or len(scores.shape) != 2
+        or scores.shape[1] < 1
+        or info.max_batch_size < 1
+    ):
+        raise InvalidArgument(
+            f"model '{info.name}' is not an image pipeline (it takes {info.describe_inputs()}): Classify needs a "
+            f"model taking '{IMAGE_INPUT}' (UINT8 [-1, -1]) and returning '{SCORES_OUTPUT}' [-1, classes]"
+        )
+    return scores.shape[1]
+
+
+def top_k(request: inference_pb2.ClassifyRequest, info: ModelInfo) -> int:
+    """The k asked for (5 when unset), checked against the model's classes."""
+    classes = class_count(info)
+    k = request.top_k if request.HasField("top_k") else DEFAULT_TOP_K
+    if not 1 <= k <= classes:
+        raise InvalidArgument(
+            f"top_k {k} is outside 1..{classes} (the classes of model '{classifier_name(info.name)}'): "
+            f"ask for 1 to {classes} classes, or leave top_k unset for {DEFAULT_TOP_K}"
+        )
+    return k
+
+
+def to_infer_request(
+    request: inference_pb2.ClassifyRequest, info: ModelInfo, k: int, timeout_us: int | None
+) -> InferCall:
+    """Triton's request: the file's bytes as UINT8 [1, n], `scores` asked for with class_count k."""
+    header = service_pb2.ModelInferRequest(model_name=info.name, id=request.request_id)
+    header.inputs.append(
+        service_pb2.ModelInferRequest.InferInputTensor(
+            name=IMAGE_INPUT, datatype="UINT8", shape=[1, len(request.image)]
+        )
+    )
+    output = header.outputs.add(name=SCORES_OUTPUT)
+    output.parameters["classification"].int64_param = k
+    if request.priority:
+        header.parameters["priority"].uint64_param = request.priority
+    if timeout_us is not None:
+        header.parameters["timeout"].int64_param = timeout_us
+    return InferCall(header, [memoryview(request.image)])
+
+
+def _strings(raw: bytes) -> list[bytes]:
+    """A BYTES tensor's elements: each a 4-byte little-endian length, then its bytes."""
+    items, offset = [], 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<I", raw, offset)
+        items.append(raw[offset + 4 : offset + 4 + length])
+        offset += 4 + length
+    return items
+
+
+def to_classify_response(
+    request: inference_pb2.ClassifyRequest, response: service_pb2.ModelInferResponse
+) -> inference_pb2.ClassifyResponse:
+    """The ClassifyResponse from Triton's "score:index:label" strings (best first)."""
+    reply = inference_pb2.ClassifyResponse(
+        request_id=request.request_id, model_name=response.model_name, model_version=response.model_version
+    )
+    if len(response.outputs) != 1 or response.outputs[0].datatype != "BYTES" or len(response.raw_output_contents) != 1:
+        raise Internal(f"model '{response.model_name}' answered without its classification strings")
+    for item in _strings(response.raw_output_contents[0]):
+        score, index, *label = item.decode("utf-8", "replace").split(":", 2)
+        reply.classes.add(index=int(index), label=label[0] if label else "", score=float(score))
+    return reply
