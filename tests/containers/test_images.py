@@ -27,8 +27,9 @@ from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.conftest import IMAGES
 from tests.containers.docker import Container, docker, run, run_triton, wait_http
+from tests.images import image_file, reference_pixels
 from tests.kserve import assert_close
-from tests.serving import CHECKOUT, MODEL_REPOSITORY, MODELS
+from tests.serving import CHECKOUT, IMAGE_CLASSIFIERS, MODEL_REPOSITORY, MODELS
 from tests.unit.test_image_requirements import pins
 
 ADMIN_KEY = "container-tests"
@@ -78,6 +79,17 @@ def test_every_demo_model_answers_as_onnxruntime_does_on_the_images_own_file(tri
         for name, expected in zip(names, session.run(names, inputs), strict=True):
             assert served[name].shape == expected.shape, (model, name)
             assert_close(served[name], expected)
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_the_image_pipelines_classify_a_jpeg_as_in_process(triton, protocol, tmp_path):
+    """Pillow in the image's stub: a JPEG through each ensemble scores as the same steps in-process do."""
+    data = image_file(500, 375, seed=3)
+    for model in IMAGE_CLASSIFIERS:
+        onnx_file = triton.copy_out(f"/models/{model}/1/model.onnx", tmp_path / f"{model}.onnx")
+        served = infer(protocol, triton, f"{model}_image", {"image": np.frombuffer(data, np.uint8)[None]})
+        session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+        assert_close(served["scores"], session.run(["output"], {"input": reference_pixels(data)[None]})[0])
 
 
 def test_it_runs_as_uid_1000_with_the_packages_the_venv_runs(triton):
