@@ -19,7 +19,9 @@ def pins(path: Path) -> dict[str, str]:
 
 def test_the_image_pins_are_the_venvs_versions():
     image = pins(ROOT / "deploy/docker/requirements-image.txt") | pins(ROOT / "deploy/docker/requirements-models.txt")
-    assert {"numpy", "onnxruntime", "tritonclient", "grpcio", "protobuf", "aiohttp", "psutil", "onnx"} <= set(image)
+    assert {"numpy", "onnxruntime", "pillow", "tritonclient", "grpcio", "protobuf", "aiohttp", "psutil", "onnx"} <= set(
+        image
+    )
     installed = {name: importlib.metadata.version(name) for name in image}
     assert installed == image
 
