@@ -1,4 +1,4 @@
-"""Scratch model repositories: a few models of another repository, or a model made from a file.
+"""Model repositories: scratch ones, and a model's `config.pbtxt` as Triton reads it.
 
 A benchmark, the tuner, the tests and the conformance run each serve a repository of their own:
 models linked from the demo repository (each version's files symlinked, `config.pbtxt` copied or
@@ -11,7 +11,22 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
 from backend.server.paths import Paths
+
+CONFIG_FILE = "config.pbtxt"
+
+
+def read_config(model_dir: Path) -> dict:
+    """The model's config.pbtxt as Triton's ModelConfig in JSON form (what model control takes as `config`).
+
+    Raises OSError when it cannot be read, ValueError (text_format.ParseError) when it is not a ModelConfig.
+    """
+    text = (model_dir / CONFIG_FILE).read_text()
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
 def stock_model_py() -> Path:

@@ -4,12 +4,16 @@ Two faults Triton 2.51 does not heal by itself:
 
 * A Python stub process dies (`kill -9`, out of memory): Triton never restarts it, keeps the
   model READY and fails every request the scheduler hands to that instance with INTERNAL
-  "Stub process ... is not healthy". The supervisor counts each model's live stubs (children of
-  tritonserver, named by their command lines): a model that had all its instances and has fewer
-  on two looks in a row while Triton still calls it READY lost one (a dead stub is sometimes
-  left a zombie, sometimes reaped, so only the count is reliable). It reloads that model through
-  Triton's model-control API (explicit mode). Triton skips a load whose config is unchanged, so the reload carries the served
-  config with a `tritonnx.reload` parameter bumped; the old instances serve until the new ones
+  "Stub process ... is not healthy". The supervisor counts the live stubs of each model version
+  (stubs.py): a version that had all its instances and has fewer on two looks in a row while
+  Triton still calls it READY lost one. Versions are counted apart: a swap replaces one
+  version's stubs with another's on purpose (the old version is UNLOADING, no longer READY,
+  when its stubs exit), and with two versions served a lost stub would hide in the model's
+  total. It reloads that model through Triton's model-control API (explicit mode). Triton skips
+  a load whose config is unchanged, so the reload carries the model's config.pbtxt with a
+  `tritonnx.reload` parameter bumped: the versions its version_policy selects in the repository
+  load again, each auto-completed from its own graph (the served config would carry the default
+  version's inputs and outputs into the others), and the old instances serve until the new ones
   are ready. Once a request has reached the dead instance, Triton 2.51 never finishes unloading
   the old generation of the model (its unload waits forever), so its stubs would live on,
   idle, until the server stops: the supervisor stops them itself a few seconds after the reload
@@ -27,21 +31,18 @@ import os
 import signal
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from backend.server.metrics import SupervisorMetrics
 from backend.server.process import ServerError
+from backend.server.repository import read_config
+from backend.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, live_stubs
 from backend.server.triton import TritonServer
 
 log = logging.getLogger("tritonnx.supervisor")
 
-STUB_EXECUTABLE = "triton_python_backend_stub"
 RELOAD_PARAMETER = "tritonnx.reload"
 # After a reload, how long the old generation's stubs get to stop on their own.
 RETIRE_AFTER_SECONDS = 5.0
@@ -49,56 +50,9 @@ RETIRE_AFTER_SECONDS = 5.0
 STATES_EVERY_SECONDS = 2.0
 
 
-@dataclass(frozen=True)
-class Stub:
-    """One Python backend stub process, from its command line.
-
-    `stub <repo>/<model>/<version>/model.py <shm region> <sizes> <parent pid> <backend dir> <ipc> <instance> <kind>`.
-    """
-
-    pid: int
-    model: str
-    instance: str
-    shm_region: str
-
-    @classmethod
-    def from_command_line(cls, pid: int, args: list[str]) -> Stub | None:
-        if len(args) < 9 or not args[0].endswith(STUB_EXECUTABLE):
-            return None
-        return cls(pid=pid, model=Path(args[1]).parent.parent.name, instance=args[8], shm_region=args[2])
-
-
-def live_stubs(server_pid: int) -> dict[int, Stub]:
-    """Tritonserver's live stub processes by pid (zombies and other children left out)."""
-    stubs: dict[int, Stub] = {}
-    try:
-        children = psutil.Process(server_pid).children()
-    except psutil.NoSuchProcess:
-        return stubs
-    for child in children:
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                stub = Stub.from_command_line(child.pid, child.cmdline())
-                if stub is not None:
-                    stubs[child.pid] = stub
-        except (psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return stubs
-
-
-def short_models(live: dict[int, Stub], expected: dict[str, int], complete: set[str]) -> set[str]:
-    """Models that had all their instances (`complete`) and now have fewer live stubs."""
-    counts = Counter(stub.model for stub in live.values())
-    return {model for model in complete if counts[model] < expected[model]}
-
-
-def instance_count(config: dict) -> int:
-    return sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-
-
-def reload_config(served: dict, generation: str) -> dict:
-    """The served config with the reload parameter set, so that Triton loads it anew."""
-    config = json.loads(json.dumps(served))
+def reload_config(config: dict, generation: str) -> dict:
+    """`config` (the model's config.pbtxt as JSON) with the reload parameter set, so that Triton loads it anew."""
+    config = json.loads(json.dumps(config))
     config.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": generation}
     return config
 
@@ -120,9 +74,7 @@ class TritonSupervisor:
         self.reloads: list[tuple[float, str]] = []  # (time.monotonic(), model)
         self.restarts: list[float] = []
         self._stubs: dict[int, Stub] = {}  # as of the last look: a dead stub's model and region
-        self._expected: dict[str, int] = {}  # instances per model, from its served config
-        self._complete: set[str] = set()  # models seen with all their instances
-        self._suspects: set[str] = set()  # short on the last look
+        self._watch = InstanceWatch()
         self._retiring: list[tuple[float, list[Stub]]] = []  # (when, stubs of a replaced generation)
         self._states_due = 0.0
         self._stop = threading.Event()
@@ -160,31 +112,33 @@ class TritonSupervisor:
     def check_stubs(self) -> list[str]:
         """One look at the stubs; reload the models that lost one. Returns the models reloaded."""
         live = live_stubs(self.server.pid)
-        for model in {stub.model for stub in live.values()} - set(self._expected):
-            config = self._served_config(model)
+        counts = instance_counts(live)
+        for model, version in self._watch.unknown(counts):
+            config = self._served_config(model, version)
             if config is not None:  # else it is being loaded or unloaded: learned on a later look
-                self._expected[model] = instance_count(config)
-        counts = Counter(stub.model for stub in live.values())
-        short = short_models(live, self._expected, self._complete)
-        self._complete |= {model for model, count in counts.items() if count >= self._expected.get(model, count + 1)}
-        confirmed, self._suspects = short & self._suspects, short - self._suspects
+                self._watch.learn((model, version), instance_count(config), self._model_ready(model, version))
+        confirmed = self._watch.look(counts)
         reloaded = []
-        for model in sorted(confirmed):
-            gone = [stub for pid, stub in self._stubs.items() if stub.model == model and pid not in live]
-            self._complete.discard(model)  # its new generation has to come up in full again
-            if not self._model_ready(model):
-                continue  # being unloaded on purpose
+        for model, version in sorted(confirmed):
+            if model in reloaded:
+                continue  # another version of it was short too: one reload loads them all
+            if not self._model_ready(model, version):
+                self._watch.forget((model, version))  # being unloaded on purpose (a swap, a retired version)
+                continue
+            gone = [s for p, s in self._stubs.items() if s.key == (model, version) and p not in live]
             log.warning(
-                "supervisor: stub process of %s is gone (instance %s); reloading the model",
+                "supervisor: stub process of %s version %s is gone (instance %s); reloading the model",
                 model,
+                version,
                 ", ".join(sorted(stub.instance for stub in gone)),
             )
             old_generation = [stub for stub in self._stubs.values() if stub.model == model]
             self.reload(model)
             self._retiring.append((time.monotonic() + RETIRE_AFTER_SECONDS, old_generation))
             reloaded.append(model)
-        # Remember the gone stubs of a model still short (their regions are removed when it is reloaded).
-        self._stubs = live | {p: s for p, s in self._stubs.items() if s.model in self._suspects and p not in live}
+        # Remember the gone stubs of a version still short (their regions are removed when it is reloaded).
+        suspects = self._watch.suspects
+        self._stubs = live | {p: s for p, s in self._stubs.items() if s.key in suspects and p not in live}
         return reloaded
 
     def refresh_model_states(self) -> None:
@@ -206,27 +160,31 @@ class TritonSupervisor:
     # While tritonserver stops (SIGTERM unloads every model, which looks like lost stubs) or loads,
     # it answers "Server not ready" or "unknown model": nothing to heal, and the process watch
     # restarts a server that exits.
-    def _served_config(self, model: str) -> dict | None:
+    def _served_config(self, model: str, version: str = "") -> dict | None:
         with self._client() as client:
             try:
-                return client.get_model_config(model, headers=self.server.admin_headers, as_json=True)["config"]
+                return client.get_model_config(model, version, headers=self.server.admin_headers, as_json=True)[
+                    "config"
+                ]
             except InferenceServerException:
                 return None
 
-    def _model_ready(self, model: str) -> bool:
+    def _model_ready(self, model: str, version: str = "") -> bool:
         with self._client() as client:
             try:
-                return client.is_model_ready(model)
+                return client.is_model_ready(model, version)
             except InferenceServerException:
                 return False
 
     def reload(self, model: str) -> None:
-        """Load the model again with its served config (explicit model control, with the admin key)."""
+        """Load the model again from its config.pbtxt (explicit model control, with the admin key).
+
+        The versions its version_policy selects in the repository are loaded, as any load would.
+        """
         started = time.monotonic()
-        served = self._served_config(model)
-        if served is None:
+        if self._served_config(model) is None:
             raise RuntimeError(f"{model} is no longer served; nothing to reload")
-        config = reload_config(served, f"{time.time():.6f}")
+        config = reload_config(read_config(self.server.model_repository / model), f"{time.time():.6f}")
         with self._client() as client:
             client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
         self.reloads.append((time.monotonic(), model))
@@ -279,9 +237,7 @@ class TritonSupervisor:
         for stub in self._stubs.values():
             _unlink_region(stub)
         self._stubs.clear()
-        self._expected.clear()
-        self._complete.clear()
-        self._suspects.clear()
+        self._watch.clear()
         self._retiring.clear()
 
 
