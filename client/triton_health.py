@@ -104,14 +104,18 @@ def check_model(client: TritonClient, name: str, index: list[dict]) -> dict[str,
 
     A model that is not loaded has no metadata; the reason goes into `error` instead of failing the whole check.
     """
+    versions = [
+        {key: entry[key] for key in ("version", "state", "reason") if entry.get(key)}
+        for entry in index
+        if entry.get("name") == name
+    ]
+    ready = sorted(int(v["version"]) for v in versions if v.get("state") == "READY" and v["version"].isdigit())
     report: dict[str, Any] = {
         "name": name,
         "ready": client.model_ready(name),
-        "versions": [
-            {key: entry[key] for key in ("version", "state", "reason") if entry.get(key)}
-            for entry in index
-            if entry.get("name") == name
-        ],
+        "versions": versions,
+        # What a request that names no version gets (and whose metadata and config are shown).
+        "default_version": str(ready[-1]) if ready else None,
     }
     try:
         metadata = client.model_metadata(name)
@@ -188,12 +192,16 @@ def format_report(report: dict[str, Any]) -> str:
     for model in report["models"]:
         lines.append(f"model {model['name']}: {'ready' if model['ready'] else 'NOT READY'}")
         versions = ", ".join(" ".join(v[key] for key in ("version", "state") if key in v) for v in model["versions"])
+        if model["default_version"] is not None and len(model["versions"]) > 1:
+            versions += f" (requests without a version: {model['default_version']})"
         lines.append(f"  versions: {versions or 'none in the repository index'}")
-        # Load failures carry a multi-line Python traceback; keep it indented under the model.
+        # Load failures carry a multi-line Python traceback; keep it indented under the model. A version
+        # swapped out is "unloaded": nothing to explain.
         lines.extend(
-            "  reason: " + "\n    ".join(line for line in v["reason"].splitlines() if line.strip())
+            f"  reason ({v.get('version', '-')}): "
+            + "\n    ".join(line for line in v["reason"].splitlines() if line.strip())
             for v in model["versions"]
-            if "reason" in v
+            if v.get("reason", "unloaded") != "unloaded"
         )
         if "error" in model:
             lines.append(f"  error: {model['error']}")
