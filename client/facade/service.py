@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
 import grpc
+from tritonclient.grpc import service_pb2
 
 from client.facade.cache import ResultCache, cache_key
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument, Overloaded
 from client.facade.metrics import UNRESOLVED_MODEL, FacadeMetrics
 from client.facade.tracing import NOT_TRACED, CallTrace, Tracing
-from client.facade.translate import to_infer_request, to_list_models_response, to_predict_response
-from client.facade.triton import TritonGateway
+from client.facade.translate import ModelInfo, to_infer_request, to_list_models_response, to_predict_response
+from client.facade.triton import METADATA_RECHECK_S, TritonGateway
 from client.facade.wire import DecodedRequest, EncodedResponse, WireError, decode_predict_request, serialize_response
 from client.proto import inference_pb2
 
@@ -115,10 +116,30 @@ class Predictor:
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
+        name = message.model_name or self.default_model
+        try:
+            info, response = await self._infer(decoded, name, left, trace)
+        except InvalidArgument:
+            # Refused (by the checks here or by Triton) against metadata held for a while: a version with
+            # another signature may have gone live. Once more with Triton's metadata (the gateway drops
+            # it on Triton's refusal; here on the facade's own).
+            renewed = self.gateway.forget(name, older_than=METADATA_RECHECK_S)
+            if not renewed and self.gateway.knows(name, message.model_version):
+                raise
+            info, response = await self._infer(decoded, name, left, trace)
+        if response.model_version and response.model_version not in info.versions:
+            self.gateway.forget(name)  # a version went live that the metadata held does not list
+        trace.set("tritonnx.model_version", response.model_version)
+        with trace.span("encode"):
+            return info.name, to_predict_response(decoded, info, response)
+
+    async def _infer(
+        self, decoded: DecodedRequest, name: str, left: Callable[[], float | None], trace: CallTrace
+    ) -> tuple[ModelInfo, service_pb2.ModelInferResponse]:
+        """The model's metadata and Triton's response (or the cached one) to the request."""
+        message = decoded.message
         with trace.span("decode"):
-            info = await self.gateway.model_info(
-                message.model_name or self.default_model, message.model_version, left()
-            )
+            info = await self.gateway.model_info(name, message.model_version, left())
             remaining = left()
             # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
             request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
@@ -133,9 +154,7 @@ class Predictor:
                 response = await self.gateway.infer(request, left(), trace.propagation(span))
             if cache is not None:
                 cache.put(key, response)
-        trace.set("tritonnx.model_version", response.model_version)
-        with trace.span("encode"):
-            return info.name, to_predict_response(decoded, info, response)
+        return info, response
 
 
 def _payload_bytes(decoded: DecodedRequest) -> int:

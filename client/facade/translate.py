@@ -271,6 +271,8 @@ def to_predict_response(
         output.name: (output, raw) for output, raw in zip(response.outputs, response.raw_output_contents, strict=False)
     }
     first_name = message.output_names[0] if message.output_names else info.outputs[0].name
+    if first_name not in by_name:  # computed by a version with other outputs than the metadata held (a swap)
+        first_name = response.outputs[0].name
     first, first_raw = by_name[first_name]
     predictions = np.frombuffer(first_raw, dtype=NUMPY_DTYPES[first.datatype]).astype(np.float32, copy=False)
     reply = inference_pb2.PredictResponse(

@@ -16,7 +16,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from backend.server.admin import GRPC_ADMIN_HEADER
-from client.facade.errors import FacadeError, Internal, NotFound, Unavailable, from_triton
+from client.facade.errors import FacadeError, Internal, InvalidArgument, NotFound, Unavailable, from_triton
 from client.facade.replicas import Replicas, channel_options
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
@@ -28,6 +28,9 @@ _REGISTRATION_RETRY_SECONDS = 1.0
 # What a replica that went away answers (its connection, or it is stopping and unloading): worth
 # one more try elsewhere, once the replica confirms it is not ready.
 _GONE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
+# A request refused against model metadata older than this makes the metadata be asked of Triton again
+# (a version with another signature may have gone live): at most once a second per model.
+METADATA_RECHECK_S = 1.0
 
 
 def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
@@ -71,7 +74,7 @@ class TritonGateway:
         self._next_registration = 0.0
         self._on_retry = on_retry
         self._ttl = model_info_ttl
-        self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}
+        self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}  # (name, version) -> (fetched, info)
         # The last request Triton failed on its side (a dead stub, a restart): a health signal.
         self.last_failure: tuple[float, str] | None = None
 
@@ -79,7 +82,7 @@ class TritonGateway:
         """Inputs, outputs and max_batch_size of a model, cached for the TTL."""
         key = (name, version)
         cached = self._models.get(key)
-        if cached and cached[0] > time.monotonic():
+        if cached and cached[0] + self._ttl > time.monotonic():
             return cached[1]
         stub = self._replicas.pick().stub
         try:
@@ -94,8 +97,20 @@ class TritonGateway:
                 raise NotFound(await self._not_found_message(name, version)) from None
             raise from_triton(error, name, version) from None
         info = ModelInfo.from_triton(metadata, config, version)
-        self._models[key] = (time.monotonic() + self._ttl, info)
+        self._models[key] = (time.monotonic(), info)
         return info
+
+    def forget(self, name: str, older_than: float = 0.0) -> bool:
+        """Drop the cached metadata of every version of `name` fetched more than `older_than` seconds ago.
+
+        Whether any was dropped. For a model whose served versions changed (a new version went live, a rollback), so
+        that the next request asks Triton.
+        """
+        now = time.monotonic()
+        stale = [key for key, (fetched, _) in self._models.items() if key[0] == name and now - fetched > older_than]
+        for key in stale:
+            del self._models[key]
+        return bool(stale)
 
     async def repository_index(
         self, ready_only: bool, timeout: float | None = None
@@ -112,7 +127,7 @@ class TritonGateway:
     def knows(self, name: str, version: str) -> bool:
         """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
         cached = self._models.get((name, version))
-        return cached is not None and cached[0] > time.monotonic()
+        return cached is not None and cached[0] + self._ttl > time.monotonic()
 
     async def _not_found_message(self, name: str, version: str) -> str:
         target = f"model '{name}'" + (f" version '{version}'" if version else "")
@@ -204,6 +219,10 @@ class TritonGateway:
                 )
             else:
                 failure = from_triton(error, model, version)
+            if isinstance(failure, InvalidArgument):
+                # Refused against metadata held for a while: a version with another signature may have gone
+                # live (the health probe's request is built from it too). The next call asks Triton again.
+                self.forget(model, older_than=METADATA_RECHECK_S)
             if restarted or reloading or isinstance(failure, Internal):
                 self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
             raise failure from None

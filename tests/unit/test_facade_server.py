@@ -50,6 +50,9 @@ class FakeGateway:
     def knows(self, name: str, version: str) -> bool:
         return name == DOUBLE.name
 
+    def forget(self, name: str, older_than: float = 0.0) -> bool:
+        return False  # one model, whose metadata never changes
+
     async def infer(
         self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
     ) -> service_pb2.ModelInferResponse:
