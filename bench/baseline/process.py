@@ -1,4 +1,7 @@
-"""Start, wait for and stop the FastAPI baseline server (bench/baseline/app.py) as a subprocess."""
+"""Start, wait for and stop the FastAPI baseline server (bench/baseline/app.py) as a subprocess.
+
+The process started becomes gunicorn (the same PID); its children are the uvicorn workers.
+"""
 
 from __future__ import annotations
 
@@ -17,15 +20,15 @@ from types import TracebackType
 import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# uvicorn logs this once per worker when its lifespan (the model load) has finished.
+# Each uvicorn worker logs this when its lifespan (the model load) has finished.
 _WORKER_READY = "Application startup complete."
 
 
 def living_group_members(pgid: int) -> list[psutil.Process]:
     """Processes of group `pgid` that have not exited.
 
-    Zombies are left out: a child that outlives the uvicorn parent (multiprocessing's resource tracker) is re-parented
-    to PID 1, and a container's PID 1 may never reap it.
+    Zombies are left out: a child that outlives the gunicorn master is re-parented to PID 1, and a container's PID 1
+    may never reap it.
     """
     try:
         os.killpg(pgid, 0)
@@ -43,7 +46,7 @@ def living_group_members(pgid: int) -> list[psutil.Process]:
 
 @dataclass(eq=False)
 class FastApiBaseline:
-    """`python -m bench.baseline.app` in its own process group (the uvicorn parent and its workers)."""
+    """`python -m bench.baseline.app` in its own process group (gunicorn and its uvicorn workers)."""
 
     onnx_file: Path
     port: int
@@ -67,8 +70,17 @@ class FastApiBaseline:
 
     @property
     def pid(self) -> int | None:
-        """The uvicorn parent's PID, which is also the process group's ID."""
+        """The gunicorn master's PID, which is also the process group's ID."""
         return None if self._proc is None else self._proc.pid
+
+    def worker_pids(self) -> list[int]:
+        """The PIDs of the workers serving now (gunicorn's children), in order."""
+        if self._proc is None:
+            return []
+        try:
+            return sorted(child.pid for child in psutil.Process(self._proc.pid).children())
+        except psutil.NoSuchProcess:
+            return []
 
     def start(self) -> None:
         """Launch the server; the log (stdout and stderr) goes to `log_file`, a temporary file if none was given."""
@@ -153,7 +165,7 @@ class FastApiBaseline:
     def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            proc.poll()  # reap the uvicorn parent so it does not linger as our zombie
+            proc.poll()  # reap the gunicorn master so it does not linger as our zombie
             if not living_group_members(proc.pid):
                 return True
             time.sleep(0.05)

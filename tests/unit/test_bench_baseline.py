@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -123,3 +126,97 @@ def test_startup_failure_raises_with_the_log(tmp_path):
         with baseline:
             pass
     assert baseline.pid is None
+
+
+def test_gunicorn_runs_uvicorn_workers_each_on_its_own_reuse_port_socket():
+    from bench.baseline.app import gunicorn_command, parse_args
+
+    command = gunicorn_command(parse_args(["--model", "m.onnx", "--port", "8123", "--workers", "3"]))
+    assert command[1:4] == ["-m", "gunicorn", "bench.baseline.app:app"]
+    assert "--reuse-port" in command
+    assert command[command.index("--worker-class") + 1] == "uvicorn_worker.UvicornWorker"
+    assert command[command.index("--workers") + 1] == "3"
+    assert command[command.index("--bind") + 1] == "127.0.0.1:8123"
+
+
+def connections_per_worker(server: FastApiBaseline) -> list[int]:
+    counts = []
+    for pid in server.worker_pids():
+        connections = psutil.Process(pid).net_connections("tcp")
+        counts.append(
+            sum(1 for c in connections if c.laddr and c.laddr.port == server.port and c.status == "ESTABLISHED")
+        )
+    return counts
+
+
+def test_a_burst_of_connections_spreads_over_the_workers(tiny_onnx):
+    """16 connections opened at once, as the load generator's pool opens them.
+
+    With uvicorn's --workers (one shared socket) such a burst landed 16/0 three times out of three here; with one
+    SO_REUSEPORT socket per worker the kernel hashes each connection to a worker (all 16 on one: p = 2^-15).
+    """
+    with FastApiBaseline(tiny_onnx, port=free_port(), workers=2, intra_op_threads=1) as server:
+        assert len(server.worker_pids()) == 2
+        sockets = []
+        try:
+            for _ in range(16):
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", server.port))
+                sockets.append(sock)
+            deadline = time.monotonic() + 10
+            while sum(counts := connections_per_worker(server)) < 16 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sum(counts) == 16 and min(counts) > 0, counts
+        finally:
+            for sock in sockets:
+                sock.close()
+
+
+def test_the_documented_layouts():
+    from bench.baseline.workers import setups
+
+    assert [(s.workers, s.threads) for s in setups(2)] == [(1, 2), (2, 1)]
+    assert [(s.workers, s.threads) for s in setups(4)] == [(1, 4), (4, 1)]
+    assert [(s.workers, s.threads) for s in setups(1)] == [(1, 1)]
+    assert all(s.why for s in setups(2)) and setups(2)[1].name == "2 worker(s) x 1 thread(s)"
+
+
+def test_the_split_check():
+    from bench.baseline.workers import cpu_split, shares, spread
+
+    split = cpu_split({10: 1.0, 11: 2.0, 12: 5.0}, {10: 3.0, 11: 2.5, 13: 9.0})  # 12 gone, 13 new: left out
+    assert split == {10: 2.0, 11: 0.5}
+    assert shares(split) == [0.8, 0.2]
+    assert spread(split, concurrency=16) is False  # 0.5 < half of an even 1.25
+    assert spread({10: 1.3, 11: 1.2}, concurrency=16) is True
+    assert spread({10: 0.7, 11: 0.3}, concurrency=16) is True  # 0.3 >= 0.25, at the bound's side
+    assert spread({10: 1.0, 11: 0.0}, concurrency=1) is None  # a lone connection runs on one worker by design
+    assert spread({10: 1.0}, concurrency=16) is None
+    assert spread({10: 0.0, 11: 0.0}, concurrency=16) is False
+    assert shares({10: 0.0, 11: 0.0}) == [0.0, 0.0]
+
+
+def test_an_unspread_run_is_run_once_more_and_reported():
+    """Two real processes, one spinning and one asleep: the run is unspread both times."""
+    from bench.baseline.workers import measured_split
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    runs = []
+
+    def run() -> int:
+        time.sleep(0.3)
+        runs.append(1)
+        return len(runs)
+
+    try:
+        result, split = measured_split(run, lambda: [busy.pid, idle.pid], 16)
+        assert result == 2 and split["runs"] == 2 and split["spread"] is False
+        assert split["shares"][0] > 0.9 and len(split["cpu_seconds"]) == 2
+        result, split = measured_split(run, lambda: [busy.pid, idle.pid], 1)
+        assert result == 3 and split["runs"] == 1 and split["spread"] is None
+    finally:
+        for process in (busy, idle):
+            process.kill()
+            process.wait()
