@@ -15,6 +15,7 @@ ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
 PROTO_OUT := client/proto/inference_pb2.py client/proto/inference_pb2.pyi client/proto/inference_pb2_grpc.py
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+PEERS_ARGS ?=
 TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
@@ -24,7 +25,7 @@ SERVE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench bench-peers tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -94,8 +95,11 @@ test-containers: setup ## Build both images (the engine installed and started if
 unit: venv proto ## Run the unit tests only (no server, seconds)
 	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
 
-bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline (BENCH_ARGS="--models mobilenet_v3_small ...")
+bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline, PyTriton (BENCH_ARGS="--models mobilenet_v3_small ...")
 	$(PY) -m bench $(BENCH_ARGS)
+
+bench-peers: setup ## Every server beside the limit: tritonnx, FastAPI, PyTriton, LitServe, Ray Serve, MLServer, BentoML (venvs under build/peers/; ~25 min; PEERS_ARGS="--smoke")
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 tune: setup ## Tune a model's policy with perf_analyzer and write it into its config.pbtxt (MODEL=..., TUNE_ARGS=...)
 	@[ -n "$(MODEL)" ] || { echo "usage: make tune MODEL=mobilenet_v3_small [TUNE_ARGS='--instances 1 2 3']"; exit 2; }

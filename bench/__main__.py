@@ -2,7 +2,9 @@
 
 For each model, interleaved so that the machine's drift shows: the in-process limit, Triton
 direct (perf_analyzer, and the project's load generator), the facade, the FastAPI baseline in
-its two setups, the limit again; then start-up time and memory of each server. Writes
+its documented layouts (each run's CPU split over its workers checked), PyTriton (from its own venv),
+the limit again; then start-up time and memory of each server. Every server's answers are checked
+against in-process ONNX Runtime before it is measured. Writes
 bench/results/<timestamp>/{report.md,results.json,*.png}.
 """
 
@@ -16,17 +18,21 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.server.process import free_ports
+from backend.server.process import ServerError, free_ports
 from backend.server.stack import ServingStack
 from backend.server.triton import Ports
 from bench import REPOSITORY, RESULTS
 from bench.baseline.process import FastApiBaseline
+from bench.baseline.workers import measured_split, setups
 from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
 from bench.floor import measure_floor
 from bench.limit import measure_limit, measure_single_image
 from bench.load import loops
 from bench.load.http import HttpTarget
-from bench.load.targets import FacadeTarget, KServeTarget
+from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
+from bench.peers.reference import check_answers, reference_outputs, sample_images
+from bench.peers.servers import Policy, peer
+from bench.peers.venvs import VenvError
 from bench.processes import tree_memory
 from bench.report import write_report
 from bench.startup import measure_triton_startup
@@ -38,11 +44,13 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def sweep(label: str, make_target, concurrencies: list[int], duration: float, cpu_of=None) -> list[dict]:
+def sweep(
+    label: str, make_target, concurrencies: list[int], duration: float, cpu_of=None, key: str = "cpu_ms_per_image"
+) -> list[dict]:
     """One load generator run per concurrency.
 
-    `cpu_of(run)` runs it and measures where the CPU went (see bench.cpu), for servers whose processes the benchmark can
-    see.
+    `cpu_of(run)` (or `cpu_of(run, concurrency)` for another `key`) runs it and measures where the CPU went (see
+    bench.cpu), for servers whose processes the benchmark can see; it is kept in the point under `key`.
     """
     points = []
     for concurrency in concurrencies:
@@ -50,10 +58,13 @@ def sweep(label: str, make_target, concurrencies: list[int], duration: float, cp
         def run(concurrency=concurrency):
             return loops.run(make_target(), concurrency, duration_s=duration, warmup_s=min(1.0, duration / 4))
 
-        result, cpu = cpu_of(run) if cpu_of else (run(), None)
+        if cpu_of is None:
+            result, cpu = run(), None
+        else:
+            result, cpu = cpu_of(run) if key == "cpu_ms_per_image" else cpu_of(run, concurrency)
         point = result.as_dict()
         if cpu:
-            point["cpu_ms_per_image"] = cpu
+            point[key] = cpu
         points.append(point)
         say(
             f"  {label} c={concurrency}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
@@ -137,25 +148,9 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
 
     data["fastapi"] = {}
     if not args.skip_fastapi:
-        for workers in sorted({1, CORES}):
-            name = f"{workers} worker(s) x {max(1, CORES // workers)} thread(s)"
-            say(f"{model}: FastAPI baseline, {name} ...")
-            with FastApiBaseline(
-                onnx_file,
-                free_ports(1)[0],
-                workers,
-                max(1, CORES // workers),
-                log_file=workdir / f"fastapi-{model}-{workers}.log",
-            ) as server:
-                server.wait_ready(120)
-                memory = tree_memory(server.pid).as_dict()
-                points = sweep(
-                    f"FastAPI {workers}w", lambda: HttpTarget(server.url, 1), args.concurrency, args.duration
-                )
-            for point in points:
-                point["setup"] = name
-            data["fastapi"][name] = {"points": points}
-            data["servers"][f"FastAPI {name}"] = {"ready_seconds": round(server.startup_seconds, 2), **memory}
+        data["fastapi"] = bench_fastapi(model, onnx_file, args, workdir, data["servers"])
+    if not args.skip_pytriton:
+        data["pytriton"] = bench_pytriton(model, onnx_file, args, workdir, data["servers"])
 
     say(f"{model}: limit again ...")
     after = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
@@ -186,10 +181,70 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     return data
 
 
+def bench_fastapi(model: str, onnx_file: Path, args: argparse.Namespace, workdir: Path, servers: dict) -> dict:
+    """Each documented layout of the FastAPI baseline, with every run's CPU split over its workers."""
+    results = {}
+    for setup in setups(CORES):
+        say(f"{model}: FastAPI baseline, {setup.name} ({setup.why}) ...")
+        log = workdir / f"fastapi-{model}-{setup.workers}x{setup.threads}.log"
+        with FastApiBaseline(onnx_file, free_ports(1)[0], setup.workers, setup.threads, log_file=log) as server:
+            server.wait_ready(120)
+            images = sample_images()
+            check_answers(HttpTarget(server.url, 1, images=images, expected=reference_outputs(onnx_file, images)),
+                          len(images))  # fmt: skip
+            memory = tree_memory(server.pid).as_dict()
+            points = sweep(
+                f"FastAPI {setup.workers}x{setup.threads}",
+                lambda server=server: HttpTarget(server.url, 1, model=model),
+                args.concurrency,
+                args.duration,
+                lambda run, concurrency, server=server: measured_split(run, server.worker_pids, concurrency),
+                key="worker_cpu",
+            )
+        for point in points:
+            point["setup"] = setup.name
+            split = point.get("worker_cpu", {})
+            if split.get("spread") is not None:
+                say(f"    worker CPU shares {split['shares']}: {'spread' if split['spread'] else 'NOT spread'}"
+                    f" ({split['runs']} run(s))")  # fmt: skip
+        results[setup.name] = {"points": points, "why": setup.why}
+        servers[f"FastAPI {setup.name}"] = {"ready_seconds": round(server.startup_seconds, 2), **memory}
+    return results
+
+
+def bench_pytriton(model: str, onnx_file: Path, args: argparse.Namespace, workdir: Path, servers: dict) -> dict:
+    """PyTriton with the model's own policy, from its venv, its answers checked first.
+
+    A venv that cannot be made, or wrong answers, are reported, not fatal.
+    """
+    policy = Policy.of(REPOSITORY / model, CORES)
+    server = peer("pytriton", model, onnx_file, policy, workdir)
+    say(f"{model}: PyTriton ({server.description}) ...")
+    try:
+        started = time.monotonic()
+        server.start()
+    except (VenvError, ServerError) as error:
+        say(f"  PyTriton left out: {error}")
+        return {"skipped": str(error)}
+    try:
+        ready = time.monotonic() - started
+        images = sample_images()
+        try:
+            check_answers(server.target(images, reference_outputs(onnx_file, images)), len(images))
+        except VerificationError as error:
+            say(f"  PyTriton answered wrong, not measured: {error}")
+            return {"failed": str(error)}
+        points = sweep("PyTriton", lambda: server.target(), args.concurrency, args.duration)
+        servers["PyTriton (after load)"] = {"ready_seconds": round(ready, 2), **tree_memory(server.pid).as_dict()}
+    finally:
+        server.stop()
+    return {"points": points, "setup": server.description}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Benchmark tritonnx against in-process ONNX Runtime and a FastAPI baseline, in one run.",
+        description="Benchmark tritonnx against in-process ONNX Runtime, a FastAPI baseline and PyTriton, in one run.",
         epilog="Example: python -m bench --models mobilenet_v3_small --concurrency 1 4 16 --duration 5",
     )
     parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_small"])
@@ -199,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
         "--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s"
     )
     parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
+    parser.add_argument(
+        "--skip-pytriton", action="store_true", help="leave out PyTriton (its venv is made under build/peers/ first)"
+    )
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")
     args = parser.parse_args(argv)
 

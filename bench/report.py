@@ -10,6 +10,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.output import write_json  # noqa: E402
+from bench.peers.table import servers_table  # noqa: E402
 
 
 def _ratio(value: float | None, reference: float | None) -> str:
@@ -20,12 +21,47 @@ def _best(points: list[dict], key: str = "images_per_s") -> dict | None:
     return max(points, key=lambda p: p[key]) if points else None
 
 
+def counted(points: list[dict]) -> list[dict]:
+    """The points whose figure counts: a FastAPI run whose load did not spread over its workers does not."""
+    return [p for p in points if p.get("worker_cpu", {}).get("spread") is not False]
+
+
+def fastapi_points(data: dict) -> list[dict]:
+    return [p for setup in data["fastapi"].values() for p in setup["points"]]
+
+
+def _at(points: list[dict], concurrency: int, key: str) -> list[float]:
+    return [p[key] for p in points if p["concurrency"] == concurrency]
+
+
+def bench_servers(data: dict, concurrency: int = 16) -> list[dict]:
+    """The rows of `servers_table` for one `make bench` run of a model (one round: each range is one value)."""
+    rows = [
+        {"name": "tritonnx, Triton direct", "points": data["loadgen_kserve"], "setup": "the model's config.pbtxt"},
+        {"name": "tritonnx facade", "points": data["facade"], "setup": "the facade in front of Triton direct"},
+    ]
+    pytriton = data.get("pytriton", {})
+    if pytriton.get("points"):
+        rows.append({"name": "PyTriton", "points": pytriton["points"], "setup": pytriton["setup"]})
+    for name, setup in data["fastapi"].items():
+        rows.append({"name": f"FastAPI {name}", "points": counted(setup["points"]), "setup": setup.get("why", "")})
+    return [
+        {
+            "name": row["name"],
+            "images_per_s": _at(row["points"], concurrency, "images_per_s"),
+            "p50_ms": _at(row["points"], 1, "p50_ms"),
+            "setup": row["setup"],
+        }
+        for row in rows
+    ]
+
+
 def summary_rows(model: str, data: dict) -> list[str]:
     limit = data["limit"]["images_per_s"]
     direct = _best(data["perf_analyzer"], "throughput")
     kserve = _best(data["loadgen_kserve"])
     facade = _best(data["facade"])
-    fastapi = _best([p for setup in data["fastapi"].values() for p in setup["points"]])
+    fastapi = _best(counted(fastapi_points(data)))
     one = next((p for p in data["perf_analyzer"] if p["concurrency"] == 1), None)
     facade_at = {p["concurrency"]: p for p in data["facade"]}
     kserve_at = {p["concurrency"]: p for p in data["loadgen_kserve"]}
@@ -48,7 +84,15 @@ def summary_rows(model: str, data: dict) -> list[str]:
     if fastapi:
         rows.append(
             f"| FastAPI + uvicorn + ONNX Runtime (best: {fastapi['setup']}, c={fastapi['concurrency']}) | "
-            f"{fastapi['images_per_s']:.1f} img/s | {_ratio(fastapi['images_per_s'], limit)} | |"
+            f"{fastapi['images_per_s']:.1f} img/s | {_ratio(fastapi['images_per_s'], limit)} | "
+            "runs whose load did not spread over the workers left out |"
+        )
+    pytriton = _best(data.get("pytriton", {}).get("points", []))
+    if pytriton:
+        rows.append(
+            f"| PyTriton, same load generator (best, c={pytriton['concurrency']}) | {pytriton['images_per_s']:.1f} img/s | "
+            f"{_ratio(pytriton['images_per_s'], limit)} | {_ratio(kserve['images_per_s'], pytriton['images_per_s'])} "
+            "Triton direct vs PyTriton |"
         )
     # The in-process reference measured just before and after the c=1 point when there is one.
     beside = data.get("single_image_beside_c1")
@@ -67,6 +111,35 @@ def summary_rows(model: str, data: dict) -> list[str]:
             f"served minus floor {one['p50_ms'] - floor_one['p50_ms']:.2f} ms vs the model's {single:.2f} ms in-process |"
         )
     return rows
+
+
+def worker_rows(data: dict) -> list[str]:
+    """The FastAPI baseline's CPU split over its worker processes in each run: where the load went."""
+    rows = [
+        (name, p)
+        for name, setup in data["fastapi"].items()
+        for p in setup["points"]
+        if p.get("worker_cpu", {}).get("shares") and len(p["worker_cpu"]["shares"]) > 1
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "### FastAPI: CPU per worker process over each run",
+        "",
+        "Each worker's share of the workers' CPU time, read from the worker processes. A run counts only if every "
+        "worker did at least half of an even share; one that did not is run once more with new connections. With "
+        "fewer connections than workers (c=1) the question does not arise.",
+        "",
+        "| setup | c | shares | spread | runs |",
+        "|---|---|---|---|---|",
+    ]
+    for name, p in rows:
+        split = p["worker_cpu"]
+        verdict = {True: "yes", False: "**no: not counted**", None: "n/a"}[split["spread"]]
+        shares = " / ".join(f"{share:.0%}" for share in split["shares"])
+        lines.append(f"| {name} | {p['concurrency']} | {shares} | {verdict} | {split['runs']} |")
+    return lines
 
 
 def cpu_rows(data: dict) -> list[str]:
@@ -172,6 +245,7 @@ def write_report(out: Path, results: dict) -> None:
             "|---|---|---|---|---|---|---|---|",
         ]
         sweeps = [("Triton direct", data["loadgen_kserve"]), ("facade", data["facade"])]
+        sweeps += [("PyTriton", data.get("pytriton", {}).get("points", []))]
         sweeps += [(f"FastAPI {name}", setup["points"]) for name, setup in data["fastapi"].items()]
         for name, points in sweeps:
             for p in points:
@@ -179,6 +253,20 @@ def write_report(out: Path, results: dict) -> None:
                     f"| {name} | {p['concurrency']} | {p['images_per_s']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | "
                     f"{p['p99_ms']:.2f} | {p['client_cpu']:.2f} | {sum(p['errors'].values()) or ''} |"
                 )
+        lines += worker_rows(data)
+        lines += [
+            "",
+            "### Every server beside the limit (this run)",
+            "",
+            "The same load generator against each server, every server's answers checked against in-process ONNX "
+            "Runtime first. The limit's range is its measurement before and after the servers; `make bench-peers` "
+            "adds LitServe, Ray Serve, MLServer and BentoML, over several rounds.",
+            "",
+            *servers_table([data["limit"]["before"], data["limit"]["after"]], bench_servers(data)),
+        ]
+        pytriton = data.get("pytriton", {})
+        if "skipped" in pytriton or "failed" in pytriton:
+            lines += ["", f"PyTriton was not measured: {pytriton.get('skipped') or pytriton.get('failed')}"]
         lines += cpu_rows(data)
         lines += [
             "",
@@ -210,6 +298,10 @@ def plot_model(out: Path, model: str, data: dict) -> None:
         ],
         "facade": [(p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["facade"]],
     }
+    if data.get("pytriton", {}).get("points"):
+        series["PyTriton"] = [
+            (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in data["pytriton"]["points"]
+        ]
     for name, setup in data["fastapi"].items():
         series[f"FastAPI {name}"] = [
             (p["concurrency"], p["images_per_s"], p["p50_ms"], p["p99_ms"]) for p in setup["points"]

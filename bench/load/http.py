@@ -1,35 +1,133 @@
-"""The FastAPI baseline as a load target: POST {url}/predict with raw float32 bytes."""
+"""HTTP servers as load targets: a POST per call, its body in the server's own payload format.
+
+The FastAPI baseline and the HTTP peers (LitServe, Ray Serve, BentoML) differ only in where they
+listen and how an image travels: a `Payload` turns an array of images into a body and an answer's
+body back into the first output, so every HTTP server is driven by the same loop and every answer
+can be compared with in-process ONNX Runtime.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-from bench.load.targets import CALL_TIMEOUT_S, IMAGE_CLASSES, IMAGE_SHAPE, VerificationError, random_tensor
+from bench.load.targets import (
+    CALL_TIMEOUT_S,
+    IMAGE_CLASSES,
+    IMAGE_SHAPE,
+    VerificationError,
+    close_enough,
+    random_tensor,
+)
+
+
+class Payload(Protocol):
+    """How one server carries an image batch in and its first output back."""
+
+    def encode(self, images: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        """The request body and its headers for a float32 batch."""
+        ...
+
+    def decode(self, body: bytes) -> np.ndarray:
+        """The first output of an answer, flat float32; ValueError if the body is not one."""
+        ...
+
+
+class RawFloat32:
+    """Raw little-endian float32 bytes both ways, the shape in an `x-shape` header (the FastAPI baseline, Ray Serve)."""
+
+    def encode(self, images: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        headers = {"x-shape": ",".join(map(str, images.shape)), "content-type": "application/octet-stream"}
+        return images.astype("<f4", copy=False).tobytes(), headers
+
+    def decode(self, body: bytes) -> np.ndarray:
+        if len(body) % 4:
+            raise ValueError(f"{len(body)} bytes are not float32 values")
+        return np.frombuffer(body, "<f4")
+
+
+class Base64Json:
+    """JSON carrying the raw float32 bytes as base64: `{"input": ..., "shape": [...]}` in, `{"output": ...}` out.
+
+    The way LitServe's examples carry images in JSON, without a number per value.
+    """
+
+    def encode(self, images: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        data = base64.b64encode(images.astype("<f4", copy=False).tobytes()).decode("ascii")
+        return json.dumps({"input": data, "shape": list(images.shape)}).encode(), {"content-type": "application/json"}
+
+    def decode(self, body: bytes) -> np.ndarray:
+        try:
+            return np.frombuffer(base64.b64decode(json.loads(body)["output"], validate=True), "<f4")
+        except (KeyError, TypeError, json.JSONDecodeError, ValueError) as error:
+            raise ValueError(f"not a base64 float32 answer: {error}") from None
+
+
+class FileUpload:
+    """The raw float32 bytes as a file in multipart/form-data (field `input`) in, a JSON array out (BentoML's files)."""
+
+    boundary = "tritonnx-bench-boundary"
+
+    def encode(self, images: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        head = (
+            f'--{self.boundary}\r\nContent-Disposition: form-data; name="input"; filename="input.bin"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        body = head + images.astype("<f4", copy=False).tobytes() + f"\r\n--{self.boundary}--\r\n".encode()
+        return body, {"content-type": f"multipart/form-data; boundary={self.boundary}"}
+
+    def decode(self, body: bytes) -> np.ndarray:
+        try:
+            return np.asarray(json.loads(body), np.float32).ravel()
+        except (TypeError, json.JSONDecodeError, ValueError) as error:
+            raise ValueError(f"not a JSON array answer: {error}") from None
 
 
 class HttpTarget:
-    """POST {url}/predict, body the raw little-endian float32 bytes of a [batch, 3, 224, 224] array, header `x-shape`.
+    """POST {url}{path} with a float32 batch of [batch, 3, 224, 224] images in `payload`'s format.
 
-    Expects 200 and batch * 1000 float32 bytes. One aiohttp session for all workers.
+    Expects 200 and batch x 1000 float32 outputs. `images` (arrays of `batch` images) replace the random data;
+    `expected` (the flat first output each should get) makes every answer decoded and compared, a mismatch counted in
+    `wrong`. One aiohttp session for all workers.
     """
 
-    name = "fastapi"
-
     def __init__(
-        self, url: str, batch: int = 1, *, model: str = "resnet50", seed: int = 0, timeout_s: float = CALL_TIMEOUT_S
+        self,
+        url: str,
+        batch: int = 1,
+        *,
+        name: str = "fastapi",
+        path: str = "/predict",
+        payload: Payload | None = None,
+        images: Sequence[np.ndarray] | None = None,
+        expected: Sequence[np.ndarray] | None = None,
+        model: str = "resnet50",
+        seed: int = 0,
+        timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
+        if images is not None and any(len(image) != batch for image in images):
+            raise ValueError(f"every array of images must hold a batch of {batch}")
+        if expected is not None and (images is None or len(expected) != len(images)):
+            raise ValueError("expected outputs need one array of images each")
         url = url.rstrip("/")
         self.url = url if "://" in url else f"http://{url}"
-        self.endpoint = f"{self.url}/predict"
-        self.model, self.batch, self.seed, self.timeout_s = model, batch, seed, timeout_s
-        shape = [batch, *IMAGE_SHAPE]
-        self.payload = random_tensor("input", "FP32", shape, np.random.default_rng(seed)).tobytes()
-        self.headers = {"x-shape": ",".join(map(str, shape)), "content-type": "application/octet-stream"}
-        self.expected_bytes = batch * IMAGE_CLASSES * 4
+        self.endpoint = f"{self.url}{path}"
+        self.name, self.model, self.batch, self.seed, self.timeout_s = name, model, batch, seed, timeout_s
+        self.payload = payload or RawFloat32()
+        if images is None:
+            images = [random_tensor("input", "FP32", [batch, *IMAGE_SHAPE], np.random.default_rng(seed))]
+        self.requests = [self.payload.encode(image) for image in images]
+        self.expected = expected
+        self.expected_values = batch * IMAGE_CLASSES
+        self.wrong = 0  # answers unlike `expected`
+        self._next = 0
         self._session = None
         self._post = None
 
@@ -55,26 +153,44 @@ class HttpTarget:
         self._session = self._post = None
 
     async def call(self) -> str | None:
-        """One POST: None on a 200, else the HTTP status (or the exception's class name)."""
+        """One POST with the next prepared body: None on a 200, else the HTTP status (or the exception's class name)."""
+        index = self._next
+        self._next = (index + 1) % len(self.requests)
+        body, headers = self.requests[index]
         try:
-            async with self._post(self.endpoint, data=self.payload, headers=self.headers) as response:
-                await response.read()
-                return None if response.status == 200 else str(response.status)
+            async with self._post(self.endpoint, data=body, headers=headers) as response:
+                answer = await response.read()
+                if response.status != 200:
+                    return str(response.status)
         except (self._aiohttp.ClientError, asyncio.TimeoutError) as error:
             return type(error).__name__
+        if self.expected is not None and not self._matches(answer, self.expected[index]):
+            self.wrong += 1
+        return None
+
+    def _matches(self, answer: bytes, expected: np.ndarray) -> bool:
+        try:
+            return close_enough(self.payload.decode(answer), expected)
+        except ValueError:
+            return False
 
     async def verify(self) -> None:
-        where = f"fastapi {self.endpoint} batch {self.batch}"
+        where = f"{self.name} {self.endpoint} batch {self.batch}"
+        body, headers = self.requests[0]
         try:
-            async with self._post(self.endpoint, data=self.payload, headers=self.headers) as response:
-                body = await response.read()
+            async with self._post(self.endpoint, data=body, headers=headers) as response:
+                answer = await response.read()
                 status = response.status
         except (self._aiohttp.ClientError, asyncio.TimeoutError) as error:
             raise VerificationError(f"{where}: first call failed: {type(error).__name__}: {error}") from None
         if status != 200:
-            raise VerificationError(f"{where}: first call answered HTTP {status}: {body[:200]!r}")
-        if len(body) != self.expected_bytes:
+            raise VerificationError(f"{where}: first call answered HTTP {status}: {answer[:200]!r}")
+        try:
+            output = self.payload.decode(answer)
+        except ValueError as error:
+            raise VerificationError(f"{where}: {error}; body starts {answer[:200]!r}") from None
+        if output.size != self.expected_values:
             raise VerificationError(
-                f"{where}: body of {len(body)} bytes, expected {self.expected_bytes} "
+                f"{where}: {output.size} output values, expected {self.expected_values} "
                 f"({self.batch} x {IMAGE_CLASSES} float32)"
             )

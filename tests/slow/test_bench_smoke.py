@@ -106,3 +106,22 @@ def test_the_tracing_benchmark_runs_with_tracing_off_and_on_and_sees_joined_trac
     assert runs[False]["traces"] == 0 and runs[True]["traces"] > 0
     assert runs[True]["throughput_rps"] > 0 and runs[False]["throughput_rps"] > 0
     assert "| 1 | on |" in (out / "report.md").read_text()
+
+
+def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp_path):
+    """PyTriton from its own venv (made under build/peers/ on first use), as `make bench` runs it."""
+    import argparse
+
+    from bench import REPOSITORY
+    from bench.__main__ import bench_pytriton
+
+    model = "mobilenet_v3_small"
+    servers: dict = {}
+    args = argparse.Namespace(concurrency=[1, 4], duration=1.0)
+    data = bench_pytriton(model, REPOSITORY / model / "1" / "model.onnx", args, tmp_path, servers)
+    assert "points" in data, data  # neither left out (no venv) nor failed (answers unlike ONNX Runtime)
+    assert [p["concurrency"] for p in data["points"]] == [1, 4]
+    assert all(p["images_per_s"] > 0 and not p["errors"] for p in data["points"]), data["points"]
+    assert "3 instances" in data["setup"]  # the model's own config.pbtxt policy
+    memory = servers["PyTriton (after load)"]
+    assert memory["ready_seconds"] > 0 and memory["pss_mib"] > 0 and memory["processes"] >= 3

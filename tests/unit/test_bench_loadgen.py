@@ -434,7 +434,7 @@ def test_http_counts_errors_and_verification():
     check_consistent(result, fake)
     assert fake.first.endswith(b"2,3,224,224")
 
-    with pytest.raises(VerificationError, match="body of 3996 bytes, expected 4000"):
+    with pytest.raises(VerificationError, match="999 output values, expected 1000"):
         http_load(Fake(), 1, body_bytes_per_image=3996, concurrency=1, duration_s=0.2)
 
 

@@ -1,0 +1,1 @@
+"""BentoML 1.4: a @bentoml.service class with HTTP APIs, served by worker processes."""

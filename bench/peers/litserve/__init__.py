@@ -1,0 +1,1 @@
+"""LitServe (Lightning AI): LitAPI workers behind a uvicorn front end, with its own batching."""

@@ -1,0 +1,60 @@
+"""MLServer serving an ONNX file: a custom runtime running ONNX Runtime, adaptive batching, parallel workers.
+
+    python -m bench.peers.mlserver.server --model model.onnx --name m --port 8081 --http-port 8080 \
+        --metrics-port 8082 --workers 2 --max-batch-size 16 --batch-wait-ms 1
+
+writes MLServer's settings.json and model-settings.json into a folder of its own and runs
+`mlserver start` on it. The setup MLServer's docs give for throughput: `parallel_workers` inference
+processes (one per core), adaptive batching (`max_batch_size`, `max_batch_time`), clients on the
+KServe v2 gRPC endpoint (`--port`) with tensors as `raw_input_contents` (MLServer answers raw too).
+Every endpoint is on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.peers.common import HOST, arguments, session
+
+
+def settings(args, folder: Path) -> None:  # noqa: ANN001 - the parsed arguments
+    """settings.json (the server) and <name>/model-settings.json (the model) in `folder`."""
+    onnx = session(args.model)
+    tensors = lambda specs: [  # noqa: E731
+        {"name": s.name, "datatype": "FP32", "shape": [d if isinstance(d, int) else -1 for d in s.shape]} for s in specs
+    ]
+    server = {"host": HOST, "http_port": args.http_port, "grpc_port": args.port, "metrics_port": args.metrics_port,
+              "parallel_workers": args.workers, "debug": False}  # fmt: skip
+    model = {
+        "name": args.name,
+        "implementation": "bench.peers.mlserver.runtime.OnnxModel",
+        "max_batch_size": args.max_batch_size,
+        "max_batch_time": args.batch_wait_ms / 1000,
+        "inputs": tensors(onnx.get_inputs()),
+        "outputs": tensors(onnx.get_outputs()),
+        "parameters": {"uri": str(args.model.resolve()), "extra": {"threads": args.threads}},
+    }
+    (folder / "settings.json").write_text(json.dumps(server, indent=2))
+    (folder / args.name).mkdir()
+    (folder / args.name / "model-settings.json").write_text(json.dumps(model, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = arguments(__doc__.splitlines()[0], "python -m bench.peers.mlserver.server")
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--metrics-port", type=int, required=True)
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="mlserver-"))
+    settings(args, folder)
+    # The venv's `mlserver` command (the package has no __main__).
+    command = [str(Path(sys.executable).parent / "mlserver"), "start", str(folder)]
+    print(" ".join(command), flush=True)
+    os.execv(command[0], command)
+
+
+if __name__ == "__main__":
+    main()

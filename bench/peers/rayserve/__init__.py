@@ -1,0 +1,1 @@
+"""Ray Serve: deployment replicas as Ray actors behind its HTTP proxy, batching with @serve.batch."""

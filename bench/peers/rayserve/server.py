@@ -1,0 +1,74 @@
+"""Ray Serve serving an ONNX file: deployment replicas running ONNX Runtime, batched with @serve.batch.
+
+    python -m bench.peers.rayserve.server --model model.onnx --name m --port 8000 --workers 2 \
+        --max-batch-size 16 --batch-wait-ms 1
+
+The setup Ray Serve's docs give for throughput on CPU: `num_replicas` replicas of one CPU each
+(`ray_actor_options={"num_cpus": 1}`), dynamic request batching with `@serve.batch`
+(`max_batch_size`, `batch_wait_timeout_s`) and `max_ongoing_requests` above the batch size so a
+replica can gather a batch. The request body is the raw float32 bytes (a Starlette request read
+whole), the answer the first output's raw float32 bytes. A local Ray of its own, on 127.0.0.1, no
+dashboard; SIGTERM or SIGINT shuts Serve and Ray down.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import numpy as np
+import ray
+from ray import serve
+from ray.serve.schema import LoggingConfig
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bench.peers.common import HOST, arguments, run, session
+
+READY = "application ready"  # printed once Serve answers; bench.peers.servers waits for it
+
+
+def deployment(args):  # noqa: ANN001, ANN201 - Ray's deployment types are not public
+    @serve.deployment(
+        num_replicas=args.workers,
+        ray_actor_options={"num_cpus": 1},
+        max_ongoing_requests=2 * args.max_batch_size,
+        # No line per request: an access log costs every request CPU on the same cores.
+        logging_config=LoggingConfig(enable_access_log=False),
+    )
+    class OnnxDeployment:
+        def __init__(self) -> None:
+            self.session = session(args.model, args.threads)
+            self.shape = [dim if isinstance(dim, int) else -1 for dim in self.session.get_inputs()[0].shape]
+
+        @serve.batch(max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_ms / 1000)
+        async def infer(self, images: list[np.ndarray]) -> list[bytes]:
+            outputs = run(self.session, np.concatenate(images))
+            sizes = np.cumsum([len(image) for image in images])[:-1]
+            return [np.ascontiguousarray(part, "<f4").tobytes() for part in np.split(outputs, sizes)]
+
+        async def __call__(self, request: Request) -> Response:
+            images = np.frombuffer(await request.body(), "<f4").reshape(self.shape)
+            return Response(await self.infer(images), media_type="application/octet-stream")
+
+    return OnnxDeployment
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments(__doc__.splitlines()[0], "python -m bench.peers.rayserve.server").parse_args(argv)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    ray.init(address="local", num_cpus=args.workers, include_dashboard=False, _node_ip_address=HOST)
+    try:
+        serve.start(http_options={"host": HOST, "port": args.port})
+        serve.run(deployment(args).bind(), name=args.name, route_prefix="/predict")
+        print(READY, flush=True)
+        stop.wait()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""Every server the peers benchmark measures, started the same way and driven by the same load engine.
+
+tritonnx's two paths (Triton direct and the facade, ServingStack) and the FastAPI baseline run from
+the project's .venv; PyTriton, LitServe, Ray Serve, MLServer and BentoML run `<peer>/server.py` in
+their own venvs (`venvs`), each in its own process group on loopback ports. Each server says how
+its answers come back (`target`): KServe v2 gRPC with raw tensors for the Triton-based servers and
+MLServer, HTTP with the peer's own payload otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from backend.server.process import ManagedProcess, free_ports
+from backend.server.repository import read_config
+from backend.server.stack import ServingStack
+from bench.baseline.process import FastApiBaseline
+from bench.baseline.workers import Setup
+from bench.load.http import Base64Json, FileUpload, HttpTarget, Payload, RawFloat32
+from bench.load.targets import FacadeTarget, KServeTarget, Target
+from bench.peers import venvs
+
+READY_TIMEOUT_S = 240.0  # Ray and BentoML take tens of seconds to start on 2 busy cores
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How the servers batch and how many workers they run, the same for all where they offer it.
+
+    `max_batch_size` and PyTriton's instances and queue delay are the model's own config.pbtxt (the policy tritonnx
+    serves it with); the other peers run one worker per core, as their docs advise.
+    """
+
+    max_batch_size: int
+    triton_instances: int
+    triton_delay_ms: float
+    workers: int
+    batch_wait_ms: float = 1.0  # for peers whose batching waits for a full batch: short, against a closed loop
+
+    @classmethod
+    def of(cls, model_dir: Path, cores: int) -> Policy:
+        config = read_config(model_dir)
+        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+        delay_us = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
+        return cls(int(config.get("max_batch_size", 1)) or 1, instances, delay_us / 1000, cores)
+
+
+class Server:
+    """One server under test: `start` it, ask it for load `target`s, `stop` it."""
+
+    name: str
+    description: str  # its configuration and payload, for the report
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    @property
+    def pid(self) -> int: ...
+
+    def target(
+        self, images: Sequence[np.ndarray] | None = None, expected: Sequence[np.ndarray] | None = None
+    ) -> Target:
+        raise NotImplementedError
+
+
+@dataclass(eq=False)
+class Tritonnx(Server):
+    """tritonnx: Triton direct (KServe v2 gRPC) or through the facade (`facade=True`)."""
+
+    repository: Path
+    model: str
+    workdir: Path
+    facade: bool = False
+    _stack: ServingStack | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.name = "tritonnx facade" if self.facade else "tritonnx, Triton direct"
+        self.description = (
+            "the facade's Predict (gRPC, raw_data) in front of Triton"
+            if self.facade
+            else "Triton 2.51 + the project's Python backend, the model's config.pbtxt; KServe v2 gRPC, raw tensors"
+        )
+
+    def start(self) -> None:
+        facade_args = ["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"]
+        self._stack = ServingStack(
+            self.repository, self.workdir / self.name.replace(" ", "_").replace(",", ""),
+            backend_dir=self.workdir / "backends", facade_args=facade_args,
+        )  # fmt: skip
+        self._stack.start_triton()
+        if self.facade:
+            self._stack.start_facade()
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            self._stack.stop()
+        self._stack = None
+
+    @property
+    def pid(self) -> int:
+        assert self._stack is not None and self._stack.triton is not None
+        return self._stack.triton.process.pid
+
+    def target(self, images=None, expected=None) -> Target:
+        assert self._stack is not None
+        if self.facade:
+            assert self._stack.facade is not None
+            return FacadeTarget(self._stack.facade.grpc_url, self.model, 1, images=images, expected=expected)
+        assert self._stack.triton is not None
+        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected)
+
+
+@dataclass(eq=False)
+class FastApi(Server):
+    """The FastAPI baseline (bench/baseline): gunicorn + uvicorn workers, one SO_REUSEPORT socket each."""
+
+    onnx_file: Path
+    setup: Setup
+    workdir: Path
+    _server: FastApiBaseline | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.name = f"FastAPI {self.setup.workers}x{self.setup.threads}"
+        self.description = (
+            f"FastAPI + uvicorn + ONNX Runtime, {self.setup.name} ({self.setup.why}); gunicorn --reuse-port; "
+            "raw float32 body, no batching"
+        )
+
+    def start(self) -> None:
+        log = self.workdir / f"{self.name.replace(' ', '_')}.log"
+        self._server = FastApiBaseline(self.onnx_file, free_ports(1)[0], self.setup.workers, self.setup.threads,
+                                       log_file=log)  # fmt: skip
+        self._server.start()
+        try:
+            self._server.wait_ready(READY_TIMEOUT_S)
+        except BaseException:
+            self._server.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
+
+    @property
+    def pid(self) -> int:
+        assert self._server is not None and self._server.pid is not None
+        return self._server.pid
+
+    def worker_pids(self) -> list[int]:
+        return self._server.worker_pids() if self._server else []
+
+    def target(self, images=None, expected=None) -> Target:
+        assert self._server is not None
+        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How a peer is called: KServe v2 gRPC (`payload` None) or HTTP POST `path` with `payload`."""
+
+    ready_path: str | None  # HTTP GET that answers 200 once the peer serves; None: ask KServe gRPC ModelReady
+    path: str = ""
+    payload: Payload | None = None
+    ready_log: str | None = None  # a line the peer's log must also hold (Ray's proxy answers before the app)
+
+
+@dataclass(eq=False)
+class VenvPeer(Server):
+    """A peer's `server.py` run by its venv's Python, in its own process group."""
+
+    name: str
+    peer: str  # folder under bench/peers/
+    description: str
+    protocol: Protocol
+    model: str
+    onnx_file: Path
+    workers: int
+    max_batch_size: int
+    batch_wait_ms: float
+    workdir: Path
+    extra_ports: tuple[str, ...] = ()  # options that each take a free port of their own
+    interpreter: str = venvs.DEFAULT_PYTHON
+    _process: ManagedProcess | None = field(default=None, init=False, repr=False)
+    _port: int = field(default=0, init=False, repr=False)
+
+    def command(self, python: Path, ports: list[int]) -> list[str]:
+        self._port = ports[0]
+        command = [
+            str(python), "-m", f"bench.peers.{self.peer}.server",
+            "--model", str(self.onnx_file.resolve()), "--name", self.model, "--port", str(ports[0]),
+            "--workers", str(self.workers), "--threads", "1",
+            "--max-batch-size", str(self.max_batch_size), "--batch-wait-ms", str(self.batch_wait_ms),
+        ]  # fmt: skip
+        for option, port in zip(self.extra_ports, ports[1:], strict=True):
+            command += [option, str(port)]
+        return command
+
+    def start(self) -> None:
+        python = venvs.ensure(self.peer, self.interpreter)
+        command = self.command(python, free_ports(1 + len(self.extra_ports)))
+        # The peer imports bench.peers.common from this checkout; its own workers (MLServer's, Ray's) too.
+        env = {**os.environ, "PYTHONPATH": str(venvs.ROOT), "RAY_USAGE_STATS_ENABLED": "0",
+               "BENTOML_DO_NOT_TRACK": "True", "VIRTUAL_ENV": str(python.parent.parent),
+               "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
+        self._process = ManagedProcess(log_file=self.workdir / f"{self.peer}.log")
+        self._process.spawn(command, env=env, cwd=venvs.ROOT)
+        try:
+            self._process.wait_until(self._ready, self.name, READY_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        assert self._process is not None
+        if self.protocol.ready_log and self.protocol.ready_log not in self._process.log_tail(200):
+            return False
+        try:
+            if self.protocol.ready_path is None:
+                with grpcclient.InferenceServerClient(f"127.0.0.1:{self._port}") as client:
+                    return bool(client.is_model_ready(self.model))
+            url = f"http://127.0.0.1:{self._port}{self.protocol.ready_path}"
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                return answer.status == 200
+        except (urllib.error.URLError, OSError, InferenceServerException):
+            return False  # not listening yet, or not ready
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop(timeout=30)
+        self._process = None
+
+    @property
+    def pid(self) -> int:
+        assert self._process is not None
+        return self._process.pid
+
+    def target(self, images=None, expected=None) -> Target:
+        if self.protocol.payload is None:
+            target = KServeTarget(f"127.0.0.1:{self._port}", self.model, 1, images=images, expected=expected)
+            target.name = self.name
+            return target
+        return HttpTarget(f"http://127.0.0.1:{self._port}", 1, name=self.name, model=self.model, path=self.protocol.path,
+                          payload=self.protocol.payload, images=images, expected=expected)  # fmt: skip
+
+
+# Debian's python3.11 for PyTriton (see bench/peers/pytriton/requirements.txt), PYTRITON_PYTHON to change it.
+PYTRITON_PYTHON = os.environ.get("PYTRITON_PYTHON", "/usr/bin/python3.11")
+PEERS = ("pytriton", "litserve", "rayserve", "mlserver", "bentoml")
+
+
+def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) -> VenvPeer:
+    """The peer `name` in its best documented setup under `policy`."""
+    common = {"model": model, "onnx_file": onnx_file, "workdir": workdir, "max_batch_size": policy.max_batch_size}
+    if name == "pytriton":
+        return VenvPeer(
+            name="PyTriton", peer="pytriton", protocol=Protocol(None), workers=policy.triton_instances,
+            batch_wait_ms=policy.triton_delay_ms, extra_ports=("--http-port", "--metrics-port"),
+            interpreter=PYTRITON_PYTHON,
+            description=f"PyTriton 0.7: @batch callables, {policy.triton_instances} instances, dynamic batching "
+            f"up to {policy.max_batch_size} (the model's config.pbtxt); KServe v2 gRPC, raw tensors", **common,
+        )  # fmt: skip
+    if name == "litserve":
+        return VenvPeer(
+            name="LitServe", peer="litserve", protocol=Protocol("/health", "/predict", Base64Json()),
+            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
+            description=f"LitServe: {policy.workers} CPU workers, batching up to {policy.max_batch_size} "
+            f"(timeout {policy.batch_wait_ms} ms), fast_queue; JSON with base64 float32", **common,
+        )  # fmt: skip
+    if name == "rayserve":
+        return VenvPeer(
+            name="Ray Serve", peer="rayserve", protocol=Protocol("/-/healthz", "/predict", RawFloat32(), "application ready"),
+            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
+            description=f"Ray Serve: {policy.workers} replicas x 1 CPU, @serve.batch up to {policy.max_batch_size} "
+            f"(wait {policy.batch_wait_ms} ms); raw float32 body", **common,
+        )  # fmt: skip
+    if name == "mlserver":
+        return VenvPeer(
+            name="MLServer", peer="mlserver", protocol=Protocol(None), workers=policy.workers,
+            batch_wait_ms=policy.batch_wait_ms, extra_ports=("--http-port", "--metrics-port"),
+            description=f"MLServer: {policy.workers} parallel workers, adaptive batching up to "
+            f"{policy.max_batch_size} ({policy.batch_wait_ms} ms); KServe v2 gRPC, raw tensors", **common,
+        )  # fmt: skip
+    if name == "bentoml":
+        return VenvPeer(
+            name="BentoML", peer="bentoml", protocol=Protocol("/readyz", "/predict", FileUpload()),
+            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
+            description=f"BentoML: {policy.workers} workers; the image as a file upload of raw float32 bytes",
+            **common,
+        )  # fmt: skip
+    raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")

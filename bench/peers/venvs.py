@@ -1,0 +1,91 @@
+"""The peers' venvs under build/peers/<peer>/, made from their pinned requirements files.
+
+Each peer's framework pulls its own numpy, protobuf, grpcio and web stack; they live apart from
+the project's .venv and from each other. A venv is (re)built when its requirements file changes
+(a stamp holds the file's hash), so `make bench-peers` downloads only the first time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PEERS = Path(__file__).resolve().parent
+BUILD = ROOT / "build" / "peers"
+# The interpreter the venvs are made with (PEERS_PYTHON to change it); a peer may need its own.
+DEFAULT_PYTHON = os.environ.get("PEERS_PYTHON", "python3.11")
+
+
+class VenvError(RuntimeError):
+    """A peer's venv could not be made."""
+
+
+def requirements(peer: str) -> Path:
+    return PEERS / peer / "requirements.txt"
+
+
+def python_of(peer: str) -> Path:
+    return BUILD / peer / "bin" / "python"
+
+
+def stamp(peer: str, interpreter: str) -> str:
+    """What the venv was built from: the requirements file's hash and the interpreter."""
+    return hashlib.sha256(requirements(peer).read_bytes() + interpreter.encode()).hexdigest()
+
+
+def is_current(peer: str, interpreter: str = DEFAULT_PYTHON) -> bool:
+    stamp_file = BUILD / peer / ".installed"
+    return python_of(peer).exists() and stamp_file.exists() and stamp_file.read_text() == stamp(peer, interpreter)
+
+
+def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say=print) -> Path:
+    """The peer's venv Python, after building the venv if its requirements changed; pip's log in the venv."""
+    if is_current(peer, interpreter):
+        return python_of(peer)
+    venv = BUILD / peer
+    if venv.exists():
+        shutil.rmtree(venv)
+    found = shutil.which(interpreter)
+    if found is None:
+        raise VenvError(f"{peer}: no {interpreter} on PATH to make its venv with")
+    say(f"{peer}: making {venv} with {found} from {requirements(peer).relative_to(ROOT)} (downloads on first use)")
+    made = subprocess.run([found, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        raise VenvError(f"{peer}: {found} -m venv failed: {made.stderr.strip()[-500:]}")
+    log = venv / "pip.log"
+    with open(log, "wb") as output:
+        done = subprocess.run(
+            [
+                str(python_of(peer)),
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-r",
+                str(requirements(peer)),
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+            check=False,
+        )
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise VenvError(f"{peer}: pip install failed (exit {done.returncode}); end of {log}:\n{tail}")
+    (venv / ".installed").write_text(stamp(peer, interpreter))
+    return python_of(peer)
+
+
+def frozen(peer: str) -> list[str]:
+    """Every package of the peer's venv with its version (kept with the results)."""
+    done = subprocess.run(
+        [str(python_of(peer)), "-m", "pip", "freeze", "--disable-pip-version-check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.split()

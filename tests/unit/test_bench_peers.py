@@ -1,0 +1,190 @@
+"""The peers benchmark's pure parts: the policy read from config.pbtxt, the payload formats, the answer check, the
+venv stamps and the tables. The peers themselves run in `make bench-peers` (their venvs need downloads)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+from aiohttp import web
+
+from bench.load.http import Base64Json, FileUpload, HttpTarget, RawFloat32
+from bench.load.targets import VerificationError
+from bench.peers import servers, venvs
+from bench.peers.__main__ import table_rows
+from bench.peers.reference import check_answers, sample_images
+from bench.peers.table import servers_table, value_range
+from bench.report import bench_servers, counted, worker_rows
+
+
+def test_the_policy_is_the_models_own_config(tmp_path):
+    (tmp_path / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n'
+        "instance_group [ { kind: KIND_CPU, count: 3 } ]\n"
+    )
+    policy = servers.Policy.of(tmp_path, cores=2)
+    assert (policy.max_batch_size, policy.triton_instances, policy.triton_delay_ms, policy.workers) == (8, 3, 0.5, 2)
+    (tmp_path / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 4\n')
+    assert servers.Policy.of(tmp_path, cores=2).triton_instances == 1
+
+
+def test_every_peer_has_a_setup_a_description_and_its_requirements(tmp_path):
+    policy = servers.Policy(16, 3, 0.0, 2)
+    for name in servers.PEERS:
+        peer = servers.peer(name, "m", tmp_path / "model.onnx", policy, tmp_path)
+        assert peer.description and venvs.requirements(name).exists()
+        pins = [line for line in venvs.requirements(name).read_text().splitlines() if line and line[0] != "#"]
+        assert pins and all("==" in line for line in pins), name  # every requirement pinned
+        command = peer.command(venvs.python_of(name), list(range(9000, 9000 + 1 + len(peer.extra_ports))))
+        assert command[1:3] == ["-m", f"bench.peers.{name}.server"] and "--port" in command
+    pytriton = servers.peer("pytriton", "m", tmp_path / "model.onnx", policy, tmp_path)
+    assert pytriton.workers == 3 and pytriton.interpreter == servers.PYTRITON_PYTHON
+    with pytest.raises(ValueError, match="unknown peer"):
+        servers.peer("torchserve", "m", tmp_path / "model.onnx", policy, tmp_path)
+
+
+def test_a_venv_is_rebuilt_when_its_requirements_or_interpreter_change(tmp_path, monkeypatch):
+    monkeypatch.setattr(venvs, "PEERS", tmp_path)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "requirements.txt").write_text("a==1\n")
+    first = venvs.stamp("p", "python3.11")
+    assert venvs.stamp("p", "/usr/bin/python3.11") != first
+    (tmp_path / "p" / "requirements.txt").write_text("a==2\n")
+    assert venvs.stamp("p", "python3.11") != first
+
+
+@pytest.mark.parametrize("payload", [RawFloat32(), Base64Json()], ids=["raw", "base64-json"])
+def test_payloads_carry_the_float32_bytes_exactly(payload):
+    images = np.random.default_rng(0).standard_normal((2, 3, 4, 4), dtype=np.float32)
+    body, headers = payload.encode(images)
+    if isinstance(payload, RawFloat32):
+        assert headers["x-shape"] == "2,3,4,4" and body == images.tobytes()
+        answer = body
+    else:
+        request = json.loads(body)
+        assert request["shape"] == [2, 3, 4, 4]
+        assert np.array_equal(np.frombuffer(base64.b64decode(request["input"]), "<f4"), images.ravel())
+        answer = json.dumps({"output": request["input"]}).encode()
+    assert np.array_equal(payload.decode(answer), images.ravel())
+
+
+def test_the_file_upload_is_one_multipart_file_of_raw_bytes():
+    images = np.arange(6, dtype=np.float32).reshape(1, 6)
+    body, headers = FileUpload().encode(images)
+    boundary = headers["content-type"].split("boundary=")[1]
+    head, rest = body.split(b"\r\n\r\n", 1)
+    assert head.startswith(f"--{boundary}".encode()) and b'name="input"' in head
+    assert rest == images.tobytes() + f"\r\n--{boundary}--\r\n".encode()
+    assert np.array_equal(FileUpload().decode(b"[[0, 1, 2, 3, 4, 5]]"), images.ravel())
+    with pytest.raises(ValueError, match="JSON array"):
+        FileUpload().decode(b"<html>")
+
+
+def serve_answers(answer) -> tuple[web.AppRunner, str]:
+    async def start():
+        async def predict(request: web.Request) -> web.Response:
+            images = np.frombuffer(await request.read(), "<f4")
+            return web.Response(body=answer(images).astype("<f4").tobytes())
+
+        app = web.Application(client_max_size=1 << 24)
+        app.router.add_post("/predict", predict)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    return start
+
+
+def checked(answer, expected_of) -> None:
+    """check_answers on an HttpTarget against a server answering `answer(images)`."""
+    images = sample_images(3)
+    expected = [expected_of(image) for image in images]
+
+    async def scenario():
+        runner, url = await serve_answers(answer)()
+        try:
+            target = HttpTarget(url, 1, images=images, expected=expected)
+            await asyncio.get_running_loop().run_in_executor(None, check_answers, target, len(images))
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def first_thousand(images: np.ndarray) -> np.ndarray:
+    return images.ravel()[:1000]
+
+
+def test_check_answers_passes_right_answers_and_stops_wrong_ones():
+    checked(first_thousand, first_thousand)
+    with pytest.raises(VerificationError, match="3 of them unlike in-process"):
+        checked(lambda images: first_thousand(images) + 1, first_thousand)
+
+
+def test_value_ranges_and_the_servers_table():
+    assert value_range([]) == "n/a" and value_range([3.04]) == "3" and value_range([331.6, 378.9]) == "332-379"
+    assert value_range([1.0, 1.04], 1) == "1.0"
+    lines = servers_table(
+        [600.0, 700.0],
+        [
+            {"name": "A", "images_per_s": [325.0, 390.0], "p50_ms": [4.0, 4.4], "setup": "s"},
+            {"name": "B", "images_per_s": [], "p50_ms": [], "setup": "t"},
+        ],
+    )
+    assert lines[2].startswith("| limit: in-process ONNX Runtime | 600-700 | 1.00x |")
+    assert lines[3] == "| A | 325-390 | 0.50-0.60x | 4.0-4.4 | s |"
+    assert lines[4] == "| B | n/a | n/a | n/a | t |"
+
+
+def point(concurrency: int, images_per_s: float, p50_ms: float = 5.0, **extra) -> dict:
+    return {"concurrency": concurrency, "images_per_s": images_per_s, "p50_ms": p50_ms, "errors": {}, **extra}
+
+
+UNSPREAD = {"worker_cpu": {"shares": [0.95, 0.05], "spread": False, "runs": 2, "cpu_seconds": [1.9, 0.1]}}
+SPREAD = {"worker_cpu": {"shares": [0.5, 0.5], "spread": True, "runs": 1, "cpu_seconds": [1.0, 1.0]}}
+
+
+def test_peer_rows_leave_out_unspread_runs_and_runs_with_errors():
+    data = {
+        "servers": {
+            "FastAPI 2x1": {
+                "setup": "s",
+                "rounds": [
+                    {"points": [point(16, 400.0, **SPREAD), point(1, 200.0, 4.0)]},
+                    {"points": [point(16, 190.0, **UNSPREAD), point(1, 210.0, 4.2)]},
+                ],
+            },
+            "LitServe": {
+                "setup": "t",
+                "rounds": [
+                    {"error": "did not start"},
+                    {"points": [{**point(16, 99.0), "errors": {"503": 2}}, point(16, 120.0)]},
+                ],
+            },
+        }
+    }
+    rows = {row["name"]: row for row in table_rows(data, 16)}
+    assert rows["FastAPI 2x1"]["images_per_s"] == [400.0] and rows["FastAPI 2x1"]["p50_ms"] == [4.0, 4.2]
+    assert rows["LitServe"]["images_per_s"] == [120.0] and rows["LitServe"]["p50_ms"] == []
+
+
+def test_make_bench_tables_count_only_spread_fastapi_runs():
+    data = {
+        "loadgen_kserve": [point(1, 200.0, 4.5), point(16, 380.0)],
+        "facade": [point(1, 150.0, 6.0), point(16, 270.0)],
+        "pytriton": {"points": [point(1, 120.0, 7.5), point(16, 250.0)], "setup": "p"},
+        "fastapi": {
+            "2 worker(s) x 1 thread(s)": {"why": "w", "points": [point(1, 190.0, 5.1), point(16, 420.0, **UNSPREAD)]},
+        },
+    }
+    rows = {row["name"]: row for row in bench_servers(data)}
+    assert rows["tritonnx, Triton direct"]["images_per_s"] == [380.0] and rows["PyTriton"]["p50_ms"] == [7.5]
+    assert rows["FastAPI 2 worker(s) x 1 thread(s)"]["images_per_s"] == []
+    assert counted(data["fastapi"]["2 worker(s) x 1 thread(s)"]["points"]) == [point(1, 190.0, 5.1)]
+    table = "\n".join(worker_rows(data))
+    assert "| 2 worker(s) x 1 thread(s) | 16 | 95% / 5% | **no: not counted** | 2 |" in table
