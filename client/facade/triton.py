@@ -93,7 +93,8 @@ class TritonGateway:
                 ),
             )
         except grpc.aio.AioRpcError as error:
-            if error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
+            gone = error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+            if gone or await self._version_not_served(error, name, version):
                 raise NotFound(await self._not_found_message(name, version)) from None
             raise from_triton(error, name, version) from None
         info = ModelInfo.from_triton(metadata, config, version)
@@ -136,9 +137,28 @@ class TritonGateway:
                 service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
             )
             served = sorted({m.name for m in index.models})
-            return f"{target} is not served; ready models: {', '.join(served) or 'none'}"
+            versions = sorted((m.version for m in index.models if m.name == name), key=lambda v: v.zfill(20))
+            ready_versions = f"; ready versions of '{name}': {', '.join(versions)}" if version and versions else ""
+            return f"{target} is not served; ready models: {', '.join(served) or 'none'}{ready_versions}"
         except grpc.aio.AioRpcError:
             return f"{target} is not served"
+
+    async def _version_not_served(self, error: grpc.aio.AioRpcError, name: str, version: str) -> bool:
+        """Whether Triton's UNAVAILABLE for a request naming a version means the version is not loaded.
+
+        Triton 2.51 answers NOT_FOUND for a version it never had, but UNAVAILABLE ("not at ready state") for one it
+        unloaded (retired, rolled back) or that failed to load, as it does for a full queue: the server's and the
+        version's readiness tell them apart.
+        """
+        if error.code() != grpc.StatusCode.UNAVAILABLE or not version:
+            return False
+        stub = self._replicas.pick().stub
+        try:
+            server = await stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=2.0)
+            model = await stub.ModelReady(service_pb2.ModelReadyRequest(name=name, version=version), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return server.ready and not model.ready
 
     async def _shared_pool(self) -> SharedInputPool | None:
         """The pool when Triton knows its region; registers it when needed (at most every few seconds)."""
@@ -217,6 +237,8 @@ class TritonGateway:
                     f"model '{model}' is not available right now (the inference server is restarting or "
                     "reloading it); retry"
                 )
+            elif await self._version_not_served(error, model, version):
+                failure = NotFound(await self._not_found_message(model, version))
             else:
                 failure = from_triton(error, model, version)
             if isinstance(failure, InvalidArgument):

@@ -291,6 +291,12 @@ def test_publish_then_rollback_under_load_fail_no_request_and_answer_each_from_i
     # The supervisor took neither swap for a death.
     assert len(serving.stack.supervisor.reloads) == reloads
     assert supervisor_warnings(caplog) == []
+    # A request naming the retired version: Triton answers UNAVAILABLE ("not at ready state"), as for a
+    # full queue; the facade tells them apart and answers NOT_FOUND with the versions that are ready.
+    with pytest.raises(grpc.RpcError) as refused:
+        predict(facade_stub(serving), IMAGES[0], "2")
+    assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    assert f"version '2' is not served; ready models: {M}; ready versions of '{M}': 1" in refused.value.details()
 
 
 def test_refused_publishes_under_load_fail_no_request_and_leave_the_served_version(serving):
