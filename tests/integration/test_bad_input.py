@@ -291,7 +291,10 @@ CASES = [
         lambda: raw(image(), model="resnet51"),
         Expect(
             "NOT_FOUND",
-            ("model 'resnet51' is not served; ready models: mobilenet_v3_small, resnet50, text_classifier",),
+            (
+                "model 'resnet51' is not served; ready models: image_preprocess, mobilenet_v3_small, "
+                "mobilenet_v3_small_image, resnet50, resnet50_image, text_classifier, token_classifier",
+            ),
         ),
         lambda: Direct("resnet51", [Tensor("input", image())]),
         Expect("NOT_FOUND", ("Request for unknown model: 'resnet51' is not found",)),
