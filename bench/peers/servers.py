@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,23 +55,28 @@ class Policy:
         return cls(int(config.get("max_batch_size", 1)) or 1, instances, delay_us / 1000, cores)
 
 
-class Server:
+class Server(ABC):
     """One server under test: `start` it, ask it for load `target`s, `stop` it."""
 
     name: str
     description: str  # its configuration and payload, for the report
 
+    @abstractmethod
     def start(self) -> None: ...
 
+    @abstractmethod
     def stop(self) -> None: ...
 
     @property
-    def pid(self) -> int: ...
+    @abstractmethod
+    def pid(self) -> int:
+        """The process whose tree holds the whole server (for its memory)."""
 
+    @abstractmethod
     def target(
         self, images: Sequence[np.ndarray] | None = None, expected: Sequence[np.ndarray] | None = None
     ) -> Target:
-        raise NotImplementedError
+        """A load target; with `images` and `expected`, one that compares every answer."""
 
 
 @dataclass(eq=False)

@@ -9,7 +9,8 @@ The setup BentoML's docs give for a CPU model: `@bentoml.service(workers=...)`, 
 core. The image travels as a file, the binary input BentoML documents (a `Path` parameter, sent as
 multipart/form-data), holding the raw float32 bytes: BentoML's adaptive batching needs a batchable
 input (an array, sent as JSON numbers), and parsing 150,528 numbers from text per image costs more
-than batching gains. The answer is the output array, JSON. POST /predict.
+than batching gains (one short run at c=16: 97 img/s with a batched JSON array, 262 with the file).
+The answer is the output array, JSON. POST /predict.
 """
 
 from __future__ import annotations

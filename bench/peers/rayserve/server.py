@@ -13,17 +13,24 @@ dashboard; SIGTERM or SIGINT shuts Serve and Ray down.
 
 from __future__ import annotations
 
-import signal
-import threading
+import os
 
-import numpy as np
-import ray
-from ray import serve
-from ray.serve.schema import LoggingConfig
-from starlette.requests import Request
-from starlette.responses import Response
+# Before Ray is imported, for every Ray process it starts: no usage report, and every component on
+# loopback (Ray otherwise takes the address of the interface routing to the internet as the node's,
+# even with _node_ip_address). The flag is the one Ray reads for single-node clusters on macOS/Windows.
+os.environ.update({"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"})
 
-from bench.peers.common import HOST, arguments, run, session
+import signal  # noqa: E402
+import threading  # noqa: E402
+
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
+from ray.serve.schema import LoggingConfig  # noqa: E402
+from starlette.requests import Request  # noqa: E402
+from starlette.responses import Response  # noqa: E402
+
+from bench.peers.common import HOST, arguments, run, session  # noqa: E402
 
 READY = "application ready"  # printed once Serve answers; bench.peers.servers waits for it
 
