@@ -45,6 +45,7 @@ class Policy:
     triton_instances: int
     triton_delay_ms: float
     workers: int
+    triton_threads: int = 1  # intra-op threads per instance
     batch_wait_ms: float = 1.0  # for peers whose batching waits for a full batch: short, against a closed loop
 
     @classmethod
@@ -52,7 +53,8 @@ class Policy:
         config = read_config(model_dir)
         instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
         delay_us = int(config.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
-        return cls(int(config.get("max_batch_size", 1)) or 1, instances, delay_us / 1000, cores)
+        threads = int(config.get("parameters", {}).get("intra_op_thread_count", {}).get("string_value", "1"))
+        return cls(int(config.get("max_batch_size", 1)) or 1, instances, delay_us / 1000, cores, threads)
 
 
 class Server(ABC):
@@ -195,6 +197,7 @@ class VenvPeer(Server):
     max_batch_size: int
     batch_wait_ms: float
     workdir: Path
+    threads: int = 1  # ONNX Runtime intra-op threads per worker
     extra_ports: tuple[str, ...] = ()  # options that each take a free port of their own
     interpreter: str = venvs.DEFAULT_PYTHON
     _process: ManagedProcess | None = field(default=None, init=False, repr=False)
@@ -205,7 +208,7 @@ class VenvPeer(Server):
         command = [
             str(python), "-m", f"bench.peers.{self.peer}.server",
             "--model", str(self.onnx_file.resolve()), "--name", self.model, "--port", str(ports[0]),
-            "--workers", str(self.workers), "--threads", "1",
+            "--workers", str(self.workers), "--threads", str(self.threads),
             "--max-batch-size", str(self.max_batch_size), "--batch-wait-ms", str(self.batch_wait_ms),
         ]  # fmt: skip
         for option, port in zip(self.extra_ports, ports[1:], strict=True):
@@ -271,9 +274,11 @@ def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) 
     if name == "pytriton":
         return VenvPeer(
             name="PyTriton", peer="pytriton", protocol=Protocol(None), workers=policy.triton_instances,
+            threads=policy.triton_threads,
             batch_wait_ms=policy.triton_delay_ms, extra_ports=("--http-port", "--metrics-port"),
             interpreter=PYTRITON_PYTHON,
-            description=f"PyTriton 0.7: @batch callables, {policy.triton_instances} instances, dynamic batching "
+            description=f"PyTriton 0.7: @batch callables, {policy.triton_instances} instances x "
+            f"{policy.triton_threads} thread(s), dynamic batching "
             f"up to {policy.max_batch_size} (the model's config.pbtxt); KServe v2 gRPC, raw tensors", **common,
         )  # fmt: skip
     if name == "litserve":

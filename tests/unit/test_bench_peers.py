@@ -24,15 +24,17 @@ def test_the_policy_is_the_models_own_config(tmp_path):
     (tmp_path / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 500 }\n'
         "instance_group [ { kind: KIND_CPU, count: 3 } ]\n"
+        'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
     )
     policy = servers.Policy.of(tmp_path, cores=2)
     assert (policy.max_batch_size, policy.triton_instances, policy.triton_delay_ms, policy.workers) == (8, 3, 0.5, 2)
+    assert policy.triton_threads == 2
     (tmp_path / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 4\n')
     assert servers.Policy.of(tmp_path, cores=2).triton_instances == 1
 
 
 def test_every_peer_has_a_setup_a_description_and_its_requirements(tmp_path):
-    policy = servers.Policy(16, 3, 0.0, 2)
+    policy = servers.Policy(16, 3, 0.0, 2, triton_threads=2)
     for name in servers.PEERS:
         peer = servers.peer(name, "m", tmp_path / "model.onnx", policy, tmp_path)
         assert peer.description and venvs.requirements(name).exists()
@@ -41,7 +43,8 @@ def test_every_peer_has_a_setup_a_description_and_its_requirements(tmp_path):
         command = peer.command(venvs.python_of(name), list(range(9000, 9000 + 1 + len(peer.extra_ports))))
         assert command[1:3] == ["-m", f"bench.peers.{name}.server"] and "--port" in command
     pytriton = servers.peer("pytriton", "m", tmp_path / "model.onnx", policy, tmp_path)
-    assert pytriton.workers == 3 and pytriton.interpreter == servers.PYTRITON_PYTHON
+    assert pytriton.workers == 3 and pytriton.threads == 2 and pytriton.interpreter == servers.PYTRITON_PYTHON
+    assert "3 instances x 2 thread(s)" in pytriton.description
     with pytest.raises(ValueError, match="unknown peer"):
         servers.peer("torchserve", "m", tmp_path / "model.onnx", policy, tmp_path)
 
