@@ -39,4 +39,5 @@ def arguments(description: str, prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads per worker")
     parser.add_argument("--max-batch-size", type=int, default=16, help="largest batch the peer may form")
     parser.add_argument("--batch-wait-ms", type=float, default=1.0, help="longest wait to fill a batch")
+    parser.add_argument("--workdir", type=Path, help="where a peer writes the files it needs (MLServer's settings)")
     return parser

@@ -210,6 +210,7 @@ class VenvPeer(Server):
             "--model", str(self.onnx_file.resolve()), "--name", self.model, "--port", str(ports[0]),
             "--workers", str(self.workers), "--threads", str(self.threads),
             "--max-batch-size", str(self.max_batch_size), "--batch-wait-ms", str(self.batch_wait_ms),
+            "--workdir", str(self.workdir),
         ]  # fmt: skip
         for option, port in zip(self.extra_ports, ports[1:], strict=True):
             command += [option, str(port)]

@@ -3,8 +3,8 @@
     python -m bench.peers.mlserver.server --model model.onnx --name m --port 8081 --http-port 8080 \
         --metrics-port 8082 --workers 2 --max-batch-size 16 --batch-wait-ms 1
 
-writes MLServer's settings.json and model-settings.json into a folder of its own and runs
-`mlserver start` on it. The setup MLServer's docs give for throughput: `parallel_workers` inference
+writes MLServer's settings.json and model-settings.json into a folder of its own (under `--workdir`,
+else a new temporary one) and runs `mlserver start` on it. The setup MLServer's docs give for throughput: `parallel_workers` inference
 processes (one per core), adaptive batching (`max_batch_size`, `max_batch_time`), clients on the
 KServe v2 gRPC endpoint (`--port`) with tensors as `raw_input_contents` (MLServer answers raw too).
 Every endpoint is on 127.0.0.1.
@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--http-port", type=int, required=True)
     parser.add_argument("--metrics-port", type=int, required=True)
     args = parser.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="mlserver-"))
+    if args.workdir:
+        folder = args.workdir / f"mlserver-{args.port}"
+        folder.mkdir(parents=True)
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="mlserver-"))
     settings(args, folder)
     # The venv's `mlserver` command (the package has no __main__).
     command = [str(Path(sys.executable).parent / "mlserver"), "start", str(folder)]
