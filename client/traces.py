@@ -106,6 +106,7 @@ class OtlpReceiver:
         self._lock = threading.Condition()
         self._on_spans = on_spans
         self.exports = 0
+        self._last_export = time.monotonic()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -162,6 +163,7 @@ class OtlpReceiver:
     def _add(self, spans: list[ReceivedSpan]) -> None:
         with self._lock:
             self.exports += 1
+            self._last_export = time.monotonic()
             for span in spans:
                 self._traces.setdefault(span.trace_id, []).append(span)
                 self._traces.move_to_end(span.trace_id)
@@ -194,6 +196,20 @@ class OtlpReceiver:
                         f"after {timeout:.0f} s the receiver holds {len(spans)} span(s), not what was awaited"
                     )
                 self._lock.wait(left)
+
+    def settle(self, quiet: float, timeout: float) -> list[ReceivedSpan]:
+        """All spans received, once no export has arrived for `quiet` seconds from now on.
+
+        Then the senders have sent what they held. Raises TimeoutError if exports keep coming for `timeout` s.
+        """
+        start = time.monotonic()
+        deadline = start + timeout
+        with self._lock:
+            while (idle := time.monotonic() - max(start, self._last_export)) < quiet:
+                if time.monotonic() + quiet - idle > deadline:
+                    raise TimeoutError(f"exports kept arriving for {timeout:.0f} s")
+                self._lock.wait(quiet - idle)
+            return [span for spans in self._traces.values() for span in spans]
 
 
 def format_trace(spans: list[ReceivedSpan]) -> str:

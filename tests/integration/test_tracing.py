@@ -68,8 +68,10 @@ def predict(stub, seed: int, metadata: tuple = ()) -> np.ndarray:
 
 
 def complete(trace_id: str):
-    """Whether a facade call's trace holds tritonserver's compute span too (its deepest)."""
-    return lambda spans: any(s.trace_id == trace_id and s.name == "compute" for s in spans)
+    """Whether a facade call's trace holds both processes' spans: the facade's root, tritonserver's compute."""
+    return lambda spans: (
+        {"inference.InferenceService/Predict", "compute"} <= {s.name for s in spans if s.trace_id == trace_id}
+    )
 
 
 def only(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
@@ -78,12 +80,28 @@ def only(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
     return found[0]
 
 
+def traced_predict(stub, receiver, seed: int) -> tuple[str, str, np.ndarray, list[ReceivedSpan]]:
+    """A call with a sampled context whose trace tritonserver sent too: (trace id, caller's span, output, spans).
+
+    tritonserver 2.51 leaves a few percent of the requests that carry a sampled context untraced (whole
+    traces, whatever its span queue and batch settings; see the README's Tracing section), so a call is
+    tried again, with a new trace, when its trace stays without tritonserver's spans.
+    """
+    for _ in range(5):
+        trace_id, caller_span, header = traceparent()
+        served = predict(stub, seed, (("traceparent", header),))
+        try:
+            spans = receiver.wait_for(complete(trace_id), 5)
+        except TimeoutError:
+            continue
+        return trace_id, caller_span, served, [s for s in spans if s.trace_id == trace_id]
+    raise AssertionError("five traced calls in a row left no tritonserver spans")
+
+
 def test_one_trace_runs_from_the_caller_through_the_facade_into_tritons_queue_and_compute(stack, stub, receiver):
-    trace_id, caller_span, header = traceparent()
-    served = predict(stub, 1, (("traceparent", header),))
+    trace_id, caller_span, served, spans = traced_predict(stub, receiver, 1)
     assert_close(served, reference_session(onnx_file(MODEL)).run(None, {"input": image(1)})[0])
 
-    spans = [s for s in receiver.wait_for(complete(trace_id), 30) if s.trace_id == trace_id]
     root = only(spans, "tritonnx-facade", "inference.InferenceService/Predict")
     assert root.parent_id == caller_span and root.kind == "SERVER"
     assert root.attributes["tritonnx.model"] == MODEL and root.attributes["tritonnx.model_version"] == "1"
@@ -105,37 +123,47 @@ def test_one_trace_runs_from_the_caller_through_the_facade_into_tritons_queue_an
     assert len(spans) == 1 + len(FACADE_CHILDREN) + 3
 
 
-def test_the_ratio_samples_the_facades_calls_and_triton_traces_exactly_those(stack, stub, receiver):
+def test_the_ratio_samples_the_facades_calls_and_triton_traces_only_those(stack, stub, receiver):
     before = {s.trace_id for s in receiver.spans()}
     calls = 80
     for seed in range(calls):
         predict(stub, seed)
-    # A last, sampled call: each exporter sends in order, so once its spans are in, the others' are.
-    last, _, header = traceparent()
-    predict(stub, 0, (("traceparent", header),))
-    spans = [s for s in receiver.wait_for(complete(last), 30) if s.trace_id not in before and s.trace_id != last]
+    # Both exporters send every 100 ms: a second without an export means they have sent everything.
+    spans = [s for s in receiver.settle(1.0, 30) if s.trace_id not in before]
 
     facade_traces = {s.trace_id for s in spans if s.service == "tritonnx-facade"}
     triton_traces = {s.trace_id for s in spans if s.service == "tritonserver"}
     # Binomial(80, 0.25): 20 +- 4; outside 5..40 is a sampler that ignores the ratio.
     assert 5 <= len(facade_traces) <= 40
-    # Triton traced the sampled calls and no other: no trace lacks its start, none is cut short.
-    assert triton_traces == facade_traces
+    # Triton traced sampled calls and no other: none of its traces lacks the facade's start.
+    assert triton_traces <= facade_traces
+    # ...and most of them (it leaves a few percent untraced, see traced_predict); each one whole.
+    assert len(triton_traces) >= len(facade_traces) / 2
+    for trace_id in triton_traces:
+        names = [s.name for s in spans if s.trace_id == trace_id and s.service == "tritonserver"]
+        assert sorted(names) == sorted(["InferRequest", MODEL, "compute"])
     calls_to_triton = {s.span_id for s in spans if s.name == "ModelInfer"}
-    assert {s.parent_id for s in spans if s.name == "InferRequest"} == calls_to_triton
+    assert {s.parent_id for s in spans if s.name == "InferRequest"} <= calls_to_triton
 
 
 def test_a_direct_request_is_traced_when_it_carries_a_context_and_only_then(stack, receiver):
     before = {s.trace_id for s in receiver.spans()}
     x = image(7)
-    trace_id, caller_span, header = traceparent()
+    contexts = [traceparent() for _ in range(5)]
     with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
         untraced = client.infer(MODEL, make_inputs({"input": x}), request_id="no-context")
-        traced = client.infer(MODEL, make_inputs({"input": x}), headers={"traceparent": header})
-    assert_close(traced.as_numpy("output"), untraced.as_numpy("output"))
+        for _, _, header in contexts:
+            traced = client.infer(MODEL, make_inputs({"input": x}), headers={"traceparent": header})
+            assert_close(traced.as_numpy("output"), untraced.as_numpy("output"))
 
-    spans = receiver.wait_for(complete(trace_id), 30)
-    ours = [s for s in spans if s.trace_id == trace_id]
-    assert only(ours, "tritonserver", "InferRequest").parent_id == caller_span
-    # The request without a context, sent first, left no trace (Triton runs with rate=0).
-    assert {s.trace_id for s in spans} - before == {trace_id}
+    spans = [s for s in receiver.settle(1.0, 30) if s.trace_id not in before]
+    callers = {trace_id: caller_span for trace_id, caller_span, _ in contexts}
+    traced_ids = {s.trace_id for s in spans}
+    # The request without a context, sent first, left no trace (Triton runs with rate=0); those with one
+    # did (all but the few tritonserver leaves untraced), each under its caller's span.
+    assert traced_ids and traced_ids <= set(callers)
+    for trace_id in traced_ids:
+        assert (
+            only([s for s in spans if s.trace_id == trace_id], "tritonserver", "InferRequest").parent_id
+            == (callers[trace_id])
+        )
