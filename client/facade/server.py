@@ -16,12 +16,15 @@ from grpc_health.v1._async import HealthServicer  # health.aio's, behind a versi
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
-from client.facade.classify_service import Classifier, ClassifyServicer
+from client.facade.classifier import Classifier
+from client.facade.coalesce import Coalescer
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
-from client.facade.service import SERVICE_NAME, Admission, InferenceServicer, Predictor
+from client.facade.predictor import Predictor
+from client.facade.service import SERVICE_NAME, InferenceServicer
 from client.facade.settings import FacadeSettings
 from client.facade.tracing import Tracing
 from client.facade.triton import TritonGateway
@@ -93,16 +96,18 @@ class Facade:
                 )
                 if settings.cache_models
                 else None,
+                Coalescer(
+                    self.gateway,
+                    lambda info: settings.coalesce_depth or (info.instances + 1) * self.gateway.replicas,
+                    self.metrics.calls_per_triton_request.observe,
+                )
+                if settings.coalesce
+                else None,
             ),
+            Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
             Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),
             self.metrics,
             tracing=self.tracing,
-        )
-        # Classify shares Predict's admission (in-flight slots) and metrics.
-        self.classify_servicer = ClassifyServicer(
-            Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
-            self.servicer.admission,
-            self.metrics,
         )
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -129,7 +134,7 @@ class Facade:
                 ("grpc.experimental.tcp_max_read_chunk_size", 4 * 1024 * 1024),
             ],
         )
-        self._grpc.add_generic_rpc_handlers((self.servicer.handler(), self.classify_servicer.handler()))
+        self._grpc.add_generic_rpc_handlers((self.servicer.handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health_servicer, self._grpc)
         if s.reflection:
             reflection.enable_server_reflection(

@@ -2,9 +2,9 @@
 
 The facade runs next to Triton. Sending a 600 KB image over loopback gRPC a second time costs
 more CPU than anything else the facade does (kernel copies on both ends, gRPC framing), so the
-facade keeps one shared-memory region registered with Triton, cut into one slot per request it
-may have in flight, writes each request's input bytes into a free slot and sends Triton only the
-slot's place. Requests that do not fit a slot, or a Triton that cannot see this machine's
+facade keeps one shared-memory region registered with Triton, cut into slots (one image's worth
+each), writes each request's input bytes into free adjacent slots (several for a batch) and sends
+Triton only their place. Requests that find no room, or a Triton that cannot see this machine's
 /dev/shm, use the socket as before.
 """
 
@@ -17,12 +17,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Slot:
+    """`count` adjacent slots from `index`: one request's inputs, one after the other from `offset`."""
+
     index: int
     offset: int
+    count: int = 1
 
 
 class SharedInputPool:
-    """A /dev/shm region of `slots` x `slot_bytes`, with a free list of slots."""
+    """A /dev/shm region of `slots` x `slot_bytes`; a request takes as many adjacent slots as its inputs need."""
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slot_bytes = slot_bytes
@@ -42,20 +45,28 @@ class SharedInputPool:
         finally:
             os.close(descriptor)
         self._path = path
-        self._free = [Slot(i, i * slot_bytes) for i in reversed(range(slots))]
+        self._taken = bytearray(slots)  # 1 where a slot is in use
+        self._free = slots
 
     def acquire(self, nbytes: int) -> Slot | None:
-        """A free slot that holds `nbytes`, or None (too big, or all slots in use)."""
-        if nbytes > self.slot_bytes or not self._free:
+        """Adjacent free slots that hold `nbytes` (the first run that fits), or None: too big, or none free."""
+        count = max(1, -(-nbytes // self.slot_bytes))
+        if count > self._free:
             return None
-        return self._free.pop()
+        index = self._taken.find(bytes(count))
+        if index < 0:
+            return None
+        self._taken[index : index + count] = b"\x01" * count
+        self._free -= count
+        return Slot(index, index * self.slot_bytes, count)
 
     def write(self, slot: Slot, offset: int, payload: memoryview) -> None:
         start = slot.offset + offset
         self._map[start : start + len(payload)] = payload
 
     def release(self, slot: Slot) -> None:
-        self._free.append(slot)
+        self._taken[slot.index : slot.index + slot.count] = bytes(slot.count)
+        self._free += slot.count
 
     def close(self) -> None:
         self._map.close()

@@ -8,6 +8,8 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from client.facade import errors
+from client.facade.admission import Admission
+from client.facade.classifier import Classifier
 from client.facade.classify import (
     check_image,
     class_count,
@@ -16,9 +18,9 @@ from client.facade.classify import (
     to_infer_request,
     top_k,
 )
-from client.facade.classify_service import Classifier, ClassifyServicer
 from client.facade.metrics import FacadeMetrics
-from client.facade.service import Admission
+from client.facade.predictor import Predictor
+from client.facade.service import InferenceServicer
 from client.facade.translate import ModelInfo, TensorInfo
 from client.proto import inference_pb2
 from tests.images import image_file
@@ -125,7 +127,7 @@ class StandInGateway:
     def knows(self, name: str, version: str) -> bool:
         return name == PIPELINE.name
 
-    async def infer(self, call, timeout):
+    async def infer(self, call, timeout, metadata=()):
         self.calls.append((call, timeout))
         response = service_pb2.ModelInferResponse(model_name=PIPELINE.name, model_version="1")
         response.outputs.add(name="scores", datatype="BYTES", shape=[1, 1])
@@ -138,12 +140,21 @@ class Aborted(Exception):
 
 
 class Context:
+    """The servicer's view of a call: its body (read once), deadline and metadata."""
+
     def __init__(self, time_remaining=None) -> None:
         self.remaining = time_remaining
         self.aborted: tuple | None = None
+        self.body = None
 
     def time_remaining(self):
         return self.remaining
+
+    async def read(self):
+        return self.body
+
+    def invocation_metadata(self):
+        return ()
 
     async def abort(self, code, message, trailing_metadata=()):
         self.aborted = (code, message)
@@ -153,13 +164,18 @@ class Context:
 def servicer(limit: int = 4):
     metrics = FacadeMetrics()
     gateway = StandInGateway()
-    return ClassifyServicer(Classifier(gateway, "resnet50", 10**6), Admission(limit, 100, metrics), metrics), gateway
+    classifier = Classifier(gateway, "resnet50", 10**6)
+    return InferenceServicer(
+        Predictor(gateway, "resnet50"), classifier, Admission(limit, 100, metrics), metrics
+    ), gateway
 
 
 def classify(service, request, context=None):
+    """The Classify handler with `request` as the call's body (a malformed one: what the deserializer gives)."""
     context = context or Context()
+    context.body = request
     try:
-        return asyncio.run(service.classify(request, context)), context
+        return asyncio.run(service.classify(None, context)), context
     except Aborted:
         return None, context
 

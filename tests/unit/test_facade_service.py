@@ -5,8 +5,8 @@ import grpc
 import pytest
 
 from client.facade import errors
+from client.facade.admission import Admission
 from client.facade.metrics import FacadeMetrics
-from client.facade.service import Admission
 from client.facade.settings import FacadeSettings, add_arguments, from_arguments
 
 

@@ -19,7 +19,21 @@ def test_slots_hold_what_fits_and_come_back(pool):
     assert pool.acquire(1) is None  # all in use: the caller uses the socket
     pool.release(slots[1])
     assert pool.acquire(1024).offset == slots[1].offset
-    assert pool.acquire(1025) is None  # too big for any slot
+    assert pool.acquire(1) is None
+
+
+def test_a_batch_takes_adjacent_slots_and_waits_for_a_free_run(pool):
+    batch = pool.acquire(2 * 1024 + 1)  # three slots' worth: the whole region
+    assert (batch.offset, batch.count) == (0, 3)
+    assert pool.acquire(1) is None
+    pool.release(batch)
+    one, pair = pool.acquire(1), pool.acquire(2048)
+    assert (one.offset, pair.offset, pair.count) == (0, 1024, 2)
+    pool.release(one)
+    assert pool.acquire(1025) is None  # one slot free, not two adjacent
+    assert pool.acquire(4 * 1024) is None  # larger than the region
+    pool.release(pair)
+    assert pool.acquire(3 * 1024).count == 3
 
 
 def test_bytes_written_are_what_another_process_maps(pool):

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2
 from client.facade.cache import ResultCache
 from client.facade.errors import InvalidArgument
 from client.facade.metrics import FacadeMetrics
-from client.facade.service import Predictor
+from client.facade.predictor import Predictor
 from client.facade.translate import InferCall, ModelInfo, TensorInfo
 from client.facade.wire import decode_predict_request
 from client.proto import inference_pb2
@@ -76,7 +76,7 @@ def request(**fields) -> bytes:
 
 
 def predict(predictor: Predictor, body: bytes):
-    return asyncio.run(predictor.predict(decode_predict_request(body), 10.0))[1]
+    return asyncio.run(predictor.run(decode_predict_request(body), 10.0))[1]
 
 
 def test_a_swap_to_another_signature_is_followed_by_the_simple_contract_at_once():

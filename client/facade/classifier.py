@@ -1,0 +1,99 @@
+"""Classify's endpoint: an image file in, a classifier's top classes out, through its Triton ensemble.
+
+The checks and translation are in classify.py; this does the lookups and the call.
+"""
+
+from __future__ import annotations
+
+import time
+
+from client.facade.classify import (
+    PIPELINE_SUFFIX,
+    check_image,
+    classifier_name,
+    pipeline_name,
+    to_classify_response,
+    to_infer_request,
+    top_k,
+)
+from client.facade.errors import FacadeError, NotFound
+from client.facade.metrics import UNRESOLVED_MODEL
+from client.facade.tracing import NOT_TRACED, CallTrace
+from client.facade.triton import TritonGateway
+from client.proto import inference_pb2
+
+
+class Classifier:
+    """One ClassifyRequest through the classifier's Triton ensemble."""
+
+    def __init__(self, gateway: TritonGateway, default_model: str, max_image_bytes: int) -> None:
+        self.gateway = gateway
+        self.default_model = default_model
+        self.max_image_bytes = max_image_bytes
+
+    def pipeline(self, request: inference_pb2.ClassifyRequest) -> str:
+        return pipeline_name(request.model_name or self.default_model)
+
+    # What the servicer asks of an RPC's requests (see service.Endpoint).
+    def label(self, request: inference_pb2.ClassifyRequest | None) -> str:
+        """The metrics label: the pipeline, once Triton confirmed it serves it."""
+        if request is None:
+            return UNRESOLVED_MODEL
+        name = self.pipeline(request)
+        return name if self.gateway.knows(name, "") else UNRESOLVED_MODEL
+
+    @staticmethod
+    def priority(request: inference_pb2.ClassifyRequest) -> int:
+        return request.priority
+
+    @staticmethod
+    def request_id(request: inference_pb2.ClassifyRequest) -> str:
+        return request.request_id
+
+    @staticmethod
+    def sizes(request: inference_pb2.ClassifyRequest, response: inference_pb2.ClassifyResponse) -> tuple[int, int]:
+        return len(request.image), response.ByteSize()
+
+    async def run(
+        self, request: inference_pb2.ClassifyRequest, time_remaining: float | None, trace: CallTrace = NOT_TRACED
+    ) -> tuple[str, inference_pb2.ClassifyResponse]:
+        """The pipeline's name and the response; `time_remaining` is the caller's deadline in seconds.
+
+        request.timeout_ms may shorten it.
+        """
+        deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        if request.timeout_ms:
+            own = time.monotonic() + request.timeout_ms / 1000
+            deadline = own if deadline is None else min(deadline, own)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        with trace.span("decode"):
+            check_image(request.image, self.max_image_bytes)
+            try:
+                info = await self.gateway.model_info(self.pipeline(request), "", left())
+            except NotFound:
+                raise NotFound(await self._not_found_message(request)) from None
+            k = top_k(request, info)
+            remaining = left()
+            # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
+            call = to_infer_request(request, info, k, None if remaining is None else max(1, int(remaining * 1e6)))
+        trace.set("tritonnx.model", info.name)
+        with trace.span("ModelInfer", client=True) as span:
+            response = await self.gateway.infer(call, left(), trace.propagation(span))
+        trace.set("tritonnx.model_version", response.model_version)
+        with trace.span("encode"):
+            return info.name, to_classify_response(request, response)
+
+    async def _not_found_message(self, request: inference_pb2.ClassifyRequest) -> str:
+        asked = request.model_name or self.default_model
+        try:
+            entries = await self.gateway.repository_index(ready_only=True, timeout=2.0)
+        except FacadeError:
+            return f"model '{asked}' has no image pipeline ('{self.pipeline(request)}') on this server"
+        served = sorted({classifier_name(e.name) for e in entries if e.name.endswith(PIPELINE_SUFFIX)})
+        return (
+            f"model '{asked}' has no image pipeline ('{self.pipeline(request)}') on this server; "
+            f"models that classify images: {', '.join(served) or 'none'}"
+        )

@@ -1,0 +1,114 @@
+"""Predict's endpoint: one PredictRequest through Triton (model lookup, checks, translation, the call)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tritonclient.grpc import service_pb2
+
+from client.facade.cache import ResultCache, cache_key
+from client.facade.coalesce import Coalescer
+from client.facade.errors import InvalidArgument
+from client.facade.metrics import UNRESOLVED_MODEL
+from client.facade.tracing import NOT_TRACED, CallTrace
+from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
+from client.facade.triton import METADATA_RECHECK_S, TritonGateway
+from client.facade.wire import DecodedRequest, EncodedResponse
+
+
+class Predictor:
+    """One PredictRequest through Triton: model lookup, checks, translation, the call."""
+
+    def __init__(
+        self,
+        gateway: TritonGateway,
+        default_model: str,
+        cache: ResultCache | None = None,
+        coalescer: Coalescer | None = None,
+    ) -> None:
+        self.gateway = gateway
+        self.default_model = default_model
+        self.cache = cache
+        self.coalescer = coalescer  # None: each call is a request of its own
+
+    # What the servicer asks of an RPC's requests (see service.Endpoint).
+    def label(self, decoded: DecodedRequest | None) -> str:
+        """The metrics label of a request: its model once Triton confirmed it serves that model."""
+        if decoded is None:
+            return UNRESOLVED_MODEL
+        name = decoded.message.model_name or self.default_model
+        return name if self.gateway.knows(name, decoded.message.model_version) else UNRESOLVED_MODEL
+
+    @staticmethod
+    def priority(decoded: DecodedRequest) -> int:
+        return decoded.message.priority
+
+    @staticmethod
+    def request_id(decoded: DecodedRequest) -> str:
+        return decoded.message.request_id
+
+    @staticmethod
+    def sizes(decoded: DecodedRequest, response: EncodedResponse) -> tuple[int, int]:
+        """Payload bytes in and out (the tensors, not the envelope)."""
+        message = decoded.message
+        received = sum(len(t.raw_data) for t in message.inputs) + (0 if decoded.raw is None else len(decoded.raw))
+        received += 0 if decoded.data is None else decoded.data.nbytes
+        sent = sum(len(t.raw_data) for t in response.message.outputs)
+        return received, sent or (0 if response.predictions is None else response.predictions.nbytes)
+
+    async def run(
+        self, decoded: DecodedRequest, time_remaining: float | None, trace: CallTrace = NOT_TRACED
+    ) -> tuple[str, EncodedResponse]:
+        """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
+        message = decoded.message
+        deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        if message.timeout_ms:
+            own = time.monotonic() + message.timeout_ms / 1000
+            deadline = own if deadline is None else min(deadline, own)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        name = message.model_name or self.default_model
+        try:
+            info, response = await self._infer(decoded, name, left, trace)
+        except InvalidArgument:
+            # Refused (by the checks here or by Triton) against metadata held for a while: a version with
+            # another signature may have gone live. Once more with Triton's metadata (the gateway drops
+            # it on Triton's refusal; here on the facade's own).
+            renewed = self.gateway.forget(name, older_than=METADATA_RECHECK_S)
+            if not renewed and self.gateway.knows(name, message.model_version):
+                raise
+            info, response = await self._infer(decoded, name, left, trace)
+        if response.model_version and response.model_version not in info.versions:
+            self.gateway.forget(name)  # a version went live that the metadata held does not list
+        trace.set("tritonnx.model_version", response.model_version)
+        with trace.span("encode"):
+            return info.name, to_predict_response(decoded, info, response)
+
+    async def _infer(
+        self, decoded: DecodedRequest, name: str, left: Callable[[], float | None], trace: CallTrace
+    ) -> tuple[ModelInfo, service_pb2.ModelInferResponse]:
+        """The model's metadata and Triton's response (or the cached one) to the request."""
+        message = decoded.message
+        with trace.span("decode"):
+            info = await self.gateway.model_info(name, message.model_version, left())
+            remaining = left()
+            # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
+            request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
+            cache = self.cache if self.cache is not None and self.cache.enabled_for(info.name) else None
+            key = cache_key(info, request) if cache is not None else b""
+            response = cache.get(info.name, key) if cache is not None else None
+        trace.set("tritonnx.model", info.name)
+        if cache is not None:
+            trace.set("tritonnx.cache_hit", response is not None)
+        if response is None:
+            with trace.span("ModelInfer", client=True) as span:
+                if self.coalescer is not None:
+                    response = await self.coalescer.infer(info, request, left(), trace.propagation(span))
+                else:
+                    response = await self.gateway.infer(request, left(), trace.propagation(span))
+            if cache is not None:
+                cache.put(key, response)
+        return info, response
