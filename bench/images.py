@@ -118,7 +118,7 @@ def write_report(out: Path, results: list[dict]) -> Path:
     ]
     for r in results:
         warm = ", ".join(f"{s:.2f}" for s in r["ready_warm_s"])
-        serving = "the 4 demo models" if r["models"] == "*" else r["models"]
+        serving = "every model in the repository" if r["models"] == "*" else r["models"]
         lines.append(
             f"| `{r['image']}` | {serving} | {r['size_mb']:.0f} | {r['ready_first_s']:.2f} | {warm} "
             f"| {r['idle_pss_mib']:.0f} |"
