@@ -174,10 +174,18 @@ class GrpcTarget:
         try:
             body = await self._method(self.payloads[index], timeout=self.timeout_s)
         except grpc.aio.AioRpcError as error:
+            self.failed(error)
             return error.code().name
+        self.check(index, body)
+        return None
+
+    def failed(self, error: grpc.aio.AioRpcError) -> None:
+        """A call that ended with an error status (counted by the caller; a subclass may record it)."""
+
+    def check(self, index: int, body: bytes) -> None:
+        """Count the answer to request `index` as wrong when it is unlike the expected output."""
         if self.expected is not None and not close_enough(self.output(body), self.expected[index]):
             self.wrong += 1
-        return None
 
     async def _first(self, where: str) -> Message:
         """The first request's answer, decoded."""

@@ -5,8 +5,6 @@ The checks and translation are in classify.py; this does the lookups and the cal
 
 from __future__ import annotations
 
-import time
-
 from client.facade.classify import (
     PIPELINE_SUFFIX,
     check_image,
@@ -16,6 +14,7 @@ from client.facade.classify import (
     to_infer_request,
     top_k,
 )
+from client.facade.deadline import Deadline
 from client.facade.errors import FacadeError, NotFound
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
@@ -61,27 +60,17 @@ class Classifier:
 
         request.timeout_ms may shorten it.
         """
-        deadline = None if time_remaining is None else time.monotonic() + time_remaining
-        if request.timeout_ms:
-            own = time.monotonic() + request.timeout_ms / 1000
-            deadline = own if deadline is None else min(deadline, own)
-
-        def left() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
+        deadline = Deadline(time_remaining, request.timeout_ms)
         with trace.span("decode"):
             check_image(request.image, self.max_image_bytes)
             try:
-                info = await self.gateway.model_info(self.pipeline(request), "", left())
+                info = await self.gateway.model_info(self.pipeline(request), "", deadline.left())
             except NotFound:
                 raise NotFound(await self._not_found_message(request)) from None
-            k = top_k(request, info)
-            remaining = left()
-            # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
-            call = to_infer_request(request, info, k, None if remaining is None else max(1, int(remaining * 1e6)))
+            call = to_infer_request(request, info, top_k(request, info), deadline.triton_timeout_us())
         trace.set("tritonnx.model", info.name)
         with trace.span("ModelInfer", client=True) as span:
-            response = await self.gateway.infer(call, left(), trace.propagation(span))
+            response = await self.gateway.infer(call, deadline.left(), trace.propagation(span))
         trace.set("tritonnx.model_version", response.model_version)
         with trace.span("encode"):
             return info.name, to_classify_response(request, response)

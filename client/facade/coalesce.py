@@ -159,7 +159,7 @@ class Coalescer:
                 return await self.gateway.infer(call, timeout, metadata)
             finally:
                 lane.busy -= 1
-                self._send(lane, info)
+                self._send(key, lane, info)
         deadline = None if timeout is None else time.monotonic() + timeout
         waiting = _Waiting(call, deadline, metadata, asyncio.get_running_loop().create_future())
         lane.waiting.append(waiting)
@@ -172,8 +172,8 @@ class Coalescer:
             if not waiting.answer.done():
                 waiting.answer.cancel()  # still waiting: it is left out; in a request: its answer is dropped
 
-    def _send(self, lane: _Lane, info: ModelInfo) -> None:
-        """Send what waits in the lane while it has room at Triton."""
+    def _send(self, key: Hashable, lane: _Lane, info: ModelInfo) -> None:
+        """Send what waits in the lane while it has room at Triton; forget the lane once it is idle."""
         while lane.busy < self.depth(info) and lane.waiting:
             batch: list[_Waiting] = []
             rows = 0
@@ -187,13 +187,16 @@ class Coalescer:
                 batch.append(lane.waiting.popleft())
                 rows += head.call.rows
             if not batch:
-                return
+                break
             lane.busy += 1
-            task = asyncio.create_task(self._request(lane, info, batch))
+            task = asyncio.create_task(self._request(key, lane, info, batch))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+        # Lanes come and go with the shapes callers send (a text model's lengths): keep only busy ones.
+        if not lane.busy and not lane.waiting and self._lanes.get(key) is lane:
+            del self._lanes[key]
 
-    async def _request(self, lane: _Lane, info: ModelInfo, batch: list[_Waiting]) -> None:
+    async def _request(self, key: Hashable, lane: _Lane, info: ModelInfo, batch: list[_Waiting]) -> None:
         try:
             answers = await self._answers(batch)
         finally:
@@ -205,7 +208,7 @@ class Coalescer:
                 waiting.answer.set_exception(answer)
             else:
                 waiting.answer.set_result(answer)
-        self._send(lane, info)
+        self._send(key, lane, info)
 
     async def _answers(self, batch: list[_Waiting]) -> list[service_pb2.ModelInferResponse | BaseException]:
         if len(batch) == 1:

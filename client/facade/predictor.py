@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from tritonclient.grpc import service_pb2
 
 from client.facade.cache import ResultCache, cache_key
 from client.facade.coalesce import Coalescer
+from client.facade.deadline import Deadline
 from client.facade.errors import InvalidArgument
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
@@ -62,17 +60,10 @@ class Predictor:
     ) -> tuple[str, EncodedResponse]:
         """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
         message = decoded.message
-        deadline = None if time_remaining is None else time.monotonic() + time_remaining
-        if message.timeout_ms:
-            own = time.monotonic() + message.timeout_ms / 1000
-            deadline = own if deadline is None else min(deadline, own)
-
-        def left() -> float | None:
-            return None if deadline is None else max(0.0, deadline - time.monotonic())
-
+        deadline = Deadline(time_remaining, message.timeout_ms)
         name = message.model_name or self.default_model
         try:
-            info, response = await self._infer(decoded, name, left, trace)
+            info, response = await self._infer(decoded, name, deadline, trace)
         except InvalidArgument:
             # Refused (by the checks here or by Triton) against metadata held for a while: a version with
             # another signature may have gone live. Once more with Triton's metadata (the gateway drops
@@ -80,7 +71,7 @@ class Predictor:
             renewed = self.gateway.forget(name, older_than=METADATA_RECHECK_S)
             if not renewed and self.gateway.knows(name, message.model_version):
                 raise
-            info, response = await self._infer(decoded, name, left, trace)
+            info, response = await self._infer(decoded, name, deadline, trace)
         if response.model_version and response.model_version not in info.versions:
             self.gateway.forget(name)  # a version went live that the metadata held does not list
         trace.set("tritonnx.model_version", response.model_version)
@@ -88,15 +79,13 @@ class Predictor:
             return info.name, to_predict_response(decoded, info, response)
 
     async def _infer(
-        self, decoded: DecodedRequest, name: str, left: Callable[[], float | None], trace: CallTrace
+        self, decoded: DecodedRequest, name: str, deadline: Deadline, trace: CallTrace
     ) -> tuple[ModelInfo, service_pb2.ModelInferResponse]:
         """The model's metadata and Triton's response (or the cached one) to the request."""
         message = decoded.message
         with trace.span("decode"):
-            info = await self.gateway.model_info(name, message.model_version, left())
-            remaining = left()
-            # Triton's own timeout covers the queue: a request whose caller gave up is dropped there.
-            request = to_infer_request(decoded, info, None if remaining is None else max(1, int(remaining * 1e6)))
+            info = await self.gateway.model_info(name, message.model_version, deadline.left())
+            request = to_infer_request(decoded, info, deadline.triton_timeout_us())
             cache = self.cache if self.cache is not None and self.cache.enabled_for(info.name) else None
             key = cache_key(info, request) if cache is not None else b""
             response = cache.get(info.name, key) if cache is not None else None
@@ -106,9 +95,9 @@ class Predictor:
         if response is None:
             with trace.span("ModelInfer", client=True) as span:
                 if self.coalescer is not None:
-                    response = await self.coalescer.infer(info, request, left(), trace.propagation(span))
+                    response = await self.coalescer.infer(info, request, deadline.left(), trace.propagation(span))
                 else:
-                    response = await self.gateway.infer(request, left(), trace.propagation(span))
+                    response = await self.gateway.infer(request, deadline.left(), trace.propagation(span))
             if cache is not None:
                 cache.put(key, response)
         return info, response

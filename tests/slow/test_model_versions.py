@@ -158,21 +158,16 @@ class VersionChecked:
     def answer(self, body: bytes) -> tuple[str, np.ndarray]:
         raise NotImplementedError
 
-    async def call(self) -> str | None:
-        index = self._next
-        self._next = (index + 1) % len(self.payloads)
-        try:
-            body = await self._method(self.payloads[index], timeout=self.timeout_s)
-        except grpc.aio.AioRpcError as error:
-            self.failures.append((time.monotonic(), error.code().name, error.details() or ""))
-            return error.code().name
+    def failed(self, error: grpc.aio.AioRpcError) -> None:
+        self.failures.append((time.monotonic(), error.code().name, error.details() or ""))
+
+    def check(self, index: int, body: bytes) -> None:
         version, output = self.answer(body)
         self.answers.append((time.monotonic(), version))
         expected = self.by_version.get(version)
         if expected is None or not close_enough(output, expected[index]):
             self.wrong += 1
             self.wrong_answers.append((time.monotonic(), version))
-        return None
 
     def first_and_last(self, version: str, after: float) -> tuple[float | None, float | None]:
         times = [when for when, named in self.answers if named == version and when >= after]

@@ -250,3 +250,26 @@ def test_the_merged_request_waits_as_long_as_its_most_patient_call_and_carries_a
         assert 2.9 < gateway.timeouts[1] <= 3.0 and gateway.metadata[1] == traced
 
     run(test)
+
+
+def test_a_lane_is_forgotten_once_its_calls_are_answered():
+    """Lanes follow the shapes callers send (a text model's lengths): idle ones must not pile up."""
+
+    async def test() -> None:
+        gateway = HeldGateway()
+        coalescer = Coalescer(gateway, depth=lambda info: 1)
+        widths = (4, 5, 6)
+        first = [asyncio.ensure_future(coalescer.infer(DOUBLE, call(width=w), 5.0)) for w in widths]
+        await settle()
+        merged = [asyncio.ensure_future(coalescer.infer(DOUBLE, call(seed=s, width=4), 5.0)) for s in (1, 2)]
+        await settle()
+        assert len(coalescer._lanes) == len(widths)  # busy lanes, one waiting two calls
+        gateway.release()
+        for future, width in zip(first, widths, strict=True):
+            assert answer_of(await future).shape == (1, width)
+        await asyncio.gather(*merged)
+        await settle()
+        assert coalescer._lanes == {}
+        assert len(gateway.sent) == len(widths) + 1  # the two waiting calls went as one request
+
+    run(test)
