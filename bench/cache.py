@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from backend.server.facade import start_facade
+from backend.server.prometheus import scrape
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from bench import REPOSITORY
@@ -46,14 +46,9 @@ def zipf_sequence(distinct: int, exponent: float, length: int, seed: int = 0) ->
 
 def cache_counts(http_url: str, model: str) -> tuple[float, float]:
     """(hits, misses) from a facade's /metrics."""
-    with urllib.request.urlopen(f"{http_url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    counts = {"hit": 0.0, "miss": 0.0}
-    for line in text.splitlines():
-        for result in counts:
-            if line.startswith(f'tritonnx_facade_cache_requests_total{{model="{model}",result="{result}"}}'):
-                counts[result] = float(line.rsplit(" ", 1)[1])
-    return counts["hit"], counts["miss"]
+    page = scrape(f"{http_url}/metrics")
+    hits, misses = (page.value("tritonnx_facade_cache_requests_total", model=model, result=r) for r in ("hit", "miss"))
+    return hits, misses
 
 
 async def one_run(url: str, model: str, order: np.ndarray, images: list[np.ndarray], args: argparse.Namespace):

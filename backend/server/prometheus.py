@@ -1,4 +1,4 @@
-"""Prometheus as a child process, scraping tritonnx's servers: for `make monitor` and the tests.
+"""Prometheus as a child process, scraping tritonnx's servers (`make monitor`, the tests), and one reader of a /metrics page.
 
 The binary is Debian's `prometheus` package (`make apt` installs it; promtool comes with it). The
 scrape configuration is made here from the servers' addresses, with one job per kind of server,
@@ -19,9 +19,42 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from backend.server.process import ManagedProcess, ServerError
 
 JOBS = ("triton", "facade", "supervisor")
+
+
+@dataclass(frozen=True)
+class MetricsPage:
+    """A Prometheus text page (Triton's :8002, the facade's and the supervisor's /metrics), parsed."""
+
+    samples: tuple[tuple[str, dict[str, str], float], ...]  # (name, labels, value)
+
+    @classmethod
+    def parse(cls, text: str) -> MetricsPage:
+        return cls(
+            tuple(
+                (sample.name, dict(sample.labels), float(sample.value))
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+            )
+        )
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum of the samples named `name` whose labels include `labels`; 0 when there are none yet."""
+        return sum(
+            value
+            for sample, have, value in self.samples
+            if sample == name and all(have.get(key) == wanted for key, wanted in labels.items())
+        )
+
+
+def scrape(url: str, timeout: float = 5.0) -> MetricsPage:
+    """GET a /metrics page (`url` is the page's whole address) and parse it."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return MetricsPage.parse(response.read().decode())
 
 
 def find_binary(name: str) -> str:

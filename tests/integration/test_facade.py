@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import grpc
 import numpy as np
@@ -18,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import metrics
 from tests.kserve import assert_close, infer, reference_session
 from tests.serving import (
     CHECKOUT,
@@ -134,24 +134,11 @@ def zeros(shape, **fields) -> inference_pb2.PredictRequest:
     return inference_pb2.PredictRequest(data=np.zeros(int(np.prod(shape)), np.float32), shape=shape, **fields)
 
 
-def metrics_text(facade) -> str:
-    with urllib.request.urlopen(f"{facade.http_url}/metrics", timeout=5) as response:
-        return response.read().decode()
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
 def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_right(facade, stub):
     # resnet50: slow enough that accepted calls hold their slots while the flood arrives.
     model, count = "resnet50", 6 * FACADE_MAX_IN_FLIGHT
     data = image(seed=9, batch=count)
-    rejected_before = metric_value(metrics_text(facade), "tritonnx_facade_rejections_total", reason="overloaded")
+    rejected_before = metrics(facade.http_url).value("tritonnx_facade_rejections_total", reason="overloaded")
     calls = []
     for index in range(count):
         request = inference_pb2.PredictRequest(
@@ -180,11 +167,9 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
         assert_close(np.array(response.predictions, np.float32), expected[index])
     # Refused at once: every rejection ends before the typical accepted call.
     assert max(o[2] for o in rejected) < float(np.median([o[2] for _, o in accepted]))
-    text = metrics_text(facade)
-    assert metric_value(text, "tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(
-        rejected
-    )
-    assert metric_value(text, "tritonnx_facade_in_flight_requests") == 0
+    page = metrics(facade.http_url)
+    assert page.value("tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(rejected)
+    assert page.value("tritonnx_facade_in_flight_requests") == 0
 
 
 def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
@@ -212,7 +197,7 @@ def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
 def wait_in_flight(facade, at_least: int, what: str) -> None:
     """Until the facade holds `at_least` calls (its in-flight gauge)."""
     deadline = time.monotonic() + 10
-    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") < at_least:
+    while metrics(facade.http_url).value("tritonnx_facade_in_flight_requests") < at_least:
         assert time.monotonic() < deadline, f"{what} never reached the facade"
         time.sleep(0.02)
 
@@ -240,7 +225,7 @@ def test_the_callers_deadline_ends_the_call_and_frees_its_slot(facade, stub, tri
     assert elapsed < 1.0, f"a 0.3 s deadline took {elapsed:.2f}s"
     for future in load:
         assert list(future.result(timeout=120).shape) == [16, 1000]
-    assert metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") == 0
+    assert metrics(facade.http_url).value("tritonnx_facade_in_flight_requests") == 0
 
 
 def test_a_cancelled_call_frees_its_slot(facade, stub):
@@ -250,13 +235,13 @@ def test_a_cancelled_call_frees_its_slot(facade, stub):
     wait_in_flight(facade, len(load) + 1, "the call")
     assert future.cancel()
     deadline = time.monotonic() + 5
-    while metric_value(metrics_text(facade), "tritonnx_facade_in_flight_requests") > len(load):
+    while metrics(facade.http_url).value("tritonnx_facade_in_flight_requests") > len(load):
         assert time.monotonic() < deadline, "the cancelled call still holds its slot"
         time.sleep(0.05)
     for call in load:
         call.result(timeout=120)
-    text = metrics_text(facade)
-    assert metric_value(text, "tritonnx_facade_requests_total", model="resnet50", code="CANCELLED") >= 1
+    page = metrics(facade.http_url)
+    assert page.value("tritonnx_facade_requests_total", model="resnet50", code="CANCELLED") >= 1
 
 
 def test_streaming_answers_every_request_by_id_and_survives_bad_ones(stub):
@@ -301,10 +286,10 @@ def test_health_reflection_and_metrics(facade, stub):
     status, body = facade.health()
     assert status == 200 and body["status"] == "SERVING" and body["model"] == "resnet50"
     stub.Predict(zeros(IMAGE_SHAPE, model_name="mobilenet_v3_small"))
-    text = metrics_text(facade)
-    assert metric_value(text, "tritonnx_facade_requests_total", model="mobilenet_v3_small", code="OK") >= 1
-    assert metric_value(text, "tritonnx_facade_request_duration_seconds_count", model="mobilenet_v3_small") >= 1
-    assert metric_value(text, "tritonnx_facade_request_payload_bytes_sum", model="mobilenet_v3_small") >= 602112
+    page = metrics(facade.http_url)
+    assert page.value("tritonnx_facade_requests_total", model="mobilenet_v3_small", code="OK") >= 1
+    assert page.value("tritonnx_facade_request_duration_seconds_count", model="mobilenet_v3_small") >= 1
+    assert page.value("tritonnx_facade_request_payload_bytes_sum", model="mobilenet_v3_small") >= 602112
 
 
 def facade_regions(triton_client, triton, facade) -> list[str]:

@@ -10,8 +10,6 @@ a byte-identical hit.
 
 from __future__ import annotations
 
-import urllib.request
-
 import grpc
 import numpy as np
 import onnx
@@ -23,6 +21,7 @@ from backend.server.repository import add_model
 from backend.server.stack import ServingStack
 from backend.server.triton import TritonInstall
 from client.proto import inference_pb2
+from tests.helpers import metrics
 from tests.kserve import make_inputs
 
 SHAPES = ([2, 3], [3, 2], [6, 1])
@@ -92,7 +91,6 @@ def test_the_facades_cache_gives_each_shape_its_own_answer_and_repeats_byte_iden
         expected = DATA.reshape(shape).T
         assert list(answer.shape) == list(expected.shape)
         assert np.array_equal(np.array(answer.predictions, np.float32), expected.ravel())
-    with urllib.request.urlopen(f"{stack.facade.http_url}/metrics", timeout=5) as response:
-        metrics = response.read().decode()
-    assert 'tritonnx_facade_cache_requests_total{model="transpose",result="miss"} 3.0' in metrics
-    assert 'tritonnx_facade_cache_requests_total{model="transpose",result="hit"} 3.0' in metrics
+    page = metrics(stack.facade.http_url)
+    assert page.value("tritonnx_facade_cache_requests_total", model="transpose", result="miss") == 3
+    assert page.value("tritonnx_facade_cache_requests_total", model="transpose", result="hit") == 3

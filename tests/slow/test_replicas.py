@@ -11,7 +11,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from backend.server.facade import start_facade
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import metrics
 from tests.serving import MODEL_REPOSITORY, onnx_file
 
 MODEL = "mobilenet_v3_small"
@@ -119,14 +119,6 @@ def inferences(stack: ServingStack) -> int:
     return sum(s.inference_count for s in stats.model_stats)
 
 
-def facade_metric(facade, name: str) -> float:
-    with urllib.request.urlopen(f"{facade.http_url}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return 0.0
-
-
 def test_traffic_spreads_over_the_three_replicas(replicas, expected):
     stacks, facade = replicas
     before = [inferences(s) for s in stacks]
@@ -158,7 +150,7 @@ def restart(stack: ServingStack) -> float:
 def test_a_replica_killed_under_load_costs_no_request_and_gets_traffic_again(replicas, expected):
     stacks, facade = replicas
     victim = stacks[1]
-    retries_before = facade_metric(facade, "tritonnx_facade_triton_retries_total")
+    retries_before = metrics(facade.http_url).value("tritonnx_facade_triton_retries_total")
     load = Load(facade.grpc_url, expected)
     thread = load.start()
     try:
@@ -172,7 +164,7 @@ def test_a_replica_killed_under_load_costs_no_request_and_gets_traffic_again(rep
         time.sleep(1)
     finally:
         load.finish(thread)
-    retried = facade_metric(facade, "tritonnx_facade_triton_retries_total") - retries_before
+    retried = metrics(facade.http_url).value("tritonnx_facade_triton_retries_total") - retries_before
     print(f"sent {sum(load.statuses.values())}, statuses {dict(load.statuses)}, retried {retried:.0f}, "
           f"traffic again {rebalance:.2f}s after ready")  # fmt: skip
     assert set(load.statuses) == {"OK"}, load.statuses  # zero failed requests
