@@ -25,7 +25,7 @@ SERVE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench bench-peers tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve traces monitor lint format test test-slow test-containers unit bench bench-peers tune soak chaos conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -80,14 +80,14 @@ format: venv ## Format the code and apply ruff's safe fixes
 	$(PY) -m ruff format backend client bench tests
 	$(PY) -m ruff check --fix backend client bench tests
 
-# Unit tests need no server and run on every core; the others share one tritonserver per run.
-test: setup ## Run the whole test suite: unit, integration (a real tritonserver) and slow (overload, faults, bench smoke)
-	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
-	$(PY) -m pytest $(PYTEST_ARGS) tests/integration tests/slow
-
-test-fast: setup ## The inner loop: unit and integration tests only
+# The inner loop: unit tests (no server, on every core), then integration tests against real tritonservers.
+# Behaviour only: speed, rejection rates and fault timings are gates of bench, chaos and soak.
+test: setup ## Run the tests: unit, then integration against real tritonservers (a few minutes)
 	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
 	$(PY) -m pytest $(PYTEST_ARGS) tests/integration
+
+test-slow: setup ## The slow tier: faults, overload, replicas, versions under load, monitoring, benchmark smoke runs
+	$(PY) -m pytest $(PYTEST_ARGS) tests/slow
 
 test-containers: setup ## Build both images (the engine installed and started if needed) and test them in real containers
 	$(PY) -m pytest $(PYTEST_ARGS) tests/containers

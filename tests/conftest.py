@@ -1,13 +1,14 @@
 """Test tiers and the serving fixtures.
 
-Tiers follow the folders: `unit` (no server, seconds), `integration` (the functional tests
-against one real tritonserver, shared by the session) and `slow` (overload, faults, the
-benchmark and split-cores smoke runs, each with servers of its own). `make test` runs all three,
-`make test-fast` the first two.
+Tiers follow the folders: `unit` (no server, seconds), `integration` (behaviour against real
+tritonservers: one shared by the session for the demo models, and a few modules with a
+repository of their own), `slow` (faults, overload, replicas, versions under load, benchmark
+smoke runs) and `containers` (the images in a real Docker engine). `make test` runs the first two,
+`make test-slow` and `make test-containers` the others; CI runs all of them.
 
-The session's tritonserver runs on free loopback ports, so the suite also runs while `make serve`
-holds 8000-8002. It starts only when a test asks for it; a failing test shows the tail of the
-server's and the facade's logs.
+The servers run on free loopback ports, so the suite also runs while `make serve` holds
+8000-8002. The session's tritonserver starts only when a test asks for it; a failing test shows
+the tail of the server's and the facade's logs.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ data is declared with `InferInput.set_shape` after `set_data_from_numpy`.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -25,6 +24,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import wait_until
 from tests.kserve import reference_session
 from tests.serving import CHECKOUT, FACADE_MAX_MESSAGE_BYTES, onnx_file
 
@@ -506,10 +506,9 @@ def check(case: Case, expect: Expect, send: Callable[[object], Outcome], request
         # Triton counts a request when the model's instance releases it, which may come just after
         # the answer: wait (bounded) for the good request to be counted, then compare.
         wanted = before + 1 + int(expect.reaches_model)
-        deadline = time.monotonic() + 5
-        while (count := inference_count(client, triton, case.model)) < wanted and time.monotonic() < deadline:
-            time.sleep(0.05)
-        reached = count - before - 1
+        what = f"{case.name}: the good request (and the bad one if it reaches '{case.model}') counted"
+        wait_until(lambda: inference_count(client, triton, case.model) >= wanted, 10, what)
+        reached = inference_count(client, triton, case.model) - before - 1
         assert reached == int(expect.reaches_model), (
             f"{case.name}: {reached} request(s) reached '{case.model}', expected {int(expect.reaches_model)}"
         )

@@ -1,29 +1,34 @@
 """Request priorities reach Triton's dynamic batcher, through tritonclient and through the facade.
 
-A one-instance model that sleeps (tests/slow/models/slow) with the demo models' two priority
-levels: while its instance is busy, low-priority requests queue, then a high-priority one
-arrives; it must run next, before every low one queued ahead of it.
+A one-instance test model (tests/models/slow) with the demo models' two priority levels: a request
+holds its instance until the test releases it, low-priority requests queue behind it, then a
+high-priority one arrives; it must run next, before every low one queued ahead of it. Each step is
+awaited on Triton's own state (the held request, the queue's length), never on time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
 
+from backend.server.prometheus import scrape
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import wait_until
 from tests.kserve import make_inputs
 from tests.serving import CHECKOUT, MODEL_REPOSITORY
 
-SLOW = CHECKOUT / "tests" / "slow" / "models" / "slow"
+SLOW = CHECKOUT / "tests" / "models" / "slow"
 HIGH, LOW = 1, 2
+HOLD_MS = -1.0  # the test model holds such a request until its `hold` file is gone
 # The demo models' priority block, so the test exercises what they ship.
 PRIORITY_BLOCK = re.search(
     r"  priority_levels: 2\n  default_priority_level: 2\n",
@@ -38,7 +43,7 @@ def stack(tmp_path_factory):
         (SLOW / "config.pbtxt")
         .read_text()
         .replace("dynamic_batching {\n", "dynamic_batching {\n" + PRIORITY_BLOCK)
-        .replace("default_timeout_microseconds: 500000", "default_timeout_microseconds: 10000000")
+        .replace("default_timeout_microseconds: 500000", "default_timeout_microseconds: 30000000")
     )
     repository = link_models(workdir / "repository", {"slow": SLOW}, {"slow": config})
     facade_args = ["--default-model", "slow", "--health-interval", "60"]
@@ -46,19 +51,33 @@ def stack(tmp_path_factory):
         yield serving
 
 
-async def completion_order(send, first_ms: float = 400, queued_ms: float = 50) -> list[str]:
-    """Occupy the instance, queue four low requests, then one high; the order they finish in."""
+def queued(stack: ServingStack) -> float:
+    """Requests of the test model waiting in Triton's queue (not the one its instance runs)."""
+    return scrape(stack.triton.metrics_url).value("nv_inference_pending_request_count", model="slow")
+
+
+async def completion_order(stack: ServingStack, send: Callable[[float, int], Awaitable[None]]) -> list[str]:
+    """Hold the instance, queue four low requests, then one high, release; the order they finish in."""
+    folder: Path = stack.triton.model_repository / "slow"
     order: list[str] = []
 
     async def one(name: str, milliseconds: float, priority: int) -> None:
         await send(milliseconds, priority)
         order.append(name)
 
-    tasks = [asyncio.ensure_future(one("first", first_ms, LOW))]
-    await asyncio.sleep(0.1)  # the instance has taken it
-    tasks += [asyncio.ensure_future(one(f"low{i}", queued_ms, LOW)) for i in range(4)]
-    await asyncio.sleep(0.1)  # all four are queued
-    tasks.append(asyncio.ensure_future(one("high", queued_ms, HIGH)))
+    async def until(condition: Callable[[], object], what: str) -> None:
+        await asyncio.to_thread(wait_until, condition, 30, what)
+
+    (folder / "hold").touch()
+    try:
+        tasks = [asyncio.ensure_future(one("first", HOLD_MS, LOW))]
+        await until((folder / "holding").exists, "the instance holds the first request")
+        tasks += [asyncio.ensure_future(one(f"low{i}", 0, LOW)) for i in range(4)]
+        await until(lambda: queued(stack) == 4, "four low requests queued")
+        tasks.append(asyncio.ensure_future(one("high", 0, HIGH)))
+        await until(lambda: queued(stack) == 5, "the high request queued")
+    finally:
+        (folder / "hold").unlink()
     await asyncio.gather(*tasks)
     return order
 
@@ -71,7 +90,7 @@ def test_a_high_priority_request_overtakes_queued_low_ones_through_tritonclient(
                 inputs = make_inputs({"milliseconds": np.array([[milliseconds]], np.float32)})
                 await client.infer("slow", inputs, priority=priority)
 
-            return await completion_order(send)
+            return await completion_order(stack, send)
 
     order = asyncio.run(run())
     assert order[:2] == ["first", "high"], order
@@ -88,7 +107,7 @@ def test_a_high_priority_request_overtakes_queued_low_ones_through_the_facade(st
                 )
                 await stub.Predict(request, timeout=30)
 
-            return await completion_order(send)
+            return await completion_order(stack, send)
 
     order = asyncio.run(run())
     assert order[:2] == ["first", "high"], order
@@ -104,9 +123,7 @@ def test_without_priorities_the_queue_is_first_come_first_served(stack):
                 inputs = make_inputs({"milliseconds": np.array([[milliseconds]], np.float32)})
                 await client.infer("slow", inputs)
 
-            return await completion_order(send)
+            return await completion_order(stack, send)
 
-    started = time.monotonic()
     order = asyncio.run(run())
     assert order[0] == "first" and order[-1] == "high", order
-    assert time.monotonic() - started < 10

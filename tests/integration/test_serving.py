@@ -177,7 +177,7 @@ def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
     assert client.is_server_live() and client.is_model_ready("resnet50")
 
 
-def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(triton, client):
+def test_requests_beyond_the_queue_are_rejected_and_the_rest_succeed(triton, client):
     # The slowest model: the client must send faster than the server drains the queue.
     model = "resnet50"
     config = client.get_model_config(model, headers=triton.admin_headers).config
@@ -197,8 +197,6 @@ def test_requests_beyond_the_queue_are_rejected_quickly_and_the_rest_succeed(tri
     assert rejected and accepted, f"{len(rejected)} rejected, {len(accepted)} accepted of {count}"
     assert {o.status for o in rejected} == {"StatusCode.UNAVAILABLE"}
     assert all("Exceeds maximum queue size" in o.error.message() for o in rejected)
-    # A rejection does not wait for inference: every one ends before the typical accepted request.
-    assert max(o.seconds for o in rejected) < float(np.median([o.seconds for _, o in accepted]))
     expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
     for index, outcome in accepted:
         assert_close(outcome.outputs["output"], expected[index % 16 : index % 16 + 1])

@@ -118,8 +118,6 @@ def test_one_trace_runs_from_the_caller_through_the_facade_into_tritons_queue_an
     assert {"REQUEST_START", "QUEUE_START", "REQUEST_END"} <= set(model.events)
     assert {"COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"} <= set(compute.events)
     assert model.attributes["triton.model_name"] == MODEL
-    # One clock on one machine: Triton's compute lies within the facade's call to Triton.
-    assert model_infer.start_ns <= compute.start_ns <= compute.end_ns <= model_infer.end_ns
     assert len(spans) == 1 + len(FACADE_CHILDREN) + 3
 
 

@@ -31,7 +31,7 @@ from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_f
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]
-TEST_MODELS = Path(__file__).parent / "models"
+TEST_MODELS = Path(__file__).parents[1] / "models"
 
 
 @dataclass
