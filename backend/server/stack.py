@@ -17,10 +17,13 @@ from pathlib import Path
 
 from backend.server.admin import new_admin_key
 from backend.server.facade import FacadeProcess, start_facade
-from backend.server.process import free_ports
+from backend.server.process import ServerError, free_ports
 from backend.server.supervisor import TritonSupervisor
 from backend.server.tracing import check_ratio, triton_trace_args
 from backend.server.triton import Ports, TritonServer
+
+PORT_ATTEMPTS = 3
+TRITON_PORT_TAKEN = "already in use"  # tritonserver's words when one of its ports is taken: "Socket '...' already in use"
 
 
 @dataclass
@@ -89,13 +92,25 @@ class ServingStack:
         return self
 
     def start_triton(self) -> TritonServer:
-        self.triton.start()
-        self.triton.wait_ready(self.ready_timeout, all_models=self.all_models_ready)
+        for attempt in range(PORT_ATTEMPTS):
+            self.triton.start()
+            try:
+                self.triton.wait_ready(self.ready_timeout, all_models=self.all_models_ready)
+                break
+            except ServerError:
+                # Free ports are free when asked for, not always when tritonserver binds them a moment later.
+                if self.triton_ports is not None or attempt + 1 == PORT_ATTEMPTS or not self._port_taken():
+                    raise
+                self.triton.stop()
+                self.triton.ports = Ports(*free_ports(3))
         if self.supervisor is not None:
             self.supervisor.start()
             if self.supervisor_metrics_port is not None:
                 self.supervisor_metrics_port = self.supervisor.metrics.serve(self.host, self.supervisor_metrics_port)
         return self.triton
+
+    def _port_taken(self) -> bool:
+        return TRITON_PORT_TAKEN in self.triton.log_tail(20)
 
     def start_facade(self) -> FacadeProcess:
         self.facade = start_facade(
