@@ -14,7 +14,7 @@ from pathlib import Path
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from backend.server.paths import Paths
+import backend
 
 CONFIG_FILE = "config.pbtxt"
 
@@ -29,9 +29,8 @@ def read_config(model_dir: Path) -> dict:
     return json_format.MessageToDict(config, preserving_proto_field_name=True)
 
 
-def stock_model_py() -> Path:
-    """The 4-line model.py every model of the demo repository has."""
-    return Paths.from_environment().model_repository / "resnet50" / "1" / "model.py"
+# Every version's model.py, shipped in the package so any repository can get it.
+STOCK_MODEL_PY = Path(backend.__file__).with_name("stock_model.py")
 
 
 def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[str, str] | None = None) -> Path:
@@ -63,5 +62,5 @@ def add_model(directory: Path, name: str, config: str, model_py: Path | None = N
     version = directory / name / "1"
     version.mkdir(parents=True)
     (directory / name / "config.pbtxt").write_text(config)
-    shutil.copyfile(model_py or stock_model_py(), version / "model.py")
+    shutil.copyfile(model_py or STOCK_MODEL_PY, version / "model.py")
     return version

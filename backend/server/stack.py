@@ -23,7 +23,8 @@ from backend.server.tracing import check_ratio, triton_trace_args
 from backend.server.triton import Ports, TritonServer
 
 PORT_ATTEMPTS = 3
-TRITON_PORT_TAKEN = "already in use"  # tritonserver's words when one of its ports is taken: "Socket '...' already in use"
+# tritonserver's words when one of its ports is taken: "Socket '127.0.0.1:8001' already in use".
+TRITON_PORT_TAKEN = "already in use"
 
 
 @dataclass

@@ -35,7 +35,7 @@ import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from backend.server.model_control import READY, ControlError, ModelControl, States, ready_versions
-from backend.server.repository import CONFIG_FILE, read_config, stock_model_py
+from backend.server.repository import CONFIG_FILE, STOCK_MODEL_PY, read_config
 from backend.server.signature import Signature, SignatureError, check_onnx, check_signature
 
 RETIRED = "retired"
@@ -111,8 +111,8 @@ class ModelFolder:
                 (staging / location).parent.mkdir(parents=True, exist_ok=True)
                 _copy_synced(onnx_file.parent / location, staging / location)
             newest = self.versions()
-            model_py = self.path / str(newest[-1]) / MODEL_PY if newest else stock_model_py()
-            _copy_synced(model_py if model_py.is_file() else stock_model_py(), staging / MODEL_PY)
+            model_py = self.path / str(newest[-1]) / MODEL_PY if newest else STOCK_MODEL_PY
+            _copy_synced(model_py if model_py.is_file() else STOCK_MODEL_PY, staging / MODEL_PY)
             # The stub would write model.py's bytecode into the version folder when it first loads it, and
             # Triton reloads a version whose folder changed at the model's next load (the next publish).
             py_compile.compile(str(staging / MODEL_PY), doraise=True)

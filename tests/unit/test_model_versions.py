@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from backend.onnx_io import read_graph_io
 from backend.server.model_control import READY, ControlError, States, triton_message
 from backend.server.process import free_ports
+from backend.server.repository import STOCK_MODEL_PY
 from backend.server.signature import (
     Signature,
     SignatureError,
@@ -198,6 +199,15 @@ def test_an_unknown_model_names_the_ones_there(tmp_path):
 )
 def test_the_version_policy_selects_as_triton_does(policy, selected):
     assert selected_versions(policy, [1, 2, 3]) == selected
+
+
+def test_the_first_version_of_a_new_model_gets_the_stock_model_py_in_any_repository(tmp_path, monkeypatch):
+    # A repository of the user's own, named by the environment as tritonnx-serve takes it: no demo model in it.
+    monkeypatch.setenv("TRITONNX_MODEL_REPOSITORY", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
+    written = ModelFolder.find(tmp_path, "m").stage(1, identity_graph(tmp_path / "new.onnx"))
+    assert (written / "model.py").read_bytes() == STOCK_MODEL_PY.read_bytes()
 
 
 def test_staging_leaves_nothing_behind_when_a_copy_fails(tmp_path):

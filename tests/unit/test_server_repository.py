@@ -1,6 +1,7 @@
 import pytest
 
-from backend.server.repository import add_model, link_models, stock_model_py
+from backend.server.repository import STOCK_MODEL_PY, add_model, link_models
+from tests.serving import MODEL_REPOSITORY, MODELS
 
 
 def source_model(root, name="m", config='backend: "python"\n'):
@@ -26,6 +27,11 @@ def test_linked_models_share_the_files_and_keep_or_replace_the_config(tmp_path):
 def test_an_added_model_gets_its_config_and_the_stock_model_py(tmp_path):
     version = add_model(tmp_path / "repo", "new", 'backend: "python"\n')
     assert version == tmp_path / "repo" / "new" / "1"
-    assert (version / "model.py").read_text() == stock_model_py().read_text()
+    assert (version / "model.py").read_text() == STOCK_MODEL_PY.read_text()
     assert "OnnxRuntimeModel" in (version / "model.py").read_text()
     assert (version.parent / "config.pbtxt").read_text() == 'backend: "python"\n'
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_each_demo_model_runs_the_stock_model_py(model):
+    assert (MODEL_REPOSITORY / model / "1" / "model.py").read_bytes() == STOCK_MODEL_PY.read_bytes()

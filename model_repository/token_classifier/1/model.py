@@ -1,4 +1,8 @@
-"""Triton Python model: serves model.onnx next to this file (see backend/triton_model.py)."""
+"""Triton Python model: serves model.onnx next to this file (see backend/triton_model.py).
+
+This file is every version's `model.py`: `tritonnx-models publish` copies it into a new model's
+first version, and each demo model's version folder holds a copy (a unit test keeps them equal).
+"""
 
 from pathlib import Path
 
