@@ -1,0 +1,59 @@
+"""The package declares what it imports: installed from pyproject.toml alone into a fresh venv, every module loads.
+
+pip resolves the package's own dependency ranges (no requirements file, no --no-deps), then each module of
+`backend` and `client` is imported by the fresh interpreter from outside the checkout, and the console scripts
+answer --help. Triton's `triton_python_backend_utils` is the one module the package does not install: the Python
+stub provides it, so it is put on the path as the stub would.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import venv
+
+from tests.serving import CHECKOUT
+from tests.unit.conftest import _real_utils_path
+
+SCRIPTS = ("tritonnx-serve", "tritonnx-facade", "tritonnx-models")
+IMPORT_ALL = """
+import importlib, json, pkgutil, sys
+import backend, client
+names = [m.name for package in (backend, client) for m in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
+failed = {}
+for name in names:
+    if name.endswith("__main__"):
+        continue
+    try:
+        importlib.import_module(name)
+    except Exception as error:
+        failed[name] = f"{type(error).__name__}: {error}"
+print(json.dumps({"modules": names, "failed": failed, "from": [backend.__file__, client.__file__]}))
+"""
+
+
+def test_installed_from_its_own_requirements_every_module_imports(tmp_path):
+    venv.create(tmp_path / "venv", with_pip=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(CHECKOUT)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+
+    code = f"import sys; sys.path.append({str(_real_utils_path().parent)!r})\n" + IMPORT_ALL
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert all(str(tmp_path / "venv") in where for where in report["from"]), report["from"]  # not the checkout
+    assert len(report["modules"]) > 50 and "client.facade.service" in report["modules"]
+    assert report["failed"] == {}
+
+    for script in SCRIPTS:
+        helped = subprocess.run(
+            [tmp_path / "venv" / "bin" / script, "--help"], capture_output=True, text=True, timeout=60, check=False
+        )
+        assert helped.returncode == 0 and "usage:" in helped.stdout, (script, helped.stderr[-2000:])
