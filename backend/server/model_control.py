@@ -1,12 +1,16 @@
-"""Triton's model control as the version operations (versions.py) use it: load a model, read its versions' states.
+"""Triton's administrative gRPC API, as the server operations use it: the repository index, model configs, loads.
 
-Model control and the repository index are restricted APIs: every call carries the admin key. A
-failed load's message comes without the Python traceback Triton appends to it.
+One synchronous client for the supervisor, the version operations (versions.py), `TritonServer`'s
+readiness check and the conformance run. Model control, configs and the repository index are
+restricted APIs: every call carries the admin key. A failed load's message comes without the
+Python traceback Triton appends to it.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from types import TracebackType
 from typing import Any, Protocol
 
 import tritonclient.grpc as grpcclient
@@ -43,18 +47,29 @@ class ModelControl(Protocol):
 
 
 class TritonControl:
-    """ModelControl over Triton's gRPC API, model control and the repository index sent with the admin key."""
+    """Triton's administrative gRPC API with the admin key; ModelControl for the version operations.
 
-    def __init__(self, url: str, admin_key: str, load_timeout_s: float = 600.0) -> None:
+    Triton's refusals raise ControlError, no answer at all TritonUnreachable.
+    """
+
+    def __init__(self, url: str, admin_key: str, load_timeout_s: float = 600.0, timeout_s: float = 30.0) -> None:
         self.url = url
         self._headers = {GRPC_ADMIN_HEADER: admin_key} if admin_key else None
         self._load_timeout_s = load_timeout_s
+        self._timeout_s = timeout_s
         self._client = grpcclient.InferenceServerClient(url)
 
     def close(self) -> None:
         self._client.close()
 
+    def __enter__(self) -> TritonControl:
+        return self
+
+    def __exit__(self, *exc_info: type[BaseException] | BaseException | TracebackType | None) -> None:
+        self.close()
+
     def _call(self, method: str, *args: object, **kwargs: object) -> Any:
+        kwargs.setdefault("client_timeout", self._timeout_s)
         try:
             return getattr(self._client, method)(*args, **kwargs)
         except InferenceServerException as error:
@@ -65,21 +80,34 @@ class TritonControl:
                 message += " (the admin key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key)"
             raise ControlError(message) from None
 
+    def index(self) -> list[dict]:
+        """The repository index: name, version, state and reason of every model Triton knows."""
+        return self._call("get_model_repository_index", headers=self._headers, as_json=True).get("models", [])
+
     def states(self, model: str) -> States:
-        index = self._call("get_model_repository_index", headers=self._headers, as_json=True, client_timeout=30)
         return {
             int(entry["version"]): (entry.get("state", ""), triton_message(entry.get("reason", "")))
-            for entry in index.get("models", [])
+            for entry in self.index()
             if entry.get("name") == model and entry.get("version", "").isdigit()
         }
 
-    def served_config(self, model: str) -> dict | None:
-        if not self._call("is_model_ready", model, client_timeout=30):
-            return None
-        return self._call("get_model_config", model, as_json=True, client_timeout=30)["config"]
+    def ready(self, model: str, version: str = "") -> bool:
+        return bool(self._call("is_model_ready", model, version))
 
-    def load(self, model: str) -> None:
-        self._call("load_model", model, headers=self._headers, client_timeout=self._load_timeout_s)
+    def config(self, model: str, version: str = "") -> dict:
+        """The config Triton serves (or loads) the model with: config.pbtxt auto-completed."""
+        return self._call("get_model_config", model, version, headers=self._headers, as_json=True)["config"]
+
+    def served_config(self, model: str, version: str = "") -> dict | None:
+        return self.config(model, version) if self.ready(model, version) else None
+
+    def load(self, model: str, config: dict | None = None) -> None:
+        """Load the model from its folder, with `config` in place of its config.pbtxt when given."""
+        override = {} if config is None else {"config": json.dumps(config)}
+        self._call("load_model", model, headers=self._headers, client_timeout=self._load_timeout_s, **override)
+
+    def unload(self, model: str) -> None:
+        self._call("unload_model", model, headers=self._headers)
 
 
 def triton_message(message: str) -> str:

@@ -32,10 +32,8 @@ import signal
 import threading
 import time
 
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import InferenceServerException
-
 from backend.server.metrics import SupervisorMetrics
+from backend.server.model_control import ControlError, TritonControl
 from backend.server.process import ServerError
 from backend.server.repository import read_config
 from backend.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, live_stubs
@@ -144,36 +142,34 @@ class TritonSupervisor:
     def refresh_model_states(self) -> None:
         """Set tritonnx_model_ready of every model in Triton's repository index."""
         self._states_due = time.monotonic() + STATES_EVERY_SECONDS
-        with self._client() as client:
+        with self._control() as control:
             try:
-                index = client.get_model_repository_index(headers=self.server.admin_headers, as_json=True)
-            except InferenceServerException:
+                index = control.index()
+            except ControlError:
                 return  # stopping or restarting: the process watch deals with it
         ready: dict[str, bool] = {}
-        for entry in index.get("models", []):
+        for entry in index:
             ready[entry["name"]] = ready.get(entry["name"], False) or entry.get("state") == "READY"
         self.metrics.set_model_states(ready)
 
-    def _client(self) -> grpcclient.InferenceServerClient:
-        return grpcclient.InferenceServerClient(self.server.grpc_url)
+    def _control(self) -> TritonControl:
+        return TritonControl(self.server.grpc_url, self.server.admin_key)
 
     # While tritonserver stops (SIGTERM unloads every model, which looks like lost stubs) or loads,
     # it answers "Server not ready" or "unknown model": nothing to heal, and the process watch
     # restarts a server that exits.
     def _served_config(self, model: str, version: str = "") -> dict | None:
-        with self._client() as client:
+        with self._control() as control:
             try:
-                return client.get_model_config(model, version, headers=self.server.admin_headers, as_json=True)[
-                    "config"
-                ]
-            except InferenceServerException:
+                return control.config(model, version)
+            except ControlError:
                 return None
 
     def _model_ready(self, model: str, version: str = "") -> bool:
-        with self._client() as client:
+        with self._control() as control:
             try:
-                return client.is_model_ready(model, version)
-            except InferenceServerException:
+                return control.ready(model, version)
+            except ControlError:
                 return False
 
     def reload(self, model: str) -> None:
@@ -185,8 +181,8 @@ class TritonSupervisor:
         if self._served_config(model) is None:
             raise RuntimeError(f"{model} is no longer served; nothing to reload")
         config = reload_config(read_config(self.server.model_repository / model), f"{time.time():.6f}")
-        with self._client() as client:
-            client.load_model(model, config=json.dumps(config), headers=self.server.admin_headers)
+        with self._control() as control:
+            control.load(model, config)
         self.reloads.append((time.monotonic(), model))
         self.metrics.model_reloads.labels(model).inc()
         log.warning("supervisor: %s reloaded in %.1fs", model, time.monotonic() - started)

@@ -21,6 +21,7 @@ from pathlib import Path
 import tritonclient.grpc as grpcclient
 
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, RESTRICTED_PROTOCOLS, new_admin_key
+from backend.server.model_control import TritonControl
 from backend.server.process import ManagedProcess, ServerError
 from backend.server.shm import STUB_REGION_BYTES
 
@@ -213,9 +214,8 @@ class TritonServer(ManagedProcess):
 
     def model_states(self) -> list[dict]:
         """The repository index: name, version, state and reason of every model."""
-        with grpcclient.InferenceServerClient(self.grpc_url) as client:
-            index = client.get_model_repository_index(headers=self.admin_headers, as_json=True, client_timeout=5)
-        return index.get("models", [])
+        with TritonControl(self.grpc_url, self.admin_key, timeout_s=5) as control:
+            return control.index()
 
     def __enter__(self) -> TritonServer:
         self.start()
