@@ -32,7 +32,7 @@ from client.triton_common import default_url
 PROG = "python -m client.models"
 ENVIRONMENT = """\
 Environment:
-  TRITON_GRPC_URL            Triton's gRPC address without --url (default 127.0.0.1:8001)
+  TRITONNX_TRITON_URL        Triton's gRPC address without --url (default 127.0.0.1:8001)
   TRITONNX_MODEL_REPOSITORY  the repository without --repository (default: the checkout's model_repository,
                              or $TRITONNX_HOME/model_repository), the one `make serve` / tritonnx-serve serves
   TRITONNX_ADMIN_KEY         the key of Triton's model control, else the one in build/admin-key
@@ -114,7 +114,7 @@ def _positive_int(value: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--url", type=_host_port, metavar="HOST:PORT", help="Triton's gRPC address (default: $TRITON_GRPC_URL)"
+        "--url", type=_host_port, metavar="HOST:PORT", help="Triton's gRPC address (default: $TRITONNX_TRITON_URL)"
     )
     common.add_argument(
         "--repository",

@@ -18,18 +18,22 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, known_admin_key
+from client.facade.settings import FacadeSettings, env_name
 
 PROTOCOLS = ("grpc", "http")
 
-# protocol -> (environment variable, fallback); the ports are tritonserver's defaults.
+# protocol -> (environment variable, fallback). The gRPC address is the facade's setting of the same name
+# (TRITONNX_TRITON_URL); the ports are tritonserver's defaults.
+TRITON_URL_ENV = env_name("triton_url")
+TRITON_HTTP_URL_ENV = env_name("triton_http_url")
 _URL_DEFAULTS = {
-    "grpc": ("TRITON_GRPC_URL", "127.0.0.1:8001"),
-    "http": ("TRITON_HTTP_URL", "127.0.0.1:8000"),
+    "grpc": (TRITON_URL_ENV, FacadeSettings.triton_url),
+    "http": (TRITON_HTTP_URL_ENV, "127.0.0.1:8000"),
 }
 
 URL_HELP_EPILOG = (
-    "Without --url the address comes from $TRITON_GRPC_URL (gRPC, default 127.0.0.1:8001) or\n"
-    "$TRITON_HTTP_URL (HTTP, default 127.0.0.1:8000). Model configs and the repository index are\n"
+    f"Without --url the address comes from ${TRITON_URL_ENV} (gRPC, default {FacadeSettings.triton_url}) or\n"
+    f"${TRITON_HTTP_URL_ENV} (HTTP, default 127.0.0.1:8000). Model configs and the repository index are\n"
     "restricted APIs: their key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key (written by make serve)."
 )
 

@@ -99,7 +99,7 @@ class Serving:
         env = {
             **os.environ,
             REPOSITORY_ENV: str(self.repository),
-            "TRITON_GRPC_URL": self.stack.triton.grpc_url,
+            "TRITONNX_TRITON_URL": self.stack.triton.grpc_url,
             ADMIN_KEY_ENV: self.stack.triton.admin_key,
         }
         command = [sys.executable, "-m", "client.models", *map(str, args)]

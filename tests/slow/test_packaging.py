@@ -9,6 +9,7 @@ stub provides it, so it is put on the path as the stub would.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import venv
 
@@ -33,10 +34,17 @@ print(json.dumps({"modules": names, "failed": failed, "from": [backend.__file__,
 
 
 def test_installed_from_its_own_requirements_every_module_imports(tmp_path):
+    # The package's files as a source tree of their own: pip builds in the tree it is given.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(CHECKOUT / name, source / name)
+    for package in ("backend", "client"):
+        shutil.copytree(CHECKOUT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     install = subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(CHECKOUT)],
+        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
         capture_output=True,
         text=True,
         timeout=900,

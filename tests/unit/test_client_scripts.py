@@ -18,12 +18,12 @@ from client.triton_infer import InputError
 
 
 def test_default_url_comes_from_the_environment_per_protocol(monkeypatch):
-    monkeypatch.delenv("TRITON_GRPC_URL", raising=False)
-    monkeypatch.delenv("TRITON_HTTP_URL", raising=False)
+    monkeypatch.delenv("TRITONNX_TRITON_URL", raising=False)
+    monkeypatch.delenv("TRITONNX_TRITON_HTTP_URL", raising=False)
     assert triton_common.default_url("grpc") == "127.0.0.1:8001"
     assert triton_common.default_url("http") == "127.0.0.1:8000"
-    monkeypatch.setenv("TRITON_GRPC_URL", "triton:9001")
-    monkeypatch.setenv("TRITON_HTTP_URL", "triton:9000")
+    monkeypatch.setenv("TRITONNX_TRITON_URL", "triton:9001")
+    monkeypatch.setenv("TRITONNX_TRITON_HTTP_URL", "triton:9000")
     assert triton_infer.parse_args(["--model", "m"]).url is None
     assert triton_common.resolve_url(triton_infer.parse_args(["--model", "m"])) == "triton:9001"
     http_args = triton_infer.parse_args(["--model", "m", "--protocol", "http"])

@@ -401,7 +401,7 @@ def test_every_subcommand_has_help(command, capsys):
     assert exited.value.code == 0
     shown = capsys.readouterr().out
     assert f"python -m client.models {command}" in shown and "Example" in shown
-    assert "TRITONNX_MODEL_REPOSITORY" in shown and "TRITON_GRPC_URL" in shown and "TRITONNX_ADMIN_KEY" in shown
+    assert "TRITONNX_MODEL_REPOSITORY" in shown and "TRITONNX_TRITON_URL" in shown and "TRITONNX_ADMIN_KEY" in shown
 
 
 @pytest.mark.parametrize(
