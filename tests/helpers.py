@@ -10,7 +10,7 @@ from backend.server.prometheus import MetricsPage, scrape
 
 T = TypeVar("T")
 
-__all__ = ["MetricsPage", "metrics", "wait_until"]
+__all__ = ["MetricsPage", "metrics", "time_of", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -23,6 +23,12 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not within {timeout:g}s")
         time.sleep(interval)
+
+
+def time_of(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> float:
+    """`wait_until`, returning the time.monotonic() at which `condition` was seen to hold."""
+    wait_until(condition, timeout, what, interval)
+    return time.monotonic()
 
 
 def metrics(http_url: str) -> MetricsPage:

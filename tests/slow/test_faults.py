@@ -26,6 +26,7 @@ from backend.server.stack import ServingStack
 from backend.server.supervisor import Stub, TritonSupervisor, live_stubs
 from backend.server.triton import TritonServer
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
 from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
 
@@ -77,16 +78,6 @@ def predict(stack: Stack, data: np.ndarray, timeout: float = 10.0, model: str = 
 
 def expected_scores(data: np.ndarray) -> np.ndarray:
     return reference_session(onnx_file(MODEL)).run(["output"], {"input": data})[0][0]
-
-
-def wait_for(condition, timeout: float, step: float = 0.05) -> float:
-    """Poll until `condition()` is true; the time.monotonic() when it was. Fails the test on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return time.monotonic()
-        time.sleep(step)
-    pytest.fail(f"not within {timeout}s")
 
 
 def model_stubs(triton: TritonServer, model: str) -> list[Stub]:
@@ -179,11 +170,11 @@ def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack,
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
         if path == "facade":
-            unhealthy_at = wait_for(lambda: facade_health(stack) == 503, timeout=5)
+            unhealthy_at = time_of(lambda: facade_health(stack) == 503, 5, "the facade unhealthy")
             print(f"unhealthy after {unhealthy_at - killed_at:.2f}s")
-        wait_for(lambda: len(stack.supervisor.reloads) > before, timeout=15)
+        wait_until(lambda: len(stack.supervisor.reloads) > before, 15, "the supervisor's reload")
         reloaded_at = stack.supervisor.reloads[-1][0]
-        healthy_at = wait_for(lambda: facade_health(stack) == 200, timeout=15)
+        healthy_at = time_of(lambda: facade_health(stack) == 200, 15, "the facade healthy again")
     print(f"reloaded after {reloaded_at - killed_at:.2f}s, facade healthy after {healthy_at - killed_at:.2f}s")
     assert stack.supervisor.reloads[-1][1] == MODEL
     failures = [o for o in load.outcomes if o[2] != "OK"]
@@ -195,7 +186,7 @@ def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack,
         assert status in ("INTERNAL", "StatusCode.INTERNAL"), (status, message)
         assert MODEL in message and "/" not in message.replace(f"'{MODEL}'", "")
     # The old instances stop once their last requests are answered; the new ones take over.
-    wait_for(lambda: len(model_stubs(stack.triton, MODEL)) == len(others) + 1, timeout=30, step=0.2)
+    wait_until(lambda: len(model_stubs(stack.triton, MODEL)) == len(others) + 1, 30, "the stubs back", 0.2)
     for seed in range(8):  # every instance serves again
         answer, _ = predict(stack, image(seed))
         assert_close(np.array(answer.predictions, np.float32), expected_scores(image(seed)))
@@ -206,12 +197,12 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     data = image(5)
     restarts = len(stack.supervisor.restarts)
     os.kill(stack.triton.process.pid, signum)
-    wait_for(lambda: facade_health(stack) == 503, timeout=15)
+    wait_until(lambda: facade_health(stack) == 503, 15, "the facade unhealthy")
     # While Triton is away, no caller waits past its deadline.
     answer, answered_at = predict(stack, data, timeout=0.5)
     if isinstance(answer, grpc.RpcError):
         assert answer.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), answer.details()
-    back_at = wait_for(lambda: triton_ready(stack.triton), timeout=120, step=0.02)
+    back_at = time_of(lambda: triton_ready(stack.triton), 120, "tritonserver ready again", 0.02)
     first_ok = None
     while first_ok is None and time.monotonic() < back_at + 5:
         started = time.monotonic()
@@ -226,14 +217,14 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     print(f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
     assert first_ok - back_at <= 1.0
     # The supervisor polls readiness more slowly than this test does: its record can come after.
-    wait_for(lambda: len(stack.supervisor.restarts) == restarts + 1, timeout=5)
+    wait_until(lambda: len(stack.supervisor.restarts) == restarts + 1, 5, "the restart counted")
     # A server stopping on SIGTERM unloads its models first; that is not a fault to heal.
     assert not [
         r.getMessage()
         for r in caplog.records
         if r.name == "tritonnx.supervisor" and r.levelno >= logging.ERROR and "healing attempt failed" in r.getMessage()
     ]
-    wait_for(lambda: facade_health(stack) == 200, timeout=10)
+    wait_until(lambda: facade_health(stack) == 200, 10, "the facade healthy again")
 
 
 def test_deadlines_still_end_calls_to_a_model_that_hangs(stack):
@@ -285,10 +276,10 @@ def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
     try:
         with ThreadPoolExecutor(1) as pool:
             hanging = pool.submit(predict, stack, np.array([[3000]], np.float32), 10, "slow")
-            wait_for(lambda: facade.health()[0] == 503, timeout=2.5)
+            wait_until(lambda: facade.health()[0] == 503, 2.5, "the facade unhealthy")
             status, report = facade.health()
             assert "DEADLINE_EXCEEDED" in report["detail"] or "UNAVAILABLE" in report["detail"], report
             hanging.result()
-        wait_for(lambda: facade.health()[0] == 200, timeout=10)
+        wait_until(lambda: facade.health()[0] == 200, 10, "the facade healthy again")
     finally:
         facade.stop()

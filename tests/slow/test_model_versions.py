@@ -40,6 +40,7 @@ from backend.server.stubs import live_stubs
 from bench.load.loops import LoadResult, run_load
 from bench.load.targets import FacadeTarget, KServeTarget, close_enough
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
 from tests.serving import MODEL_REPOSITORY
 
@@ -333,15 +334,6 @@ def instance_stubs(serving: Serving, version: str) -> list:
     return [s for s in stubs if s.key == (M, version) and not s.auto_complete]
 
 
-def wait_for(condition, timeout: float, what: str) -> float:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return time.monotonic()
-        time.sleep(0.05)
-    pytest.fail(f"{what}: not within {timeout}s")
-
-
 def facade_stub(serving: Serving) -> inference_pb2_grpc.InferenceServiceStub:
     return inference_pb2_grpc.InferenceServiceStub(grpc.insecure_channel(serving.stack.facade.grpc_url))
 
@@ -359,10 +351,10 @@ def test_a_stub_killed_right_after_a_swap_is_healed_and_the_same_version_serves(
     [victim, *_] = instance_stubs(serving, "3")
     killed = time.monotonic()
     os.kill(victim.pid, signal.SIGKILL)
-    healed = wait_for(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
+    healed = time_of(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
     print(f"stub of version 3 killed right after the swap: reloaded after {healed - killed:.2f}s")
     assert serving.stack.supervisor.reloads[-1][1] == M
-    wait_for(
+    wait_until(
         lambda: serving.ready_versions() == ["3"] and len(instance_stubs(serving, "3")) == 2, 30, "version 3 again"
     )
     stub = facade_stub(serving)
@@ -440,7 +432,7 @@ def test_a_signature_change_beside_the_old_version_is_served_and_healed_per_vers
     small = [np.random.default_rng(seed).standard_normal((1, 3, 160, 160), dtype=np.float32) for seed in range(4)]
     v6 = mobilenet(serving.files / "seed5_160.onnx", seed=5, pixels=160, output="scores")
     serving.expected["6"] = outputs_of(v6, small)
-    wait_for(lambda: len(instance_stubs(serving, "5")) == 2, 30, "version 5's instances alone")
+    wait_until(lambda: len(instance_stubs(serving, "5")) == 2, 30, "version 5's instances alone")
     stubs_of_5 = {s.pid for s in instance_stubs(serving, "5")}
     done = serving.models("publish", M, v6, "--allow-signature-change")
     assert done.returncode == 0, done.stderr
@@ -455,8 +447,8 @@ def test_a_signature_change_beside_the_old_version_is_served_and_healed_per_vers
     reloads = len(serving.stack.supervisor.reloads)
     [victim, *_] = instance_stubs(serving, "5")
     os.kill(victim.pid, signal.SIGKILL)
-    wait_for(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
-    wait_for(
+    wait_until(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
+    wait_until(
         lambda: len(instance_stubs(serving, "5")) == 2 and len(instance_stubs(serving, "6")) == 2, 30, "both again"
     )
     assert serving.ready_versions() == ["5", "6"]

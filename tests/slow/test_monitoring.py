@@ -25,6 +25,7 @@ from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from backend.server.supervisor import live_stubs
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.helpers import wait_until
 from tests.serving import CHECKOUT, MODEL_REPOSITORY
 
 MONITORING = CHECKOUT / "deploy" / "monitoring"
@@ -125,11 +126,7 @@ def traffic(facade, seconds: float) -> dict[str, int]:
 
 
 def wait_for(prometheus: PrometheusServer, promql: str, timeout: float = 30) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while not (result := prometheus.query(promql)):
-        assert time.monotonic() < deadline, f"no data for {promql} within {timeout:.0f}s"
-        time.sleep(0.5)
-    return result
+    return wait_until(lambda: prometheus.query(promql), timeout, f"data for {promql}", 0.5)
 
 
 def test_every_target_is_scraped(monitored):

@@ -26,7 +26,7 @@ from backend.server.facade import start_facade
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.helpers import metrics
+from tests.helpers import metrics, time_of
 from tests.serving import MODEL_REPOSITORY, onnx_file
 
 MODEL = "mobilenet_v3_small"
@@ -131,14 +131,6 @@ def test_traffic_spreads_over_the_three_replicas(replicas, expected):
     assert all(n > 0.2 * sum(served) for n in served), served  # round robin: about a third each
 
 
-def wait_until(condition, timeout: float) -> float:
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < timeout, f"not within {timeout}s"
-        time.sleep(0.05)
-    return time.monotonic() - started
-
-
 def restart(stack: ServingStack) -> float:
     """Start the replica again on its ports; seconds until it is ready."""
     started = time.monotonic()
@@ -159,8 +151,8 @@ def test_a_replica_killed_under_load_costs_no_request_and_gets_traffic_again(rep
         victim.triton.process.wait()
         time.sleep(3)  # the two others carry the load
         restart(victim)
-        back = inferences(victim)
-        rebalance = wait_until(lambda: inferences(victim) > back, timeout=5)
+        back, ready_at = inferences(victim), time.monotonic()
+        rebalance = time_of(lambda: inferences(victim) > back, 5, "traffic to the restarted replica") - ready_at
         time.sleep(1)
     finally:
         load.finish(thread)
