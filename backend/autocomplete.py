@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from backend.onnx_io import read_graph_io
 
@@ -34,7 +35,7 @@ def writes_max_batch_size(config_file: Path) -> bool:
     return bool(_WRITTEN_MAX_BATCH.search(uncommented))
 
 
-def complete_config(config, onnx_file: Path, config_file: Path, log: Callable[[str], None]) -> None:
+def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callable[[str], None]) -> None:
     """Fill `config` (a pb_utils.ModelConfig) from the graph in `onnx_file`."""
     current = config.as_dict()
     name = current.get("name", onnx_file.parent.parent.name)

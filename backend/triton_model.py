@@ -12,7 +12,7 @@ import inspect
 import json
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import triton_python_backend_utils as pb_utils
 
@@ -31,7 +31,7 @@ class OnnxRuntimeModel:
     onnx_file: ClassVar[Path]
 
     @classmethod
-    def auto_complete_config(cls, auto_complete_model_config):
+    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         """Fill in inputs, outputs and batching from the ONNX graph; the rest of the config is policy."""
         complete_config(auto_complete_model_config, cls.onnx_file, cls.config_file(), pb_utils.Logger.log_info)
         return auto_complete_model_config
@@ -94,7 +94,7 @@ class ImagePreprocessModel:
     """
 
     @classmethod
-    def auto_complete_config(cls, auto_complete_model_config):
+    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         from backend.image_preprocess import CROP, INPUT_NAME, OUTPUT_NAME
 
         auto_complete_model_config.add_input({"name": INPUT_NAME, "data_type": "TYPE_UINT8", "dims": [-1]})

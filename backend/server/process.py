@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 
 class ServerError(RuntimeError):
@@ -132,7 +133,7 @@ class StopRequest:
         signal.signal(signal.SIGTERM, self._request)
         signal.signal(signal.SIGINT, self._request)
 
-    def _request(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+    def _request(self, signum: int, frame: FrameType | None) -> None:
         self.requested = True
 
     def wait(self, *servers: ManagedProcess) -> bool:

@@ -221,7 +221,7 @@ class TritonServer(ManagedProcess):
         self.start()
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
