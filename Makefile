@@ -110,7 +110,7 @@ soak: setup ## 10 minutes at ~70% of capacity: memory, /dev/shm and p99 sampled 
 
 chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model
 	$(PY) -m bench.overload $(CHAOS_ARGS)
-	$(PY) -m pytest -s -q tests/slow/test_faults.py
+	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
 	$(PY) -m bench.conformance $(CONFORMANCE_ARGS)

@@ -11,7 +11,9 @@ import signal
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,6 +157,7 @@ class Load:
 # The Python backend finds a dead stub about a second after it handed it a batch, so the dead
 # instance fails one batch a second until the reload replaces it.
 DEAD_INSTANCE_BATCH_SECONDS = 1.0
+HOLD = np.array([[-1]], np.float32)  # the slow model holds such a request until released (tests/models/slow)
 
 
 @pytest.mark.parametrize("path", ["facade", "direct"])
@@ -166,7 +169,7 @@ def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack,
     [victim, *others] = model_stubs(stack.triton, MODEL)
     assert others, "the model serves from several instances"
     with Load(stack, seconds=14, path=path) as load:
-        time.sleep(2)
+        wait_until(lambda: len(load.outcomes) >= 8, 30, "the load under way")
         killed_at = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
         if path == "facade":
@@ -193,7 +196,7 @@ def test_a_killed_stub_is_noticed_and_its_model_reloaded_without_a_person(stack,
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_1s_of_its_return(stack, signum, caplog):
+def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_again(stack, signum, caplog, gate):
     data = image(5)
     restarts = len(stack.supervisor.restarts)
     os.kill(stack.triton.process.pid, signum)
@@ -207,15 +210,15 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     while first_ok is None and time.monotonic() < back_at + 5:
         started = time.monotonic()
         answer, answered_at = predict(stack, data, timeout=1)
-        assert answered_at - started < 1.5, "a call outlived its deadline"
+        assert answered_at - started < 10, "a call hung past its deadline"
+        gate(answered_at - started < 1.5, f"a 1 s call ended after {answered_at - started:.2f}s")
         if isinstance(answer, inference_pb2.PredictResponse):
             first_ok = answered_at
             assert_close(np.array(answer.predictions, np.float32), expected_scores(data))
         else:
             time.sleep(0.02)
     assert first_ok is not None, "the facade did not serve again"
-    print(f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
-    assert first_ok - back_at <= 1.0
+    gate(first_ok - back_at <= 1.0, f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
     # The supervisor polls readiness more slowly than this test does: its record can come after.
     wait_until(lambda: len(stack.supervisor.restarts) == restarts + 1, 5, "the restart counted")
     # A server stopping on SIGTERM unloads its models first; that is not a fault to heal.
@@ -227,12 +230,18 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_within_
     wait_until(lambda: facade_health(stack) == 200, 10, "the facade healthy again")
 
 
-def test_deadlines_still_end_calls_to_a_model_that_hangs(stack):
-    started = time.monotonic()
-    answer, answered_at = predict(stack, np.array([[3000]], np.float32), timeout=0.5, model="slow")
-    assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert answered_at - started < 1.0
-    time.sleep(3)  # the model instance finishes its sleep
+@contextmanager
+def held(stack: Stack) -> Iterator[Future]:
+    """The slow model's one instance holding a request until the block ends; yields that request's answer."""
+    folder = stack.triton.model_repository / "slow"
+    (folder / "hold").touch()
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            answer = pool.submit(predict, stack, HOLD, 60, "slow")
+            wait_until((folder / "holding").exists, 30, "the slow model holding a request")
+            yield answer
+        finally:
+            (folder / "hold").unlink()
 
 
 def slow_model_counts(stack: Stack) -> tuple[int, int]:
@@ -242,31 +251,36 @@ def slow_model_counts(stack: Stack) -> tuple[int, int]:
     return stats.inference_count, stats.inference_stats.fail.count
 
 
+def test_deadlines_still_end_calls_to_a_model_that_hangs(stack, gate):
+    with held(stack) as hanging:
+        started = time.monotonic()
+        answer, answered_at = predict(stack, np.array([[1]], np.float32), timeout=0.5, model="slow")
+        assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        gate(answered_at - started < 1.0, f"a 0.5 s deadline ended the call after {answered_at - started:.2f}s")
+    assert isinstance(hanging.result()[0], inference_pb2.PredictResponse)
+
+
 def test_a_call_whose_deadline_passed_in_the_queue_never_runs_in_triton(stack):
     ran, failed = slow_model_counts(stack)
-    with ThreadPoolExecutor(2) as pool:
-        hanging = pool.submit(predict, stack, np.array([[1500]], np.float32), 10, "slow")
-        time.sleep(0.3)
+    with held(stack) as hanging:
         expired, _ = predict(stack, np.array([[1]], np.float32), timeout=0.3, model="slow")
         assert isinstance(expired, grpc.RpcError) and expired.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        hanging.result()
-    time.sleep(0.5)
-    ran_after, failed_after = slow_model_counts(stack)
-    assert ran_after == ran + 1  # only the hanging request ran
-    assert failed_after >= failed + 1
+    assert isinstance(hanging.result()[0], inference_pb2.PredictResponse)
+    counted = wait_until(
+        lambda: (counts := slow_model_counts(stack))[0] > ran and counts[1] > failed and counts, 10, "both counted"
+    )
+    assert counted[0] == ran + 1  # only the held request ran
 
 
 def test_the_queue_timeout_rejects_requests_stuck_behind_a_hanging_model(stack):
-    with ThreadPoolExecutor(4) as pool:
-        hanging = pool.submit(predict, stack, np.array([[2500]], np.float32), 10, "slow")
-        time.sleep(0.3)
+    with held(stack) as hanging, ThreadPoolExecutor(2) as pool:
+        # The model's queue policy rejects a request that waited 0.5 s, whatever its caller's deadline.
         queued = [pool.submit(predict, stack, np.array([[1]], np.float32), 10, "slow") for _ in range(2)]
         rejected = [f.result() for f in queued]
-        slept, _ = hanging.result()
     for answer, _ in rejected:
         assert isinstance(answer, grpc.RpcError) and answer.code() == grpc.StatusCode.UNAVAILABLE, answer
         assert "queue" in answer.details()
-    assert list(slept.predictions) == [2500.0]
+    assert list(hanging.result()[0].predictions) == [float(HOLD[0, 0])]
 
 
 def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
@@ -274,12 +288,10 @@ def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
         stack.triton, tmp_path, "--default-model", "slow", "--health-interval", "0.3", "--health-timeout", "0.3"
     )
     try:
-        with ThreadPoolExecutor(1) as pool:
-            hanging = pool.submit(predict, stack, np.array([[3000]], np.float32), 10, "slow")
-            wait_until(lambda: facade.health()[0] == 503, 2.5, "the facade unhealthy")
+        with held(stack):
+            wait_until(lambda: facade.health()[0] == 503, 30, "the facade unhealthy")
             status, report = facade.health()
             assert "DEADLINE_EXCEEDED" in report["detail"] or "UNAVAILABLE" in report["detail"], report
-            hanging.result()
         wait_until(lambda: facade.health()[0] == 200, 10, "the facade healthy again")
     finally:
         facade.stop()

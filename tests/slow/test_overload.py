@@ -5,20 +5,20 @@ documented, quick rejection, and both servers stay up."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
 
 from bench.burst import BurstResult, burst
 from bench.overload import REJECTIONS, expected_outputs, measure, path_target
+from tests.helpers import wait_until
 from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
 
 MODEL = "resnet50"  # the slowest model: a cheap load generator still exceeds its capacity
 
 
 @pytest.mark.parametrize("route_name", ["facade", "direct"])
-def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton, facade, route_name):
+def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton, facade, route_name, gate):
     rng = np.random.default_rng(7)
     images = [rng.standard_normal((1, 3, 224, 224), dtype=np.float32) for _ in range(3)]
     expected = expected_outputs(onnx_file(MODEL), images)
@@ -43,16 +43,13 @@ def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton
 
     assert set(result.statuses) == {"OK", REJECTIONS[route_name]}, result.statuses
     assert result.wrong_outputs == 0
-    assert result.accepted_rps > 0.5 * result.capacity_rps  # the overload did not collapse throughput
-    assert result.rejection_p99_ms <= 50, result.summary()
-    assert result.accepted_p99_ms <= 2 * result.reference_p99_ms, result.summary()
+    gate(result.accepted_rps > 0.5 * result.capacity_rps, "the overload did not collapse throughput")
+    gate(result.rejection_p99_ms <= 50, f"rejections within 50 ms at p99: {result.rejection_p99_ms:.1f} ms")
+    gate(result.accepted_p99_ms <= 2 * result.reference_p99_ms, "accepted p99 within twice the unloaded p99")
     for name, idle in result.memory_idle_mib.items():
         assert result.memory_after_mib[name] <= idle + max(0.1 * idle, 64), (name, result.summary())
     assert triton.process.poll() is None and facade.process.poll() is None
-    deadline = time.monotonic() + 15  # its probe may have met Triton's full queue
-    while facade.health()[0] != 200:
-        assert time.monotonic() < deadline, facade.health()
-        time.sleep(0.2)
+    wait_until(lambda: facade.health()[0] == 200, 15, "the facade healthy again")  # its probe may have met a full queue
 
 
 def test_a_burst_of_large_calls_on_one_channel_is_refused_at_once_and_the_accepted_are_right(facade):
