@@ -4,7 +4,7 @@ One table, `CASES`, one parametrized test per path. For every case and path the 
 documented gRPC status, words of the message a person can act on, that the message carries no
 server internals, whether the request got as far as the model (Triton's inference count of the
 model), and that the server then still answers a good request correctly (against ONNX Runtime
-in-process). The README's "What a bad request gets" table is checked against the same table.
+in-process). The "What a bad request gets" table of docs/facade.md is checked against the same table.
 
 The direct path builds requests the way a tritonclient user does; a shape that disagrees with the
 data is declared with `InferInput.set_shape` after `set_data_from_numpy`.
@@ -132,7 +132,7 @@ class Expect:
 
 @dataclass(frozen=True)
 class Case:
-    name: str  # the row of the README table
+    name: str  # the row of the table in docs/facade.md
     model: str  # the model whose inference count is watched and that then gets a good request
     facade: Callable[[], inference_pb2.PredictRequest | RawCall] | None
     via_facade: Expect | None
@@ -566,8 +566,8 @@ def test_bad_input_direct_to_triton(case, triton_client, triton_channel, triton)
     )
 
 
-def readme_rows() -> dict[str, list[str]]:
-    text = (CHECKOUT / "README.md").read_text()
+def documented_rows() -> dict[str, list[str]]:
+    text = (CHECKOUT / "docs" / "facade.md").read_text()
     section = text.split("## What a bad request gets", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
@@ -577,11 +577,11 @@ def readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_the_readme_table_documents_every_case():
-    rows = readme_rows()
+def test_the_documented_table_lists_every_case():
+    rows = documented_rows()
     for case in CASES:
-        assert case.name in rows, f"README: no row for '{case.name}'"
+        assert case.name in rows, f"docs/facade.md: no row for '{case.name}'"
         for cell, expect in zip(rows[case.name][1:3], (case.via_facade, case.via_direct), strict=False):
             documented = "n/a" if expect is None else f"`{expect.code}`"
-            assert cell.startswith(documented), f"README row '{case.name}': '{cell}' should start with {documented}"
-    assert len(rows) == len(CASES) + 1, "README rows without a case"  # + the header row
+            assert cell.startswith(documented), f"docs row '{case.name}': '{cell}' should start with {documented}"
+    assert len(rows) == len(CASES) + 1, "docs/facade.md has rows without a case"  # + the header row

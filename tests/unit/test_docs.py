@@ -1,0 +1,233 @@
+"""The documentation points at what exists: links, anchors, repository paths, modules and make targets.
+
+README.md, docs/*.md and deploy/**/README.md are read as GitHub renders them. A relative link must
+name a file of the checkout, and an anchor a heading of the page it names (GitHub's slugs). A path of
+the checkout written in backticks (`backend/runner.py`, `bench/reports/...`, `tests/unit/test_deploy_*.py`)
+must exist, as must a file a table row names alone under a folder of its first cell (`backend/`:
+`runner.py`), a module run with `python -m` or written as `client.serve`, a `make` target, and an
+environment variable (`TRITONNX_*`) in the code, so a page cannot point at a moved module or a renamed
+setting. Build outputs (`build/`, `bench/results/`, generated models and protobuf
+code) and placeholders (`<model>`, `...`) are not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from client.facade.settings import FacadeSettings, env_name
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+README = CHECKOUT / "README.md"
+README_MAX_LINES = 250
+PAGES = sorted([README, *CHECKOUT.glob("docs/*.md"), *CHECKOUT.glob("deploy/**/README.md")])
+
+# Folders and files of the checkout that a path in the docs starts with.
+SOURCE_FOLDERS = ("backend", "client", "bench", "tests", "deploy", "docs")
+CHECKED_FOLDERS = (*SOURCE_FOLDERS, "model_repository", ".ci")
+TOP_FILES = r"Makefile|Dockerfile|pyproject\.toml|requirements[\w*-]*\.txt|\.pre-commit-config\.yaml"
+PATH = re.compile(rf"(?:\./)?(?:(?:{'|'.join(map(re.escape, CHECKED_FOLDERS))})/\S*|{TOP_FILES})")
+# In code blocks, paths of the source folders only: examples there create folders in model_repository/.
+BLOCK_PATH = re.compile(rf"(?<![\w/.$-])(?:{'|'.join(SOURCE_FOLDERS)})/[\w./*-]*")
+PLACEHOLDER = re.compile(r"[<>{}$]|\.\.\.|…")
+GENERATED_PREFIXES = ("bench/results",)
+GENERATED_SUFFIXES = (".onnx", "_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+# A file or folder named alone in a table row whose first cell names folders (`backend/`: `runner.py`).
+BARE_NAME = re.compile(r"[\w-]+\.(?:py|pyi|sh|ya?ml|txt|json|md|proto|pbtxt)|[\w-]+/")
+PACKAGES = ("backend", "client", "bench", "tests")
+MODULE = re.compile(rf"(?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+")
+RUN_MODULE = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)")
+MAKE_TARGET = re.compile(r"\bmake\s+([a-z][\w-]*)")
+ENV_VARIABLE = re.compile(r"\bTRITON(?:NX)?_[A-Z0-9_]*[A-Z0-9]\b")
+
+FENCE = re.compile(r"^ *(```|~~~).*?^ *\1 *$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
+LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+HEADING = re.compile(r"^#{1,6} +(.+?) *#* *$", re.MULTILINE)
+
+
+def prose(text: str) -> str:
+    """The page without its fenced code blocks."""
+    return FENCE.sub("", text)
+
+
+def code_blocks(text: str) -> list[str]:
+    return [match.group(0) for match in FENCE.finditer(text)]
+
+
+def code_spans(text: str) -> list[str]:
+    return [match.group(2).strip() for match in CODE_SPAN.finditer(prose(text))]
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text lower-cased, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text only
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor on the page; repeated headings get -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for heading in HEADING.findall(prose(page.read_text())):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def relative_links(page: Path) -> Iterator[str]:
+    text = CODE_SPAN.sub("", prose(page.read_text()))
+    for target in LINK.findall(text):
+        if not re.match(r"[a-z][a-z+.-]*:", target):  # http:, https:, mailto: ...
+            yield target
+
+
+def looks_like_a_file_path(path: str) -> bool:
+    """In a code block, `deploy/tritonnx` is kubectl's kind/name: a path there has a suffix, a final /, or depth."""
+    return path.endswith("/") or "." in path.rsplit("/", 1)[-1] or path.count("/") >= 2
+
+
+def repository_paths(page: Path) -> set[str]:
+    """Paths of the checkout the page names: in code spans, and source paths in code blocks."""
+    text = page.read_text()
+    paths = {token for span in code_spans(text) for token in span.split() if PATH.fullmatch(token)}
+    paths |= {
+        match.group(0)
+        for block in code_blocks(text)
+        for match in BLOCK_PATH.finditer(block)
+        if looks_like_a_file_path(match.group(0))
+    }
+    return {path.rstrip(".,;:)").removeprefix("./") for path in paths}
+
+
+def table_row_names(page: Path) -> set[tuple[str, str]]:
+    """(folder, name) for each name a table row gives alone, under a folder its first cell names."""
+    found: set[tuple[str, str]] = set()
+    for line in prose(page.read_text()).splitlines():
+        if not line.startswith("|"):
+            continue
+        first, _, rest = line.strip("| ").partition("|")
+        folders = [token for span in code_spans(first) for token in span.split() if (CHECKOUT / token).is_dir()]
+        names = {token for span in code_spans(rest) for token in span.split() if BARE_NAME.fullmatch(token)}
+        found |= {(folder, name) for folder in folders for name in names}
+    return found
+
+
+def checked(path: str) -> bool:
+    return not (
+        PLACEHOLDER.search(path) or path.startswith(GENERATED_PREFIXES) or path.rstrip("/").endswith(GENERATED_SUFFIXES)
+    )
+
+
+def modules(page: Path) -> set[str]:
+    text = page.read_text()
+    named = {token for span in code_spans(text) for token in span.split() if MODULE.fullmatch(token)}
+    return named | {module for module in RUN_MODULE.findall(text) if module.split(".")[0] in PACKAGES}
+
+
+def is_module(name: str) -> bool:
+    base = CHECKOUT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def make_targets(page: Path) -> set[str]:
+    text = page.read_text()
+    code = [*code_spans(text), *code_blocks(text)]
+    return {target for snippet in code for target in MAKE_TARGET.findall(snippet)}
+
+
+def defined_make_targets() -> set[str]:
+    return set(re.findall(r"^([a-z][\w-]*) *:", (CHECKOUT / "Makefile").read_text(), re.MULTILINE))
+
+
+def variables_the_code_reads() -> set[str]:
+    """The TRITONNX_* (and TRITON_*) names in the sources, those built with env_name, and the facade's settings'."""
+    text = "\n".join(path.read_text() for package in PACKAGES[:3] for path in (CHECKOUT / package).rglob("*.py"))
+    built = {env_name(name) for name in re.findall(r"env_name\(\"(\w+)\"\)", text)}  # env_name("triton_http_url")
+    return set(ENV_VARIABLE.findall(text)) | built | {env_name(field.name) for field in fields(FacadeSettings)}
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(CHECKOUT))
+
+
+def test_the_readme_fits_a_few_screens():
+    lines = len(README.read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; move detail to docs/ (at most {README_MAX_LINES})"
+
+
+def test_the_readme_links_every_docs_page():
+    linked = {(README.parent / target.split("#")[0]).resolve() for target in relative_links(README)}
+    unlinked = [page_id(p) for p in CHECKOUT.glob("docs/*.md") if p.resolve() not in linked]
+    assert not unlinked, f"docs pages the README's table does not link: {unlinked}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_relative_link_resolves_to_a_file_and_heading(page: Path):
+    broken = []
+    for target in relative_links(page):
+        path, _, anchor = target.partition("#")
+        resolved = (page.parent / path).resolve() if path else page
+        if not resolved.is_relative_to(CHECKOUT) or not resolved.exists():
+            broken.append(f"{target}: no such file in the checkout")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            broken.append(f"{target}: no heading '#{anchor}' in {page_id(resolved)}")
+    assert not broken, f"{page_id(page)}: " + "; ".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_repository_path_it_names_exists(page: Path):
+    missing = []
+    for path in sorted(filter(checked, repository_paths(page))):
+        found = any(CHECKOUT.glob(path)) if "*" in path else (CHECKOUT / path).exists()
+        if not found or (path.endswith("/") and not (CHECKOUT / path).is_dir()):
+            missing.append(path)
+    assert not missing, f"{page_id(page)} names paths the checkout does not have: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_file_a_table_row_names_under_its_folder_exists(page: Path):
+    rows: dict[str, set[str]] = {}
+    for folder, name in table_row_names(page):
+        rows.setdefault(name, set()).add(folder)
+    missing = sorted(
+        f"{name} (under {' or '.join(sorted(folders))})"
+        for name, folders in rows.items()
+        if checked(name) and not any(any(CHECKOUT.glob(f"{f.rstrip('/')}/**/{name.rstrip('/')}")) for f in folders)
+    )
+    assert not missing, f"{page_id(page)} names files its table rows' folders do not have: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_module_and_make_target_it_names_exists(page: Path):
+    missing = sorted(m for m in modules(page) if not is_module(m))
+    missing += sorted(f"make {t}" for t in make_targets(page) - defined_make_targets())
+    assert not missing, f"{page_id(page)} names modules or targets that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_environment_variable_it_names_is_read_by_the_code(page: Path):
+    unknown = sorted(set(ENV_VARIABLE.findall(page.read_text())) - variables_the_code_reads())
+    assert not unknown, f"{page_id(page)} names environment variables no process reads: {unknown}"
+
+
+def test_the_checks_see_what_they_should():
+    """The extraction itself: a slug, a path in a span, a source path in a block, a placeholder left alone."""
+    assert slug("Tracing (OpenTelemetry)") == "tracing-opentelemetry"
+    assert slug("The gRPC facade: `client/facade/`") == "the-grpc-facade-clientfacade"
+    assert slug("Tuning a model's policy") == "tuning-a-models-policy"
+    text = "see `backend/runner.py` and `python -m client.serve`\n```\nmkdir model_repository/x\nbackend/triton_model.py\n```\n"
+    assert not looks_like_a_file_path("deploy/tritonnx") and looks_like_a_file_path("deploy/k8s/overlays/dev")
+    assert code_spans(text) == ["backend/runner.py", "python -m client.serve"]
+    assert [m.group(0) for b in code_blocks(text) for m in BLOCK_PATH.finditer(b)] == ["backend/triton_model.py"]
+    assert not checked("model_repository/<model>/1/model.py") and not checked("bench/results/x/report.md")
+    assert checked("bench/reports/2026-11-24-peers/report.md")
+    assert not is_module("client.no_such_module") and is_module("client.serve")
+    assert {"TRITONNX_MAX_IN_FLIGHT", "TRITONNX_MODEL_REPOSITORY"} <= variables_the_code_reads()
+    assert ENV_VARIABLE.findall("`TRITONNX_<SETTING>`, `TRITONNX_*`, `TRITONNX_TRITON_URL`") == ["TRITONNX_TRITON_URL"]
