@@ -33,8 +33,8 @@ _URL_DEFAULTS = {
 
 URL_HELP_EPILOG = (
     f"Without --url the address comes from ${TRITON_URL_ENV} (gRPC, default {FacadeSettings.triton_url}) or\n"
-    f"${TRITON_HTTP_URL_ENV} (HTTP, default 127.0.0.1:8000). Model configs and the repository index are\n"
-    "restricted APIs: their key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key (written by make serve)."
+    f"${TRITON_HTTP_URL_ENV} (HTTP, default 127.0.0.1:8000). The repository index is a restricted API:\n"
+    "its key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key (written by make serve)."
 )
 
 
@@ -120,7 +120,7 @@ class TritonClient:
         self.url = url
         self.protocol = protocol
         self._timeout_s = timeout_s
-        # The repository index and model configs are restricted APIs behind tritonserver's key.
+        # The repository index is a restricted API behind tritonserver's key (model configs are open).
         key = known_admin_key() if admin_key is None else admin_key
         header = GRPC_ADMIN_HEADER if protocol == "grpc" else ADMIN_HEADER
         self._admin = {header: key} if key else None
