@@ -25,7 +25,7 @@ SERVE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench bench-peers tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve traces monitor lint format test test-fast test-containers unit bench bench-peers tune soak chaos conformance test-conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -113,7 +113,10 @@ chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault t
 	$(PY) -m pytest -s -q tests/slow/test_faults.py
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
-	$(PY) -m bench.conformance $(CONFORMANCE_ARGS)
+	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)
+
+test-conformance: setup ## The conformance tier: a 26-model slice of the corpus and the command at its smallest (tests/conformance)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/conformance
 
 docker-engine: ## Install (Debian's docker.io) and start the Docker engine when none answers
 	deploy/docker/images.sh engine

@@ -1,8 +1,9 @@
 """Test tiers and the serving fixtures.
 
 Tiers follow the folders: `unit` (no server, seconds), `integration` (the functional tests
-against one real tritonserver, shared by the session) and `slow` (overload, faults, the
-benchmark and split-cores smoke runs, each with servers of its own). `make test` runs all three,
+against one real tritonserver, shared by the session), `slow` (overload, faults, the
+benchmark and split-cores smoke runs, each with servers of its own) and `conformance` (ONNX's own
+test models served and checked, `make test-conformance`). `make test` runs the first three,
 `make test-fast` the first two.
 
 The session's tritonserver runs on free loopback ports, so the suite also runs while `make serve`
@@ -22,7 +23,7 @@ from backend.server.stack import ServingStack
 from backend.server.triton import TritonServer
 from tests.serving import MODEL_REPOSITORY, MODELS, start_facade
 
-TIERS = ("unit", "integration", "slow", "containers")
+TIERS = ("unit", "integration", "slow", "conformance", "containers")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
