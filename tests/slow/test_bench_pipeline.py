@@ -1,8 +1,8 @@
-"""python -m bench.pipeline end to end at its smallest: a real tritonserver, every answer checked, a report written."""
+"""python -m bench.studies.pipeline end to end at its smallest: a real tritonserver, every answer checked, a report written."""
 
 import json
 
-from bench.pipeline import main
+from bench.studies.pipeline import main
 
 
 def test_the_pipeline_benchmark_runs_and_reports(tmp_path):

@@ -75,7 +75,7 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
 
 
 def test_the_priority_benchmark_keeps_high_priority_requests_in_under_overload(tmp_path):
-    from bench.priority import main as priority_main
+    from bench.studies.priority import main as priority_main
 
     out = tmp_path / "priority"
     assert priority_main(["--paths", "direct", "--seconds", "5", "--unloaded-seconds", "1", "--capacity-seconds",
@@ -88,7 +88,7 @@ def test_the_priority_benchmark_keeps_high_priority_requests_in_under_overload(t
 
 
 def test_the_cache_benchmark_measures_both_facades_and_the_hit_ratio(tmp_path):
-    from bench.cache import main as cache_main
+    from bench.studies.cache import main as cache_main
 
     out = tmp_path / "cache"
     assert cache_main(["--seconds", "2", "--rounds", "1", "--distinct", "50", "--out", str(out)]) == 0
@@ -98,7 +98,7 @@ def test_the_cache_benchmark_measures_both_facades_and_the_hit_ratio(tmp_path):
 
 
 def test_the_tracing_benchmark_runs_with_tracing_off_and_on_and_sees_joined_traces(tmp_path):
-    from bench.tracing import main as tracing_main
+    from bench.studies.tracing import main as tracing_main
 
     out = tmp_path / "tracing"
     assert tracing_main(["--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--out", str(out)]) == 0

@@ -1,4 +1,4 @@
-"""bench.split_cores end to end at the smallest size: the processes land on the cores it says,
+"""bench.studies.split_cores end to end at the smallest size: the processes land on the cores it says,
 both targets answer, and the report is written. Speed is not asserted (see the module)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def test_split_cores_places_the_server_apart_from_the_facade_and_reports_both(tm
         [
             sys.executable,
             "-m",
-            "bench.split_cores",
+            "bench.studies.split_cores",
             "--concurrency",
             "2",
             "--duration",

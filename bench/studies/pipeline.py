@@ -1,4 +1,4 @@
-"""python -m bench.pipeline: images/s of the whole image pipeline through Triton against the same steps in-process.
+"""python -m bench.studies.pipeline: images/s of the image pipeline through Triton against the same steps in-process.
 
 Per classifier (resnet50, mobilenet_v3_small):
 
@@ -229,7 +229,7 @@ def report(results: list[dict], args: argparse.Namespace, started: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.pipeline",
+        prog="python -m bench.studies.pipeline",
         description="Images/s of JPEG bytes -> labels through Triton's image ensembles at a given concurrency, "
         "against the same decode, resize, crop, normalize and ONNX Runtime steps in-process on the same cores; "
         "with Triton's per-model queue and compute times.",

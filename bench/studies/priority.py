@@ -1,4 +1,4 @@
-"""python -m bench.priority: 3x overload with 20% high-priority requests, with and without priorities.
+"""python -m bench.studies.priority: 3x overload with 20% high-priority requests, with and without priorities.
 
 For each path (the facade's Predict with `priority`, Triton's ModelInfer with tritonclient's
 `priority` parameter) and model, on its own tritonserver and facade on free loopback ports:
@@ -175,7 +175,7 @@ def report(results: list[PriorityResult]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.priority",
+        prog="python -m bench.studies.priority",
         description="Overload a model with 20%% high-priority requests, with and without priorities, through the "
         "facade and directly to Triton; report each class's latency and rejections.",
     )

@@ -1,4 +1,4 @@
-"""python -m bench.cache: the facade's result cache under a skewed (Zipf) workload.
+"""python -m bench.studies.cache: the facade's result cache under a skewed (Zipf) workload.
 
 One tritonserver and two facades in front of it on free loopback ports, one with
 `--cache-models <model>`, one without. The same closed loop (`--concurrency` callers) sends
@@ -65,7 +65,7 @@ async def one_run(url: str, model: str, order: np.ndarray, images: list[np.ndarr
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.cache",
+        prog="python -m bench.studies.cache",
         description="Throughput through the facade with and without its result cache, on a Zipf workload.",
     )
     parser.add_argument("--model", default="mobilenet_v3_small", help="default: %(default)s")

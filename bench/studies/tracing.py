@@ -1,4 +1,4 @@
-"""python -m bench.tracing: what OpenTelemetry tracing costs the facade path.
+"""python -m bench.studies.tracing: what OpenTelemetry tracing costs the facade path.
 
 The same closed loop (`--concurrency` callers, raw images of `--model`) through the facade and
 Triton, with tracing off and with tracing on at `--ratio` (the facade's spans and tritonserver's
@@ -103,7 +103,7 @@ def report(runs: list[TracingRun], args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.tracing",
+        prog="python -m bench.studies.tracing",
         description="Throughput through the facade and Triton with OpenTelemetry tracing off and on, interleaved.",
     )
     parser.add_argument("--model", default="mobilenet_v3_small", help="default: %(default)s")

@@ -1,4 +1,4 @@
-"""python -m bench.split_cores: the facade against Triton direct when they do not share cores.
+"""python -m bench.studies.split_cores: the facade against Triton direct when they do not share cores.
 
 `make bench` runs the client, the facade and tritonserver on the same cores, so every
 millisecond of CPU the facade spends is taken from the server and its ratio to Triton direct is
@@ -41,7 +41,7 @@ def split(cores: set[int]) -> tuple[set[int], set[int]]:
     """(server cores, facade and client cores): the first half, and the rest."""
     ordered = sorted(cores)
     if len(ordered) < 2:
-        raise SystemExit("bench.split_cores needs at least 2 cores to split")
+        raise SystemExit("bench.studies.split_cores needs at least 2 cores to split")
     half = len(ordered) // 2
     return set(ordered[:half]), set(ordered[half:])
 
@@ -74,10 +74,10 @@ def _throughputs(points: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.split_cores",
+        prog="python -m bench.studies.split_cores",
         description="Facade vs Triton direct with tritonserver on its own cores and the facade and load generator on "
         "the others (the layout of a deployment with cores to spare), same load generator, interleaved rounds.",
-        epilog="Example: python -m bench.split_cores --model mobilenet_v3_small --concurrency 16 --rounds 3",
+        epilog="Example: python -m bench.studies.split_cores --model mobilenet_v3_small --concurrency 16 --rounds 3",
     )
     parser.add_argument("--model", default="mobilenet_v3_small")
     parser.add_argument("--concurrency", type=int, default=16)

@@ -1,4 +1,4 @@
-"""python -m bench.burst: many large calls at once on one channel, and how fast the refused learn it.
+"""python -m bench.studies.burst: many large calls at once on one channel, and how fast the refused learn it.
 
 All `--calls` Predict calls (one image each, about 600 KB) start together on one gRPC channel to
 the facade, far above its in-flight limit. The accepted ones must come back right (each answer is
@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -20,53 +19,15 @@ import numpy as np
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from bench import REPOSITORY
-from bench.load.stats import OK, Tally, percentiles
-from bench.load.targets import GrpcTarget
+from bench.load.burst import REFUSED, burst
+from bench.load.stats import OK
 from bench.output import run_folder, say, write_json
 from bench.overload import IMAGE_SHAPE, expected_outputs, path_target
-
-REFUSED = "RESOURCE_EXHAUSTED"
-
-
-@dataclass
-class BurstResult:
-    calls: int
-    statuses: dict[str, int]
-    wrong_outputs: int
-    accepted_p50_ms: float
-    accepted_p99_ms: float
-    rejection_p50_ms: float
-    rejection_p99_ms: float
-    rejection_max_ms: float
-
-    def summary(self) -> str:
-        return (
-            f"{self.calls} calls at once: {self.statuses}, wrong outputs {self.wrong_outputs}; refused in "
-            f"p50 {self.rejection_p50_ms:.1f} ms, p99 {self.rejection_p99_ms:.1f} ms, max {self.rejection_max_ms:.1f} ms;"
-            f" accepted p50 {self.accepted_p50_ms:.0f} ms, p99 {self.accepted_p99_ms:.0f} ms"
-        )
-
-
-async def burst(target: GrpcTarget, calls: int) -> BurstResult:
-    """Start `calls` calls of `target` at once (on its one channel); every one's latency by status."""
-    tally = Tally()
-    if not target.is_open:
-        await target.open()
-
-    async def one() -> None:
-        started = time.perf_counter()
-        status = await target.call() or OK
-        tally.add(status, time.perf_counter() - started)
-
-    await asyncio.gather(*(one() for _ in range(calls)))
-    accepted = percentiles(tally.ms(OK), [50, 99])
-    refused = percentiles(tally.ms(REFUSED), [50, 99, 100])
-    return BurstResult(calls, tally.statuses, target.wrong, *accepted, *refused)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.burst",
+        prog="python -m bench.studies.burst",
         description="Start many ~600 KB Predict calls at once on one channel to the facade (its own tritonserver on "
         "free ports) and report how fast the refused ones are told and whether the accepted ones are right.",
     )
