@@ -22,7 +22,7 @@ from backend.server.process import ServerError, free_ports
 from backend.server.stack import ServingStack
 from backend.server.triton import Ports
 from bench import REPOSITORY, RESULTS
-from bench.baseline.process import FastApiBaseline
+from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import measured_split, setups
 from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
 from bench.floor import measure_floor
@@ -33,9 +33,9 @@ from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.servers import Policy, peer
 from bench.peers.venvs import VenvError
-from bench.processes import tree_memory
 from bench.report import write_report
 from bench.startup import measure_triton_startup
+from bench.usage import tree_memory
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -187,8 +187,9 @@ def bench_fastapi(model: str, onnx_file: Path, args: argparse.Namespace, workdir
     for setup in setups(CORES):
         say(f"{model}: FastAPI baseline, {setup.name} ({setup.why}) ...")
         log = workdir / f"fastapi-{model}-{setup.workers}x{setup.threads}.log"
-        with FastApiBaseline(onnx_file, free_ports(1)[0], setup.workers, setup.threads, log_file=log) as server:
-            server.wait_ready(120)
+        baseline = FastApiBaseline(onnx_file=onnx_file, port=free_ports(1)[0], workers=setup.workers,
+                                   intra_op_threads=setup.threads, log_file=log)  # fmt: skip
+        with baseline as server:
             images = sample_images()
             check_answers(HttpTarget(server.url, 1, images=images, expected=reference_outputs(onnx_file, images)),
                           len(images))  # fmt: skip

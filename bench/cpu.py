@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from backend.server.supervisor import live_stubs
 from backend.server.triton import TritonServer
 from bench.perf import PerfPoint, run_perf_analyzer
-from bench.processes import cpu_seconds
+from bench.usage import cpu_seconds
 
 # The roles a process on the serving path plays, in the order a report lists them.
 ROLES = ("stubs", "tritonserver", "facade", "client", "idle")

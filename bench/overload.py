@@ -41,7 +41,7 @@ from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget, KServeTarget
 from bench.output import run_folder, say, write_json
-from bench.processes import tree_memory
+from bench.usage import tree_memory
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05

@@ -12,7 +12,7 @@ from pathlib import Path
 from backend.server.repository import link_models
 from backend.server.triton import Ports, TritonServer
 from bench import REPOSITORY
-from bench.processes import Memory, tree_memory
+from bench.usage import Memory, tree_memory
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from bench.output import CORES, machine, run_folder, say, settings, write_json
 from bench.peers import servers, venvs
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.table import servers_table
-from bench.processes import tree_memory
+from bench.usage import tree_memory
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)

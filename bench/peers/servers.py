@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from backend.server.process import ManagedProcess, free_ports
 from backend.server.repository import read_config
 from backend.server.stack import ServingStack
-from bench.baseline.process import FastApiBaseline
+from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import Setup
 from bench.load.http import Base64Json, FileUpload, HttpTarget, Payload, RawFloat32
 from bench.load.targets import FacadeTarget, KServeTarget, Target
@@ -146,8 +146,8 @@ class FastApi(Server):
 
     def start(self) -> None:
         log = self.workdir / f"{self.name.replace(' ', '_')}.log"
-        self._server = FastApiBaseline(self.onnx_file, free_ports(1)[0], self.setup.workers, self.setup.threads,
-                                       log_file=log)  # fmt: skip
+        self._server = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
+                                       intra_op_threads=self.setup.threads, log_file=log)  # fmt: skip
         self._server.start()
         try:
             self._server.wait_ready(READY_TIMEOUT_S)
@@ -162,7 +162,7 @@ class FastApi(Server):
 
     @property
     def pid(self) -> int:
-        assert self._server is not None and self._server.pid is not None
+        assert self._server is not None
         return self._server.pid
 
     def worker_pids(self) -> list[int]:

@@ -41,7 +41,7 @@ from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import KServeTarget
 from bench.output import CORES, machine, run_folder, say, settings, write_json
-from bench.processes import cpu_seconds
+from bench.usage import cpu_seconds
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_small")
 PREPROCESS = "image_preprocess"

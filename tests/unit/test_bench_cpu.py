@@ -6,7 +6,7 @@ import time
 import pytest
 
 from bench.cpu import CpuSnapshot, measured, per_image, snapshot
-from tests.unit.test_bench_processes import fake_tritonserver, stop
+from tests.unit.test_bench_usage import fake_tritonserver, stop
 
 
 def test_cpu_per_image_splits_by_role_and_counts_idle_core_time():

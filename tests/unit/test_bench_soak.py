@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from bench.load.stats import Tally
-from bench.processes import Watcher
 from bench.soak import interval_row, judge, soak
 from bench.soak_report import series_name, write_outputs
+from bench.usage import Watcher
 from tests.unit.test_bench_loadgen import Fake, _aio_server
-from tests.unit.test_bench_processes import fake_tritonserver, stop
+from tests.unit.test_bench_usage import fake_tritonserver, stop
 
 
 def test_series_names():
