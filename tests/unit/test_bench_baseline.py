@@ -216,20 +216,28 @@ def test_the_split_check():
 def test_an_unspread_run_is_run_once_more_and_reported():
     """Two real processes, one spinning and one asleep: the run is unspread both times."""
     from bench.baseline.workers import measured_split
+    from bench.usage import cpu_seconds
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Asleep once it has said so: its start-up CPU falls before any run.
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert idle.stdout is not None and idle.stdout.readline() == b"\n"
     runs = []
 
     def run() -> int:
-        time.sleep(0.3)
+        """Until the busy worker has spent 0.3 s of CPU more, however long a busy machine takes to give it that."""
+        start, deadline = cpu_seconds(psutil.Process(busy.pid)), time.monotonic() + 60
+        while cpu_seconds(psutil.Process(busy.pid)) < start + 0.3:
+            assert time.monotonic() < deadline, "the busy process got no CPU for a minute"
+            time.sleep(0.02)
         runs.append(1)
         return len(runs)
 
     try:
         result, split = measured_split(run, lambda: [busy.pid, idle.pid], 16)
         assert result == 2 and split["runs"] == 2 and split["spread"] is False
-        assert split["shares"][0] > 0.9 and len(split["cpu_seconds"]) == 2
+        assert max(split["shares"]) > 0.9 and len(split["cpu_seconds"]) == 2
         result, split = measured_split(run, lambda: [busy.pid, idle.pid], 1)
         assert result == 3 and split["runs"] == 1 and split["spread"] is None
     finally:
