@@ -11,12 +11,11 @@ bench/results/<timestamp>/{report.md,results.json,*.png}.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from backend.server.process import ServerError, free_ports
 from backend.server.stack import ServingStack
@@ -30,18 +29,13 @@ from bench.limit import measure_limit, measure_single_image
 from bench.load import loops
 from bench.load.http import HttpTarget
 from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
+from bench.output import CORES, machine, say, settings
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.servers import Policy, peer
 from bench.peers.venvs import VenvError
 from bench.report import write_report
 from bench.startup import measure_triton_startup
 from bench.usage import tree_memory
-
-CORES = len(os.sched_getaffinity(0))
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def sweep(
@@ -93,7 +87,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         inferred = images_inferred(triton, model)
 
         def cpu_of(run, others=None, own_role=None):
-            return measured(run, triton.process.pid, inferred, CORES, others, own_role)
+            return measured(run, triton.pid, inferred, CORES, others, own_role)
 
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
@@ -128,10 +122,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             lambda: FacadeTarget(facade.grpc_url, model, 1),
             args.concurrency,
             args.duration,
-            lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"),
+            lambda run: cpu_of(run, {"facade": facade.pid}, own_role="client"),
         )
-        data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
-        data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
+        data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.pid).as_dict()
+        data["servers"]["facade (after load)"] = tree_memory(facade.pid).as_dict()
     finally:
         stack.stop()
 
@@ -265,12 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / started
     workdir = out / "logs"
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {
-        "started": started,
-        "machine": f"{platform.machine()}, {CORES} cores, {platform.platform()}, Python {platform.python_version()}",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "models": {},
-    }
+    results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
     for model in args.models:
         results["models"][model] = bench_model(model, args, workdir)
         write_report(out, results)  # a partial report survives an interrupted run

@@ -397,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         triton, facade = stack.triton, stack.facade
-        watcher = Watcher(triton.process.pid, facade.process.pid)
+        assert facade is not None  # started with the stack
+        watcher = Watcher(triton.pid, facade.pid)
         results["idle_sample"] = watcher.sample(0.0)  # after start-up, before any load
         stubs = sorted(n for n in watcher.processes() if n not in SERVERS)
         say(
-            f"tritonserver pid {triton.process.pid} ({triton.grpc_url}), facade pid {facade.process.pid} "
+            f"tritonserver pid {triton.pid} ({triton.grpc_url}), facade pid {facade.pid} "
             f"({facade.grpc_url}), stubs: {', '.join(stubs)}"
         )
         if stop.requested:

@@ -32,8 +32,8 @@ class FastApiBaseline(ManagedProcess):
     workers: int
     intra_op_threads: int
     host: str = "127.0.0.1"
-    # Seconds from start() until wait_ready() saw every worker serving.
-    startup_seconds: float | None = field(default=None, init=False)
+    # Seconds from start() until wait_ready() saw every worker serving (0 until then).
+    startup_seconds: float = field(default=0.0, init=False)
     _started_at: float = field(default=0.0, init=False, repr=False)
     _log_offset: int = field(default=0, init=False, repr=False)  # where this start's lines begin in the log
 

@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -116,8 +117,8 @@ class Tritonnx(Server):
 
     @property
     def pid(self) -> int:
-        assert self._stack is not None and self._stack.triton is not None
-        return self._stack.triton.process.pid
+        assert self._stack is not None
+        return self._stack.triton.pid
 
     def target(self, images=None, expected=None) -> Target:
         assert self._stack is not None
@@ -271,7 +272,12 @@ PEERS = ("pytriton", "litserve", "rayserve", "mlserver", "bentoml")
 
 def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) -> VenvPeer:
     """The peer `name` in its best documented setup under `policy`."""
-    common = {"model": model, "onnx_file": onnx_file, "workdir": workdir, "max_batch_size": policy.max_batch_size}
+    common: dict[str, Any] = {
+        "model": model,
+        "onnx_file": onnx_file,
+        "workdir": workdir,
+        "max_batch_size": policy.max_batch_size,
+    }
     if name == "pytriton":
         return VenvPeer(
             name="PyTriton", peer="pytriton", protocol=Protocol(None), workers=policy.triton_instances,

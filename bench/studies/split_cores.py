@@ -121,10 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, client_cores)  # the load generator runs in this process
         # Where the processes really run (every thread of each): the layout, checked.
         placed = {
-            "tritonserver and stubs": _cores_of(
-                [triton.process.pid, *(c.pid for c in psutil.Process(triton.process.pid).children())]
-            ),
-            "facade": _cores_of([facade.process.pid]),
+            "tritonserver and stubs": _cores_of([triton.pid, *(c.pid for c in psutil.Process(triton.pid).children())]),
+            "facade": _cores_of([facade.pid]),
         }
         targets = {
             "Triton direct": lambda: KServeTarget(triton.grpc_url, args.model, 1),

@@ -74,7 +74,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
 def test_health(server):
     with urllib.request.urlopen(f"{server.url}/health", timeout=10) as response:
         assert response.status == 200 and response.read() == b'{"status":"ok"}'
-    assert server.startup_seconds is not None and server.startup_seconds > 0
+    assert server.startup_seconds > 0
 
 
 def test_predict_matches_onnxruntime(server, tiny_onnx):
