@@ -25,7 +25,7 @@ SERVE_ARGS ?=
 WHEEL_PYTHON ?= 3.11
 BASE_IMAGE ?=
 
-.PHONY: help setup apt venv proto models serve traces monitor lint format test test-slow test-containers unit bench bench-peers tune soak chaos conformance docker-engine wheelhouse images clean
+.PHONY: help setup apt venv proto models serve traces monitor lint format test test-slow test-containers unit bench bench-peers tune soak chaos conformance test-conformance docker-engine wheelhouse images clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -71,7 +71,7 @@ traces: venv ## Print OpenTelemetry traces received on 127.0.0.1:4318 (beside ma
 monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
 	$(PY) -m client.monitor $(MONITOR_ARGS)
 
-lint: venv proto ## ruff (lint and format check) and mypy on backend/ and client/; `make format` rewrites
+lint: venv proto ## ruff (lint and format check) and mypy (backend/, client/, bench/, the test helpers); `make format` rewrites
 	$(PY) -m ruff check backend client bench tests
 	$(PY) -m ruff format --check backend client bench tests
 	$(PY) -m mypy
@@ -113,7 +113,10 @@ chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault t
 	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
-	$(PY) -m bench.conformance $(CONFORMANCE_ARGS)
+	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)
+
+test-conformance: setup ## The conformance tier: a 26-model slice of the corpus and the command at its smallest (tests/conformance)
+	$(PY) -m pytest $(PYTEST_ARGS) tests/conformance
 
 docker-engine: ## Install (Debian's docker.io) and start the Docker engine when none answers
 	deploy/docker/images.sh engine

@@ -11,18 +11,17 @@ bench/results/<timestamp>/{report.md,results.json,*.png}.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from backend.server.process import ServerError, free_ports
 from backend.server.stack import ServingStack
 from backend.server.triton import Ports
 from bench import REPOSITORY, RESULTS
-from bench.baseline.process import FastApiBaseline
+from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import measured_split, setups
 from bench.cpu import images_inferred, measured, perf_analyzer_with_cpu
 from bench.floor import measure_floor
@@ -30,18 +29,13 @@ from bench.limit import measure_limit, measure_single_image
 from bench.load import loops
 from bench.load.http import HttpTarget
 from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
+from bench.output import CORES, machine, say, settings
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.servers import Policy, peer
 from bench.peers.venvs import VenvError
-from bench.processes import tree_memory
 from bench.report import write_report
 from bench.startup import measure_triton_startup
-
-CORES = len(os.sched_getaffinity(0))
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+from bench.usage import tree_memory
 
 
 def sweep(
@@ -93,7 +87,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
         inferred = images_inferred(triton, model)
 
         def cpu_of(run, others=None, own_role=None):
-            return measured(run, triton.process.pid, inferred, CORES, others, own_role)
+            return measured(run, triton.pid, inferred, CORES, others, own_role)
 
         data["perf_analyzer"] = []
         for concurrency in args.concurrency:
@@ -128,10 +122,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             lambda: FacadeTarget(facade.grpc_url, model, 1),
             args.concurrency,
             args.duration,
-            lambda run: cpu_of(run, {"facade": facade.process.pid}, own_role="client"),
+            lambda run: cpu_of(run, {"facade": facade.pid}, own_role="client"),
         )
-        data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.process.pid).as_dict()
-        data["servers"]["facade (after load)"] = tree_memory(facade.process.pid).as_dict()
+        data["servers"]["tritonserver (all models, after load)"] = tree_memory(triton.pid).as_dict()
+        data["servers"]["facade (after load)"] = tree_memory(facade.pid).as_dict()
     finally:
         stack.stop()
 
@@ -187,8 +181,9 @@ def bench_fastapi(model: str, onnx_file: Path, args: argparse.Namespace, workdir
     for setup in setups(CORES):
         say(f"{model}: FastAPI baseline, {setup.name} ({setup.why}) ...")
         log = workdir / f"fastapi-{model}-{setup.workers}x{setup.threads}.log"
-        with FastApiBaseline(onnx_file, free_ports(1)[0], setup.workers, setup.threads, log_file=log) as server:
-            server.wait_ready(120)
+        baseline = FastApiBaseline(onnx_file=onnx_file, port=free_ports(1)[0], workers=setup.workers,
+                                   intra_op_threads=setup.threads, log_file=log)  # fmt: skip
+        with baseline as server:
             images = sample_images()
             check_answers(HttpTarget(server.url, 1, images=images, expected=reference_outputs(onnx_file, images)),
                           len(images))  # fmt: skip
@@ -264,12 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / started
     workdir = out / "logs"
     workdir.mkdir(parents=True, exist_ok=True)
-    results = {
-        "started": started,
-        "machine": f"{platform.machine()}, {CORES} cores, {platform.platform()}, Python {platform.python_version()}",
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "models": {},
-    }
+    results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
     for model in args.models:
         results["models"][model] = bench_model(model, args, workdir)
         write_report(out, results)  # a partial report survives an interrupted run

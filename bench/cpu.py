@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import psutil
 import tritonclient.grpc as grpcclient
@@ -18,8 +19,9 @@ import tritonclient.grpc as grpcclient
 from backend.server.supervisor import live_stubs
 from backend.server.triton import TritonServer
 from bench.perf import PerfPoint, run_perf_analyzer
-from bench.processes import cpu_seconds
+from bench.usage import cpu_seconds
 
+T = TypeVar("T")
 # The roles a process on the serving path plays, in the order a report lists them.
 ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
 
@@ -73,14 +75,14 @@ def per_image(
 
 
 def measured(
-    run: Callable[[], object],
+    run: Callable[[], T],
     triton_pid: int,
     images_served: Callable[[], int],
     cores: int,
     others: dict[str, int] | None = None,
     own_role: str | None = None,
-    extra_cpu: Callable[[object, float], dict[str, float]] | None = None,
-) -> tuple[object, dict]:
+    extra_cpu: Callable[[T, float], dict[str, float]] | None = None,
+) -> tuple[T, dict]:
     """`run()`'s result and the CPU per image while it ran.
 
     `images_served` reads Triton's count of images inferred; `extra_cpu(result, wall)` adds CPU seconds of processes
@@ -122,7 +124,7 @@ def perf_analyzer_with_cpu(server: TritonServer, model: str, concurrency: int, m
 
     point, cpu = measured(
         run,
-        server.process.pid,
+        server.pid,
         images_inferred(server, model),
         cores,
         extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},

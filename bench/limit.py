@@ -94,7 +94,7 @@ def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[floa
     data, name = _images(1), sessions[0].get_inputs()[0].name
     best: list[float] | None = None
     for session in sessions:
-        latencies = []
+        latencies: list[float] = []
         stop_at = time.perf_counter() + seconds
         while time.perf_counter() < stop_at or len(latencies) < 10:
             started = time.perf_counter()
@@ -102,6 +102,7 @@ def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[floa
             latencies.append((time.perf_counter() - started) * 1000)
         if best is None or np.percentile(latencies, 50) < np.percentile(best, 50):
             best = latencies
+    assert best is not None  # `sessions` is never empty
     return float(np.percentile(best, 50)), float(np.percentile(best, 99))
 
 

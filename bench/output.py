@@ -1,4 +1,4 @@
-"""Where a measurement run writes, and what it says meanwhile: one way for every command."""
+"""Where a measurement run writes, what it says meanwhile, and its gates: one way for every command."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,3 +39,26 @@ def settings(args: argparse.Namespace) -> dict:
 
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What must hold for a run's claim to stand, judged on the run's own figures (`detail` names them)."""
+
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+def gates_section(gates: list[Gate]) -> str:
+    """The report's `## Gates` section: every gate, passed or FAILED, with the figures it was judged on."""
+    rows = [f"| {g.name} | {'passed' if g.passed else '**FAILED**'} | {g.detail} |" for g in gates]
+    return "\n".join(["## Gates", "", "| gate | verdict | judged on |", "|---|---|---|", *rows]) + "\n"
+
+
+def verdict(gates: list[Gate]) -> int:
+    """The command's exit code: 1 when a gate failed, each failed one said loudly first; else 0."""
+    for gate in gates:
+        if not gate.passed:
+            say(f"GATE FAILED: {gate.name} ({gate.detail})")
+    return 0 if all(g.passed for g in gates) else 1

@@ -41,7 +41,7 @@ from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget, KServeTarget
 from bench.output import run_folder, say, write_json
-from bench.processes import tree_memory
+from bench.usage import tree_memory
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05
@@ -201,12 +201,14 @@ def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
     results = []
     with stack:
         triton, facade, supervisor = stack.triton, stack.facade, stack.supervisor
-        pids = {"tritonserver": triton.process.pid, "facade": facade.process.pid}
+        assert facade is not None and supervisor is not None  # a supervised stack with a facade
+        pids = {"tritonserver": triton.pid, "facade": facade.pid}
         for path in args.paths:
             url = facade.grpc_url if path == "facade" else triton.grpc_url
             target = path_target(path, url, args.model, images, expected)
             result = asyncio.run(measure(path, target, pids, seconds=args.seconds, factor=args.factor))
-            alive = triton.process.poll() is None and facade.process.poll() is None and not supervisor.restarts
+            running = all(s.process is not None and s.process.poll() is None for s in (triton, facade))
+            alive = running and not supervisor.restarts
             if not alive:
                 result.problems.append("a server went down")
             print(result.summary(), flush=True)

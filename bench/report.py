@@ -62,6 +62,7 @@ def summary_rows(model: str, data: dict) -> list[str]:
     kserve = _best(data["loadgen_kserve"])
     facade = _best(data["facade"])
     fastapi = _best(counted(fastapi_points(data)))
+    assert direct and kserve and facade, "every run measures Triton direct and the facade"
     one = next((p for p in data["perf_analyzer"] if p["concurrency"] == 1), None)
     facade_at = {p["concurrency"]: p for p in data["facade"]}
     kserve_at = {p["concurrency"]: p for p in data["loadgen_kserve"]}
@@ -69,7 +70,7 @@ def summary_rows(model: str, data: dict) -> list[str]:
     rows = [
         f"| limit: in-process ONNX Runtime ({data['limit']['layout']}) | {limit:.1f} img/s | 1.00x | |",
         f"| Triton direct, perf_analyzer (best, c={direct['concurrency']}) | {direct['throughput']:.1f} img/s | "
-        f"{_ratio(direct['throughput'], limit)} | {_ratio(direct['throughput'], fastapi and fastapi['images_per_s'])} vs FastAPI |",
+        f"{_ratio(direct['throughput'], limit)} | {_ratio(direct['throughput'], fastapi['images_per_s'] if fastapi else None)} vs FastAPI |",
         f"| Triton direct, project load generator (best, c={kserve['concurrency']}) | {kserve['images_per_s']:.1f} img/s | "
         f"{_ratio(kserve['images_per_s'], limit)} | |",
         f"| facade (best, c={facade['concurrency']}) | {facade['images_per_s']:.1f} img/s | {_ratio(facade['images_per_s'], limit)} | "
@@ -151,7 +152,7 @@ def cpu_rows(data: dict) -> list[str]:
     cores = data["limit"].get("cores")
     measured_at = {p["concurrency"] for p in data["perf_analyzer"]}
     concurrency = 16 if 16 in measured_at else max(measured_at, default=0)
-    measured = [
+    candidates = [
         (name, next((p for p in points if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None))
         for name, points in (
             ("Triton direct, perf_analyzer", data["perf_analyzer"]),
@@ -159,7 +160,7 @@ def cpu_rows(data: dict) -> list[str]:
             ("facade, project load generator", data["facade"]),
         )
     ]
-    measured = [(name, p) for name, p in measured if p]
+    measured = [(name, p) for name, p in candidates if p]
     floor = next(
         (p for p in data.get("floor", []) if p["concurrency"] == concurrency and p.get("cpu_ms_per_image")), None
     )

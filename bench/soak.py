@@ -16,7 +16,7 @@ ports, then:
    Python stub process (named by its model instance), the bytes of the /dev/shm files that belong
    to these processes (the stubs' regions, named on their command lines, the facade's
    tritonnx_facade_<pid>, and any other /dev/shm file they map), and the throughput, p50/p99 latency
-   and errors of the interval (bench.processes);
+   and errors of the interval (bench.usage);
 5. fits each memory series over the second half of the run and flags a series that grows
    (bench.trend: least squares and Theil-Sen, both above `GROWTH_MIB_PER_10MIN` and
    `GROWTH_FRACTION` of its mean per 10 minutes);
@@ -47,9 +47,9 @@ from bench.load.loops import OpenLoop, run
 from bench.load.stats import Tally, percentiles
 from bench.load.targets import FacadeTarget, VerificationError
 from bench.output import machine, run_folder, say, settings
-from bench.processes import SERVERS, SHM_DIR, Watcher, gone
 from bench.soak_report import fmt, progress_line, series, series_name, write_outputs
 from bench.trend import GROWTH_FRACTION, GROWTH_MIB_PER_10MIN, trend
+from bench.usage import SERVERS, SHM_DIR, Watcher, gone
 
 # Statuses the facade documents as load shedding (README, "The gRPC facade"): allowed, up to --max-rejected.
 DOCUMENTED_REJECTIONS = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
@@ -397,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         triton, facade = stack.triton, stack.facade
-        watcher = Watcher(triton.process.pid, facade.process.pid)
+        assert facade is not None  # started with the stack
+        watcher = Watcher(triton.pid, facade.pid)
         results["idle_sample"] = watcher.sample(0.0)  # after start-up, before any load
         stubs = sorted(n for n in watcher.processes() if n not in SERVERS)
         say(
-            f"tritonserver pid {triton.process.pid} ({triton.grpc_url}), facade pid {facade.process.pid} "
+            f"tritonserver pid {triton.pid} ({triton.grpc_url}), facade pid {facade.pid} "
             f"({facade.grpc_url}), stubs: {', '.join(stubs)}"
         )
         if stop.requested:

@@ -12,7 +12,7 @@ from pathlib import Path
 from backend.server.repository import link_models
 from backend.server.triton import Ports, TritonServer
 from bench import REPOSITORY
-from bench.processes import Memory, tree_memory
+from bench.usage import Memory, tree_memory
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ def measure_triton_startup(model: str, ports: Ports, repository: Path = REPOSITO
         )
         started = time.perf_counter()
         server.start()
+        assert server.process is not None
         try:
             deadline = time.monotonic() + timeout
             while not _model_ready(server, model):
@@ -53,7 +54,7 @@ def measure_triton_startup(model: str, ports: Ports, repository: Path = REPOSITO
                 time.sleep(0.02)
             ready = time.perf_counter() - started
             time.sleep(1.0)  # let the stubs settle before reading memory
-            return Startup(model, ready, tree_memory(server.process.pid))
+            return Startup(model, ready, tree_memory(server.pid))
         finally:
             server.stop()
     finally:

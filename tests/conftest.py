@@ -3,8 +3,9 @@
 Tiers follow the folders: `unit` (no server, seconds), `integration` (behaviour against real
 tritonservers: one shared by the session for the demo models, and a few modules with a
 repository of their own), `slow` (faults, overload, replicas, versions under load, benchmark
-smoke runs) and `containers` (the images in a real Docker engine). `make test` runs the first two,
-`make test-slow` and `make test-containers` the others; CI runs all of them.
+smoke runs), `conformance` (ONNX's own test models served and checked) and `containers` (the
+images in a real Docker engine). `make test` runs the first two; `make test-slow`,
+`make test-conformance` and `make test-containers` the others; CI runs all of them.
 
 The servers run on free loopback ports, so the suite also runs while `make serve` holds
 8000-8002. The session's tritonserver starts only when a test asks for it; a failing test shows
@@ -24,7 +25,7 @@ from backend.server.stack import ServingStack
 from backend.server.triton import TritonServer
 from tests.serving import MODEL_REPOSITORY, MODELS, start_facade
 
-TIERS = ("unit", "integration", "slow", "containers")
+TIERS = ("unit", "integration", "slow", "conformance", "containers")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

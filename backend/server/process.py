@@ -1,8 +1,9 @@
 """A server started as a child process in its own process group, with its output in a log file.
 
 Both tritonserver (with its Python stub processes) and the facade are run this way by `make
-serve`, the tests and the benchmark; stopping the group stops everything the server started.
-Tests and benchmarks put them on free loopback ports, so they run next to `make serve`.
+serve`, the tests and the benchmark, and so are the benchmark's other servers (the FastAPI baseline,
+the peers); stopping the group stops everything the server started, and returns once all of it is
+gone. Tests and benchmarks put them on free loopback ports, so they run next to `make serve`.
 
 A child started from the main thread gets SIGTERM when this process dies, however it dies (Linux's
 PR_SET_PDEATHSIG): a killed test run or benchmark leaves no server behind. Linux ties that signal
@@ -24,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+
+import psutil
 
 
 class ServerError(RuntimeError):
@@ -58,6 +61,30 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
             os.kill(os.getpid(), signal.SIGTERM)
 
     return in_child
+
+
+# How long stop() waits for the SIGKILLed members of a group to exit (a process in uninterruptible sleep may not).
+GROUP_EXIT_SECONDS = 10.0
+
+
+def _living_members(pgid: int) -> list[psutil.Process]:
+    """The processes of group `pgid` that have not exited.
+
+    Zombies are left out: a member that outlives the group's leader is re-parented to PID 1, and a container's PID 1 may
+    never reap it.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    members = []
+    for process in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(process.pid) == pgid and process.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(process)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return members
 
 
 @dataclass
@@ -108,7 +135,7 @@ class ManagedProcess:
         return f"; last lines of {self.log_file}:\n{tail}" if tail else ""
 
     def stop(self, timeout: float = 20.0) -> int | None:
-        """SIGTERM the process group, SIGKILL it if it lingers; return the exit code."""
+        """SIGTERM the process group, SIGKILL it if it lingers; return the exit code once the whole group is gone."""
         if self.process is None:
             return None
         if self.process.poll() is None:
@@ -122,6 +149,10 @@ class ManagedProcess:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        # Killed members take a moment to exit: until then they hold ports, shared memory and CPU.
+        deadline = time.monotonic() + GROUP_EXIT_SECONDS
+        while _living_members(self.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         return self.process.returncode
 
 

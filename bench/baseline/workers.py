@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import psutil
 
-from bench.processes import cpu_seconds
+from bench.usage import cpu_seconds
 
 T = TypeVar("T")
 # A worker counts as doing its share when it used at least this fraction of an even split.

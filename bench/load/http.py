@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import aiohttp
 
 from bench.load.targets import (
     CALL_TIMEOUT_S,
@@ -128,8 +131,8 @@ class HttpTarget:
         self.expected_values = batch * IMAGE_CLASSES
         self.wrong = 0  # answers unlike `expected`
         self._next = 0
-        self._session = None
-        self._post = None
+        self._session: aiohttp.ClientSession | None = None
+        self._post: Callable[..., Any] | None = None  # the open session's post
 
     @property
     def is_open(self) -> bool:
@@ -140,12 +143,12 @@ class HttpTarget:
 
         self._aiohttp = aiohttp
         connector = aiohttp.TCPConnector(limit=max(concurrency, 1), limit_per_host=max(concurrency, 1))
-        self._session = aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
             skip_auto_headers=("User-Agent",),
         )
-        self._post = self._session.post
+        self._session, self._post = session, session.post
 
     async def close(self) -> None:
         if self._session is not None:
@@ -157,6 +160,7 @@ class HttpTarget:
         index = self._next
         self._next = (index + 1) % len(self.requests)
         body, headers = self.requests[index]
+        assert self._post is not None, "open() first"
         try:
             async with self._post(self.endpoint, data=body, headers=headers) as response:
                 answer = await response.read()
@@ -177,6 +181,7 @@ class HttpTarget:
     async def verify(self) -> None:
         where = f"{self.name} {self.endpoint} batch {self.batch}"
         body, headers = self.requests[0]
+        assert self._post is not None, "open() first"
         try:
             async with self._post(self.endpoint, data=body, headers=headers) as response:
                 answer = await response.read()

@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from backend.server.process import ServerError
 from bench import REPOSITORY
@@ -26,7 +27,7 @@ from bench.output import CORES, machine, run_folder, say, settings, write_json
 from bench.peers import servers, venvs
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.table import servers_table
-from bench.processes import tree_memory
+from bench.usage import tree_memory
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     started, out = run_folder(args.out, "peers")
     workdir = out / "logs"
     workdir.mkdir(exist_ok=True)
-    results = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
+    results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
     for model in args.models:
         results["models"][model] = bench_model(model, args, workdir)
         results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}

@@ -15,7 +15,7 @@ import onnxruntime as ort
 HOST = "127.0.0.1"
 
 
-def session(model: Path, intra_op_threads: int = 1) -> ort.InferenceSession:
+def session(model: str | Path, intra_op_threads: int = 1) -> ort.InferenceSession:
     """One CPU session of the model, `intra_op_threads` threads per run, as tritonnx's stubs use it."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads

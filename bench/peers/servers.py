@@ -16,6 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -24,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 from backend.server.process import ManagedProcess, free_ports
 from backend.server.repository import read_config
 from backend.server.stack import ServingStack
-from bench.baseline.process import FastApiBaseline
+from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import Setup
 from bench.load.http import Base64Json, FileUpload, HttpTarget, Payload, RawFloat32
 from bench.load.targets import FacadeTarget, KServeTarget, Target
@@ -116,8 +117,8 @@ class Tritonnx(Server):
 
     @property
     def pid(self) -> int:
-        assert self._stack is not None and self._stack.triton is not None
-        return self._stack.triton.process.pid
+        assert self._stack is not None
+        return self._stack.triton.pid
 
     def target(self, images=None, expected=None) -> Target:
         assert self._stack is not None
@@ -146,8 +147,8 @@ class FastApi(Server):
 
     def start(self) -> None:
         log = self.workdir / f"{self.name.replace(' ', '_')}.log"
-        self._server = FastApiBaseline(self.onnx_file, free_ports(1)[0], self.setup.workers, self.setup.threads,
-                                       log_file=log)  # fmt: skip
+        self._server = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
+                                       intra_op_threads=self.setup.threads, log_file=log)  # fmt: skip
         self._server.start()
         try:
             self._server.wait_ready(READY_TIMEOUT_S)
@@ -162,7 +163,7 @@ class FastApi(Server):
 
     @property
     def pid(self) -> int:
-        assert self._server is not None and self._server.pid is not None
+        assert self._server is not None
         return self._server.pid
 
     def worker_pids(self) -> list[int]:
@@ -271,7 +272,12 @@ PEERS = ("pytriton", "litserve", "rayserve", "mlserver", "bentoml")
 
 def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) -> VenvPeer:
     """The peer `name` in its best documented setup under `policy`."""
-    common = {"model": model, "onnx_file": onnx_file, "workdir": workdir, "max_batch_size": policy.max_batch_size}
+    common: dict[str, Any] = {
+        "model": model,
+        "onnx_file": onnx_file,
+        "workdir": workdir,
+        "max_batch_size": policy.max_batch_size,
+    }
     if name == "pytriton":
         return VenvPeer(
             name="PyTriton", peer="pytriton", protocol=Protocol(None), workers=policy.triton_instances,

@@ -223,7 +223,7 @@ def test_compose_runs_triton_and_the_facade_healthy_on_real_inference(images):
 
 
 def test_size_and_start_up_are_measured_and_reported(images, tmp_path):
-    from bench.images import main
+    from bench.studies.images import main
 
     assert main(["--warm-runs", "1", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from bench.burst import BurstResult, burst
+from bench.load.burst import BurstResult, burst
 from bench.overload import REJECTIONS, expected_outputs, measure, path_target
 from tests.helpers import wait_until
 from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
@@ -53,7 +53,7 @@ def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton
 
 
 def test_a_burst_of_large_calls_on_one_channel_is_refused_at_once_and_the_accepted_are_right(facade):
-    """400 calls of ~600 KB at once (bench/burst.py): the facade takes its in-flight limit and refuses the rest when
+    """400 calls of ~600 KB at once (bench/load/burst.py): the facade takes its in-flight limit and refuses the rest when
     each call starts, before its body; every accepted answer equals in-process ONNX Runtime's."""
     model = "mobilenet_v3_small"
     rng = np.random.default_rng(11)

@@ -18,7 +18,8 @@ import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bench.baseline.process import FastApiBaseline
+from backend.server.process import ServerError
+from bench.baseline.server import FastApiBaseline
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,10 +49,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def baseline(onnx_file: Path, log_dir: Path, workers: int) -> FastApiBaseline:
+    return FastApiBaseline(
+        onnx_file=onnx_file, port=free_port(), workers=workers, intra_op_threads=1, log_file=log_dir / "baseline.log"
+    )
+
+
 @pytest.fixture(scope="module", params=[1, 2], ids=lambda n: f"workers={n}")
-def server(request, tiny_onnx) -> FastApiBaseline:
-    with FastApiBaseline(tiny_onnx, port=free_port(), workers=request.param, intra_op_threads=1) as baseline:
-        yield baseline
+def server(request, tiny_onnx, tmp_path_factory) -> FastApiBaseline:
+    with baseline(tiny_onnx, tmp_path_factory.mktemp("baseline"), request.param) as running:
+        yield running
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
@@ -67,7 +74,7 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str,
 def test_health(server):
     with urllib.request.urlopen(f"{server.url}/health", timeout=10) as response:
         assert response.status == 200 and response.read() == b'{"status":"ok"}'
-    assert server.startup_seconds is not None and server.startup_seconds > 0
+    assert server.startup_seconds > 0
 
 
 def test_predict_matches_onnxruntime(server, tiny_onnx):
@@ -95,7 +102,7 @@ def test_wrong_byte_count_is_400(server):
 
 
 def group_alive(pgid: int) -> list[psutil.Process]:
-    """Non-zombie processes in group `pgid`, found independently of bench.baseline.process
+    """Non-zombie processes in group `pgid`, found independently of backend.server.process
     (an orphan re-parented to a PID 1 that does not reap stays a zombie, which is not alive)."""
     alive = []
     for proc in psutil.process_iter(["status"]):
@@ -107,25 +114,34 @@ def group_alive(pgid: int) -> list[psutil.Process]:
     return alive
 
 
-def test_stop_ends_the_whole_group(tiny_onnx):
-    baseline = FastApiBaseline(tiny_onnx, port=free_port(), workers=2, intra_op_threads=1)
-    with baseline:
-        pgid = baseline.pid
-        assert pgid is not None and os.getpgid(pgid) == pgid  # its own session, apart from pytest's group
+def test_stop_returns_once_the_whole_group_is_gone(tiny_onnx, tmp_path):
+    with baseline(tiny_onnx, tmp_path, 2) as server:
+        pgid = server.pid
+        assert os.getpgid(pgid) == pgid  # its own session, apart from pytest's group
         workers = psutil.Process(pgid).children(recursive=True)
         assert len(workers) >= 2
-        log_file = baseline.log_file
-    assert group_alive(pgid) == []
+    assert group_alive(pgid) == []  # no wait here: stop() returned only once every member had exited
     assert not any(worker.is_running() and worker.status() != psutil.STATUS_ZOMBIE for worker in workers)
-    assert baseline.pid is None and not log_file.exists()  # the temporary log is removed
+    assert server.process is not None and server.process.returncode is not None
+
+
+def test_a_restart_on_the_same_log_waits_for_its_own_workers(tiny_onnx, tmp_path):
+    """The log is appended to: a second start is ready once its own workers have all logged their start-up."""
+    with baseline(tiny_onnx, tmp_path, 2):
+        pass
+    first_run = (tmp_path / "baseline.log").read_text()
+    with baseline(tiny_onnx, tmp_path, 2):
+        second_run = (tmp_path / "baseline.log").read_text()[len(first_run) :]
+        assert second_run.count("Application startup complete.") == 2
 
 
 def test_startup_failure_raises_with_the_log(tmp_path):
-    baseline = FastApiBaseline(tmp_path / "missing.onnx", port=free_port(), workers=1, intra_op_threads=1)
-    with pytest.raises(RuntimeError, match="missing.onnx"):
-        with baseline:
+    server = baseline(tmp_path / "missing.onnx", tmp_path, 1)
+    with pytest.raises(ServerError, match="missing.onnx"):
+        with server:
             pass
-    assert baseline.pid is None
+    assert server.process is not None and server.process.returncode is not None
+    assert group_alive(server.pid) == []
 
 
 def test_gunicorn_runs_uvicorn_workers_each_on_its_own_reuse_port_socket():
@@ -149,13 +165,13 @@ def connections_per_worker(server: FastApiBaseline) -> list[int]:
     return counts
 
 
-def test_a_burst_of_connections_spreads_over_the_workers(tiny_onnx):
+def test_a_burst_of_connections_spreads_over_the_workers(tiny_onnx, tmp_path):
     """16 connections opened at once, as the load generator's pool opens them.
 
     With uvicorn's --workers (one shared socket) such a burst landed 16/0 three times out of three here; with one
     SO_REUSEPORT socket per worker the kernel hashes each connection to a worker (all 16 on one: p = 2^-15).
     """
-    with FastApiBaseline(tiny_onnx, port=free_port(), workers=2, intra_op_threads=1) as server:
+    with baseline(tiny_onnx, tmp_path, 2) as server:
         assert len(server.worker_pids()) == 2
         sockets = []
         try:
@@ -200,20 +216,28 @@ def test_the_split_check():
 def test_an_unspread_run_is_run_once_more_and_reported():
     """Two real processes, one spinning and one asleep: the run is unspread both times."""
     from bench.baseline.workers import measured_split
+    from bench.usage import cpu_seconds
 
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # Asleep once it has said so: its start-up CPU falls before any run.
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print(flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    assert idle.stdout is not None and idle.stdout.readline() == b"\n"
     runs = []
 
     def run() -> int:
-        time.sleep(0.3)
+        """Until the busy worker has spent 0.3 s of CPU more, however long a busy machine takes to give it that."""
+        start, deadline = cpu_seconds(psutil.Process(busy.pid)), time.monotonic() + 60
+        while cpu_seconds(psutil.Process(busy.pid)) < start + 0.3:
+            assert time.monotonic() < deadline, "the busy process got no CPU for a minute"
+            time.sleep(0.02)
         runs.append(1)
         return len(runs)
 
     try:
         result, split = measured_split(run, lambda: [busy.pid, idle.pid], 16)
         assert result == 2 and split["runs"] == 2 and split["spread"] is False
-        assert split["shares"][0] > 0.9 and len(split["cpu_seconds"]) == 2
+        assert max(split["shares"]) > 0.9 and len(split["cpu_seconds"]) == 2
         result, split = measured_split(run, lambda: [busy.pid, idle.pid], 1)
         assert result == 3 and split["runs"] == 1 and split["spread"] is None
     finally:

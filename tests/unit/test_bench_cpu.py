@@ -3,10 +3,13 @@
 import os
 import time
 
+import psutil
 import pytest
 
+from backend.server.stubs import live_stubs
 from bench.cpu import CpuSnapshot, measured, per_image, snapshot
-from tests.unit.test_bench_processes import fake_tritonserver, stop
+from bench.usage import cpu_seconds
+from tests.unit.test_bench_usage import fake_tritonserver, stop
 
 
 def test_cpu_per_image_splits_by_role_and_counts_idle_core_time():
@@ -29,18 +32,21 @@ def test_a_real_process_tree_is_measured_while_the_run_works(tmp_path):
     # A stand-in for tritonserver with one busy child started as a stub is, and one child that is no stub.
     parent = fake_tritonserver(tmp_path, ["busy_0_0"], busy=True)
     try:
-        time.sleep(0.5)  # the child is up and spinning
+        [stub] = [psutil.Process(pid) for pid in live_stubs(parent.pid)]
+
+        def run() -> str:
+            """Until the stub has spent 0.3 s of CPU more (however long a busy machine takes to give it that)."""
+            start, deadline = cpu_seconds(stub), time.monotonic() + 60
+            while cpu_seconds(stub) < start + 0.3:
+                assert time.monotonic() < deadline, "the busy stub got no CPU for a minute"
+                time.sleep(0.02)
+            return "done"
+
         served = iter([0, 100])
-        result, cpu = measured(
-            lambda: time.sleep(0.6) or "done",
-            parent.pid,
-            lambda: next(served),
-            cores=os.cpu_count() or 1,
-            own_role="client",
-        )
+        result, cpu = measured(run, parent.pid, lambda: next(served), cores=os.cpu_count() or 1, own_role="client")
         assert result == "done" and cpu["images"] == 100
-        assert cpu["stubs"] > 2.0  # ~0.6 s of a busy child over 100 images is ~6 ms each
-        assert cpu["tritonserver"] < cpu["stubs"] and "client" in cpu
+        assert cpu["stubs"] >= 3.0  # at least the 0.3 s the run waited for, over 100 images
+        assert cpu["tritonserver"] < cpu["stubs"] and "client" in cpu  # the stand-in itself sleeps
         assert len(snapshot(parent.pid).per_stub) == 1  # the stub is seen as one, the other child is not
     finally:
         stop(parent)

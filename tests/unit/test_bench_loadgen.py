@@ -17,12 +17,15 @@ from aiohttp import web
 from tritonclient.grpc import service_pb2
 
 from bench import loadgen
+from bench.load.burst import burst
 from bench.load.http import HttpTarget
 from bench.load.loops import LoadResult, run, run_load
 from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
 from client.proto import inference_pb2
 
 pytestmark = pytest.mark.timeout(30)
+# A window ended by max_requests: longer than the test's timeout, so the count, not the clock, ends it.
+UNTIL_COUNT_S = 600.0
 
 IMAGE_INPUTS = [("input", "FP32", [-1, 3, 224, 224])]
 IMAGE_OUTPUTS = [("output", "FP32", [-1, 1000])]
@@ -154,15 +157,13 @@ async def _aio_server(fake: Fake) -> tuple[grpc.aio.Server, str]:
     return server, f"127.0.0.1:{port}"
 
 
-def load(make_target, fake: Fake, **kwargs) -> tuple[LoadResult, float]:
-    """run_load on a fresh grpc.aio fake in one event loop; the result and its wall time."""
+def load(make_target, fake: Fake, **kwargs) -> LoadResult:
+    """run_load on a fresh grpc.aio fake in one event loop."""
 
     async def scenario():
         server, url = await _aio_server(fake)
         try:
-            started = time.perf_counter()
-            result = await run_load(make_target(url), **kwargs)
-            return result, time.perf_counter() - started
+            return await run_load(make_target(url), **kwargs)
         finally:
             await server.stop(None)
 
@@ -198,10 +199,18 @@ def check_consistent(result: LoadResult, fake: Fake) -> None:
 
 def test_kserve_counts_latencies_and_request():
     fake = Fake()
-    result, _ = load(lambda url: KServeTarget(url, "resnet50", 2), fake, concurrency=3, duration_s=0.4, warmup_s=0.2)
+    result = load(
+        lambda url: KServeTarget(url, "resnet50", 2),
+        fake,
+        concurrency=3,
+        duration_s=UNTIL_COUNT_S,
+        warmup_s=0.2,
+        max_requests=20,
+    )
     assert (result.target, result.model, result.batch, result.concurrency) == ("triton-grpc", "resnet50", 2, 3)
-    assert result.requests > 10 and result.errors == {}
-    assert result.warmup_requests > 1  # the verification call and the warm-up calls
+    assert result.requests == 20 and result.errors == {}
+    # The verification call, and one warm-up call per worker at least: each sends one as soon as it starts.
+    assert result.warmup_requests >= 1 + 3
     check_consistent(result, fake)
     request = service_pb2.ModelInferRequest.FromString(fake.first)
     assert request.model_name == "resnet50"
@@ -212,11 +221,11 @@ def test_kserve_counts_latencies_and_request():
 
 def test_kserve_text_model_inputs_from_metadata():
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
-    result, _ = load(
+    result = load(
         lambda url: KServeTarget(url, "text_classifier", 4),
         fake,
         concurrency=2,
-        duration_s=5,
+        duration_s=UNTIL_COUNT_S,
         warmup_s=0,
         max_requests=20,
     )
@@ -231,36 +240,53 @@ def test_kserve_text_model_inputs_from_metadata():
     assert ids.min() >= 1 and ids.max() < 1000 and (mask == 1).all()
 
 
-def test_duration_bound():
-    fake = Fake(delay_s=0.005)
-    result, elapsed = load(lambda url: KServeTarget(url, "m", 1), fake, concurrency=4, duration_s=0.5, warmup_s=0.2)
-    assert elapsed < 2.0
-    assert 0.45 < result.seconds < 0.7
+def test_a_window_ended_by_its_duration_spans_it_and_each_worker_awaits_every_answer():
+    delay, concurrency = 0.005, 4
+    fake = Fake(delay_s=delay)
+    result = load(lambda url: KServeTarget(url, "m", 1), fake, concurrency=concurrency, duration_s=0.5, warmup_s=0.2)
+    # The nominal span (a slow machine only makes it longer; the event loop's timer may fire a clock tick early) ...
+    assert result.seconds >= 0.5 - 0.01
+    # ... in which a worker sends its next call only after the answer to its last, which takes `delay` at least.
+    sent = result.requests + sum(result.errors.values())
+    assert 0 < sent <= concurrency * (result.seconds / delay + 1)
     check_consistent(result, fake)
 
 
 def test_max_requests_is_exact():
     fake = Fake()
-    result, elapsed = load(
-        lambda url: KServeTarget(url, "m", 1), fake, concurrency=3, duration_s=30, warmup_s=0.1, max_requests=7
+    result = load(
+        lambda url: KServeTarget(url, "m", 1),
+        fake,
+        concurrency=3,
+        duration_s=UNTIL_COUNT_S,
+        warmup_s=0.1,
+        max_requests=7,
     )
     assert result.requests == 7 and result.errors == {}
-    assert elapsed < 3.0
+    assert result.seconds < UNTIL_COUNT_S  # the count ended the window, not the clock
     check_consistent(result, fake)
 
 
 def test_errors_counted_by_code():
-    # Concurrency 1 and no warm-up: call 1 verifies, calls 2..T are measured; every 3rd fails.
+    # Concurrency 1 and no warm-up: call 1 verifies, calls 2..10 are measured; calls 3, 6 and 9 fail.
     fake = Fake(fail_every=3)
-    result, _ = load(lambda url: KServeTarget(url, "m", 1), fake, concurrency=1, duration_s=0.3, warmup_s=0)
-    assert result.warmup_requests == 1
-    assert result.errors == {"UNAVAILABLE": fake.calls // 3}
-    assert result.requests == fake.calls - 1 - fake.calls // 3
+    result = load(
+        lambda url: KServeTarget(url, "m", 1), fake, concurrency=1, duration_s=UNTIL_COUNT_S, warmup_s=0, max_requests=9
+    )
+    assert result.warmup_requests == 1 and fake.calls == 10
+    assert result.errors == {"UNAVAILABLE": 3} and result.requests == 6
     check_consistent(result, fake)
 
     fake = Fake(fail_every=3)
-    result, _ = load(lambda url: FacadeTarget(url, "resnet50", 1), fake, concurrency=4, duration_s=0.3, warmup_s=0.1)
-    assert set(result.errors) == {"UNAVAILABLE"} and result.requests > 0
+    result = load(
+        lambda url: FacadeTarget(url, "resnet50", 1),
+        fake,
+        concurrency=4,
+        duration_s=UNTIL_COUNT_S,
+        warmup_s=0.1,
+        max_requests=12,
+    )
+    assert set(result.errors) == {"UNAVAILABLE"} and result.requests + result.errors["UNAVAILABLE"] == 12
     check_consistent(result, fake)
 
 
@@ -291,11 +317,11 @@ def test_first_call_failure_raises():
 
 def test_facade_raw_floats_and_text_requests():
     fake = Fake()
-    result, _ = load(
+    result = load(
         lambda url: FacadeTarget(url, "mobilenet_v3_small", 2),
         fake,
         concurrency=2,
-        duration_s=5,
+        duration_s=UNTIL_COUNT_S,
         warmup_s=0,
         max_requests=10,
     )
@@ -307,11 +333,11 @@ def test_facade_raw_floats_and_text_requests():
     assert len(request.data) == 0
 
     fake = Fake()
-    result, _ = load(
+    result = load(
         lambda url: FacadeTarget(url, "resnet50", 1, raw=False),
         fake,
         concurrency=1,
-        duration_s=5,
+        duration_s=UNTIL_COUNT_S,
         warmup_s=0,
         max_requests=5,
     )
@@ -320,11 +346,11 @@ def test_facade_raw_floats_and_text_requests():
     assert len(request.data) == 3 * 224 * 224 and not request.raw_data
 
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
-    result, _ = load(
+    result = load(
         lambda url: FacadeTarget(url, "text_classifier", 3),
         fake,
         concurrency=1,
-        duration_s=5,
+        duration_s=UNTIL_COUNT_S,
         warmup_s=0,
         max_requests=5,
     )
@@ -366,11 +392,11 @@ def test_given_images_are_sent_in_turn_and_every_answer_is_checked():
         # The first image's expected output is the fake's answer, the second's is not.
         expected = [np.full(1000, answer, np.float32), np.full(1000, answer + 1, np.float32)]
         fake, made = Fake(), []
-        result, _ = load(
+        result = load(
             partial(_made, made, kind, images=images, expected=expected),
             fake,
             concurrency=1,
-            duration_s=5,
+            duration_s=UNTIL_COUNT_S,
             warmup_s=0,
             max_requests=6,
         )
@@ -428,8 +454,8 @@ def http_load(fake: Fake, batch: int, body_bytes_per_image: int = 4000, **kwargs
 
 def test_http_counts_errors_and_verification():
     fake = Fake(fail_every=3)
-    result = http_load(fake, 2, concurrency=3, duration_s=0.4, warmup_s=0.1)
-    assert result.target == "fastapi" and result.requests > 0
+    result = http_load(fake, 2, concurrency=3, duration_s=UNTIL_COUNT_S, warmup_s=0.1, max_requests=12)
+    assert result.target == "fastapi" and result.requests + result.errors["503"] == 12
     assert set(result.errors) == {"503"}
     check_consistent(result, fake)
     assert fake.first.endswith(b"2,3,224,224")
@@ -466,8 +492,8 @@ def sync_server():
 def test_run_sync_wrapper_reuses_target(sync_server):
     fake, url = sync_server
     target = KServeTarget(url, "resnet50", 1)
-    first = run(target, 2, 5, warmup_s=0, max_requests=6)
-    second = run(target, 1, 5, warmup_s=0, max_requests=4)  # a new loop and channel, the same bytes
+    first = run(target, 2, UNTIL_COUNT_S, warmup_s=0, max_requests=6)
+    second = run(target, 1, UNTIL_COUNT_S, warmup_s=0, max_requests=4)  # a new loop and channel, the same bytes
     assert (first.requests, second.requests) == (6, 4)
     assert not target.is_open
     assert fake.calls == first.warmup_requests + 6 + second.warmup_requests + 4 and fake.all_same
@@ -486,7 +512,7 @@ def test_cli_json_and_text(sync_server, capsys):
                 "1",
                 "2",
                 "--duration",
-                "5",
+                str(UNTIL_COUNT_S),
                 "--warmup",
                 "0",
                 "--max-requests",
@@ -509,7 +535,7 @@ def test_cli_json_and_text(sync_server, capsys):
                 "--model",
                 "mobilenet_v3_small",
                 "--duration",
-                "5",
+                str(UNTIL_COUNT_S),
                 "--warmup",
                 "0",
                 "--max-requests",
@@ -553,3 +579,21 @@ def test_unreachable_server_fails_clearly_and_closes():
     with pytest.raises(VerificationError, match="ModelMetadata of 'resnet50' at 127.0.0.1:1 failed: UNAVAILABLE"):
         run(target, 1, 0.2)
     assert not target.is_open
+
+
+def test_a_burst_sends_every_call_at_once_and_tallies_them_by_status():
+    fake = Fake(fail_every=4)
+
+    async def scenario():
+        server, url = await _aio_server(fake)
+        target = KServeTarget(url, "m", 1)
+        try:
+            return await burst(target, 20)
+        finally:
+            await target.close()
+            await server.stop(None)
+
+    result = asyncio.run(scenario())
+    assert result.calls == fake.calls == 20 and result.statuses == {"OK": 15, "UNAVAILABLE": 5}
+    assert result.wrong_outputs == 0 and 0 < result.accepted_p50_ms <= result.accepted_p99_ms
+    assert math.isnan(result.rejection_p99_ms)  # none was refused for the in-flight limit (RESOURCE_EXHAUSTED)

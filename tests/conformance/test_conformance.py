@@ -3,13 +3,17 @@
 The cases cover what the demo models do not: a first dim that is not a batch dim, every carried
 element type, scalars, fixed and data-set zero dims, integer division, data-dependent shapes,
 subgraphs, inputs with defaults, and two models Triton cannot carry (refused with the reason).
-The whole corpus (about 1,400 models, 15 minutes) runs with `make conformance`.
+The whole corpus (about 1,400 models, 15 minutes) runs with `make conformance`; its command is run
+here at its smallest.
 """
 
 from __future__ import annotations
 
-from bench.conformance.corpus import Screened, discover, screen
-from bench.conformance.serving import REFUSAL_CAUSES, ConformanceRun
+import json
+
+from tests.conformance.__main__ import main
+from tests.conformance.corpus import Screened, discover, screen
+from tests.conformance.serving import REFUSAL_CAUSES, ConformanceRun
 
 SLICE = (
     "node/test_abs",  # [3, 4, 5]: a fixed first dim that is no batch dim
@@ -58,3 +62,14 @@ def test_a_slice_of_the_corpus_is_served_with_the_outputs_onnx_expects(tmp_path)
             assert verdict.correct, (name, verdict.phase, verdict.detail)
             assert verdict.identical, f"{name}: served outputs differ from in-process ONNX Runtime's bits"
     assert verdicts["node/test_abs"].max_batch_size == 0
+
+
+def test_the_command_serves_the_chosen_cases_and_writes_its_report(tmp_path):
+    """`make conformance CONFORMANCE_ARGS=...` at its smallest: one case served, one refused, a report written."""
+    assert main(["--pattern", "node/test_abs", "--pattern", "node/test_identity_opt", "--output", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())["summary"]
+    assert (summary["corpus_cases"], summary["served_correctly"], summary["refused_at_load"]) == (2, 1, 1)
+    assert summary["failed"] == 0 and summary["identical_to_in_process"] == 1
+    report = (tmp_path / "report.md").read_text()
+    for section in ("| **served correctly**", "## Not served correctly, by cause", "## Left out: in-process"):
+        assert section in report

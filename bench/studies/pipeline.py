@@ -1,4 +1,4 @@
-"""python -m bench.pipeline: images/s of the whole image pipeline through Triton against the same steps in-process.
+"""python -m bench.studies.pipeline: images/s of the image pipeline through Triton against the same steps in-process.
 
 Per classifier (resnet50, mobilenet_v3_small):
 
@@ -13,7 +13,9 @@ Per classifier (resnet50, mobilenet_v3_small):
   image of the pre-processing stubs, the classifier's stubs, tritonserver and the load generator.
 
 Every loop is bounded in time and calls; Triton listens on loopback only. Results go to
-bench/results/<UTC time>-pipeline/ (report.md, results.json).
+bench/results/<UTC time>-pipeline/ (report.md, results.json). Gates (exit 1 when one fails, named in the
+report): no call failed, every answer equals the in-process scores, and Triton ran both steps of the
+ensemble for every request measured.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import itertools
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +43,8 @@ from backend.server.supervisor import live_stubs
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import KServeTarget
-from bench.output import CORES, machine, run_folder, say, settings, write_json
-from bench.processes import cpu_seconds
+from bench.output import CORES, Gate, gates_section, machine, run_folder, say, settings, verdict, write_json
+from bench.usage import cpu_seconds
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_small")
 PREPROCESS = "image_preprocess"
@@ -227,9 +230,25 @@ def report(results: list[dict], args: argparse.Namespace, started: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gates(results: list[dict]) -> list[Gate]:
+    found = []
+    for r in results:
+        model, stages = r["model"], r["stages"]
+        ensemble = stages[f"{model}_image"]["requests"]
+        steps = {name: stages[name]["requests"] for name in (PREPROCESS, model)}
+        found += [
+            Gate(f"{model}: no call failed", not r["triton"]["errors"], str(r["triton"]["errors"] or "none")),
+            Gate(f"{model}: every answer equals the in-process scores", r["wrong_answers"] == 0,
+                 f"{r['wrong_answers']} differed"),
+            Gate(f"{model}: both steps ran for every request of the ensemble",
+                 all(n >= ensemble for n in steps.values()), f"ensemble {ensemble}, steps {steps}"),
+        ]  # fmt: skip
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.pipeline",
+        prog="python -m bench.studies.pipeline",
         description="Images/s of JPEG bytes -> labels through Triton's image ensembles at a given concurrency, "
         "against the same decode, resize, crop, normalize and ONNX Runtime steps in-process on the same cores; "
         "with Triton's per-model queue and compute times.",
@@ -261,11 +280,13 @@ def main(argv: list[str] | None = None) -> int:
     with ServingStack(repository, out, with_facade=False) as stack:
         for model in args.models:
             results.append(measure(model, stack, files, args))
-    write_json(out / "results.json", {"settings": settings(args), "machine": machine(), "results": results})
-    text = report(results, args, started)
+    judged = gates(results)
+    write_json(out / "results.json", {"settings": settings(args), "machine": machine(), "results": results,
+                                      "gates": [asdict(g) for g in judged]})  # fmt: skip
+    text = report(results, args, started) + "\n" + gates_section(judged)
     (out / "report.md").write_text(text)
     print(text)
-    return 0 if all(r["wrong_answers"] == 0 and not r["triton"]["errors"] for r in results) else 1
+    return verdict(judged)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""python -m bench.images: size, start-up and idle memory of the images, beside seed 003's table.
+"""python -m bench.studies.images: size, start-up and idle memory of the images, beside seed 003's table.
 
 For each image: its size; `docker run` to READY (the server's HTTP readiness) in a new container,
 whose optimized-model cache is empty, and again in one that reuses the first's cache through a
@@ -139,7 +139,7 @@ def write_report(out: Path, results: list[dict]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.images",
+        prog="python -m bench.studies.images",
         description="Measure the images of `make images`: size, docker run to READY (first and warm) and idle memory.",
     )
     parser.add_argument("--images", nargs="+", default=list(IMAGES), help="default: %(default)s")

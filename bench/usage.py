@@ -1,4 +1,4 @@
-"""The serving processes as the benchmarks see them.
+"""What the serving processes use, as the benchmarks see it (not how they are run: backend.server.process).
 
 Memory (PSS, since tritonserver and its stub processes share pages), CPU time, the Python stubs (found as the supervisor
 finds them) and the /dev/shm files they use.

@@ -1,4 +1,4 @@
-"""bench.processes: the serving processes as the benchmarks see them, on a stand-in tritonserver whose
+"""bench.usage: the serving processes as the benchmarks see them, on a stand-in tritonserver whose
 children are started the way Triton starts its Python stubs (no Triton)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from backend.server.supervisor import Stub, live_stubs
-from bench.processes import Watcher, mapped_shm_files, shm_usage, tree_memory
+from bench.usage import Watcher, mapped_shm_files, shm_usage, tree_memory
 
 # A stub's command line as tritonserver 2.51 starts it (seen with `ps`).
 STUB = [

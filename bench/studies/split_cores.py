@@ -1,4 +1,4 @@
-"""python -m bench.split_cores: the facade against Triton direct when they do not share cores.
+"""python -m bench.studies.split_cores: the facade against Triton direct when they do not share cores.
 
 `make bench` runs the client, the facade and tritonserver on the same cores, so every
 millisecond of CPU the facade spends is taken from the server and its ratio to Triton direct is
@@ -9,19 +9,21 @@ layout on the same machine:
 - the facade and the load generator run on the rest.
 
 Then the same load generator drives Triton direct and the facade in interleaved rounds.
-Writes bench/results/<UTC time>-split/{report.md,results.json}.
+Writes bench/results/<UTC time>-split/{report.md,results.json}. Gates (exit 1 when one fails, named in
+the report): every thread ran where the layout puts it, and no call failed. The facade / direct ratio
+is reported, not gated.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +35,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY, RESULTS
 from bench.load import loops
 from bench.load.targets import FacadeTarget, KServeTarget
+from bench.output import Gate, gates_section, verdict, write_json
 
 T = TypeVar("T")
 
@@ -41,7 +44,7 @@ def split(cores: set[int]) -> tuple[set[int], set[int]]:
     """(server cores, facade and client cores): the first half, and the rest."""
     ordered = sorted(cores)
     if len(ordered) < 2:
-        raise SystemExit("bench.split_cores needs at least 2 cores to split")
+        raise SystemExit("bench.studies.split_cores needs at least 2 cores to split")
     half = len(ordered) // 2
     return set(ordered[:half]), set(ordered[half:])
 
@@ -72,12 +75,22 @@ def _throughputs(points: list[dict]) -> str:
     return ", ".join(f"{point['images_per_s']:.1f}" for point in points)
 
 
+def gates(placed: dict[str, list[int]], server: set[int], client: set[int], runs: dict[str, list[dict]]) -> list[Gate]:
+    errors = {name: [p["errors"] for p in points if p["errors"]] for name, points in runs.items()}
+    return [
+        Gate("tritonserver and its stubs ran on the server cores only",
+             placed["tritonserver and stubs"] == sorted(server), f"{placed['tritonserver and stubs']}"),
+        Gate("the facade ran on the other cores only", placed["facade"] == sorted(client), f"{placed['facade']}"),
+        Gate("no call failed", not any(errors.values()), str({k: v for k, v in errors.items() if v} or "none")),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.split_cores",
+        prog="python -m bench.studies.split_cores",
         description="Facade vs Triton direct with tritonserver on its own cores and the facade and load generator on "
         "the others (the layout of a deployment with cores to spare), same load generator, interleaved rounds.",
-        epilog="Example: python -m bench.split_cores --model mobilenet_v3_small --concurrency 16 --rounds 3",
+        epilog="Example: python -m bench.studies.split_cores --model mobilenet_v3_small --concurrency 16 --rounds 3",
     )
     parser.add_argument("--model", default="mobilenet_v3_small")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -108,10 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, client_cores)  # the load generator runs in this process
         # Where the processes really run (every thread of each): the layout, checked.
         placed = {
-            "tritonserver and stubs": _cores_of(
-                [triton.process.pid, *(c.pid for c in psutil.Process(triton.process.pid).children())]
-            ),
-            "facade": _cores_of([facade.process.pid]),
+            "tritonserver and stubs": _cores_of([triton.pid, *(c.pid for c in psutil.Process(triton.pid).children())]),
+            "facade": _cores_of([facade.pid]),
         }
         targets = {
             "Triton direct": lambda: KServeTarget(triton.grpc_url, args.model, 1),
@@ -142,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "median_p50_ms": p50,
         "facade_vs_direct": round(ratio, 3),
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    judged = gates(placed, server_cores, client_cores, runs)
+    write_json(out / "results.json", {**results, "gates": [asdict(g) for g in judged]})
     lines = [
         f"# Facade vs Triton direct on split cores, {started}",
         "",
@@ -156,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"facade / Triton direct: {ratio:.2f}x; p50 {p50['facade'] - p50['Triton direct']:+.2f} ms.",
         "",
+        gates_section(judged),
     ]
     (out / "report.md").write_text("\n".join(lines))
     print(
         f"facade / Triton direct: {ratio:.2f}x, p50 {p50['facade'] - p50['Triton direct']:+.2f} ms; report: {out / 'report.md'}",
         flush=True,
     )
-    return 0
+    return verdict(judged)
 
 
 if __name__ == "__main__":

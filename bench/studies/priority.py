@@ -1,4 +1,4 @@
-"""python -m bench.priority: 3x overload with 20% high-priority requests, with and without priorities.
+"""python -m bench.studies.priority: 3x overload with 20% high-priority requests, with and without priorities.
 
 For each path (the facade's Predict with `priority`, Triton's ModelInfer with tritonclient's
 `priority` parameter) and model, on its own tritonserver and facade on free loopback ports:
@@ -10,8 +10,10 @@ For each path (the facade's Predict with `priority`, Triton's ModelInfer with tr
    level ("without"), the same 20% still counted apart.
 
 Goal: with priorities, the high requests keep p99 within 1.5x of their unloaded p99 and under 1%
-rejected, while the others absorb the rejections. Every answer is compared with in-process ONNX
-Runtime; every loop is bounded.
+rejected, while the others absorb the rejections. The gates (exit 1 when one fails, named in the
+report) are the rejection goals, that the load did overload (the others were refused), and that
+every answer equals in-process ONNX Runtime's; the latency goal is reported, not gated (Triton does
+not preempt a running batch: bench/reports/2026-11-24-priority/). Every loop is bounded.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from bench import REPOSITORY
 from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, Tally, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget
-from bench.output import run_folder, say, write_json
+from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
 from bench.overload import IMAGE_SHAPE, expected_outputs, path_target
 from client.proto import inference_pb2
 
@@ -141,6 +143,9 @@ async def measure(path: str, url: str, model: str, images: list, expected: list,
             say(f"{path}: unloaded high-priority requests, closed loop at 1 for {args.unloaded_seconds:.0f}s ...")
             unloaded = await run_load(high, 1, args.unloaded_seconds, warmup_s=0.5, verify=False)
             capacity = (await run_load(low, 48, args.capacity_seconds, warmup_s=0.5, verify=False)).throughput_rps
+            if not capacity:
+                raise RuntimeError(f"{path}: no call sent at 48 in flight in {args.capacity_seconds:g} s came back: "
+                                   "nothing to overload; give it more --capacity-seconds")  # fmt: skip
             offered = args.factor * capacity
             say(f"{path}: capacity {capacity:.1f}/s; offering {offered:.1f}/s for {args.seconds:.0f}s ...")
             load = OpenLoop(mix, offered, 1024, max_calls=max(1, int(offered * args.seconds)), wait_when_full=True)
@@ -173,9 +178,30 @@ def report(results: list[PriorityResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gates(results: list[PriorityResult]) -> list[Gate]:
+    """Per path: the answers, that it overloaded, and that rejections followed priority."""
+    found = []
+    for path in dict.fromkeys(r.path for r in results):
+        on, off = (next(r for r in results if r.path == path and r.priorities is p) for p in (True, False))
+        high, other, high_off = on.high.rejected_pct, on.other.rejected_pct, off.high.rejected_pct
+        found += [
+            Gate(f"{path}: every answer equals in-process ONNX Runtime's",
+                 not on.wrong_outputs and not off.wrong_outputs,
+                 f"wrong outputs {on.wrong_outputs} with, {off.wrong_outputs} without priorities"),
+            Gate(f"{path}: the load overloaded (default-priority requests refused)", other > 0,
+                 f"{other:.1f}% refused"),
+            Gate(f"{path}: with priorities, high requests refused under 1%", high < 1.0, f"{high:.1f}%"),
+            Gate(f"{path}: with priorities, high requests refused less than the others", high < other,
+                 f"{high:.1f}% against {other:.1f}%"),
+            Gate(f"{path}: high requests refused less with priorities than without", high < high_off,
+                 f"{high:.1f}% against {high_off:.1f}%"),
+        ]  # fmt: skip
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.priority",
+        prog="python -m bench.studies.priority",
         description="Overload a model with 20%% high-priority requests, with and without priorities, through the "
         "facade and directly to Triton; report each class's latency and rejections.",
     )
@@ -198,11 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         for path in args.paths:
             url = stack.facade.grpc_url if path == "facade" else stack.triton.grpc_url
             results += asyncio.run(measure(path, url, args.model, images, expected, args))
-    write_json(out / "results.json", [asdict(r) for r in results])
-    (out / "report.md").write_text(f"# Priorities under {args.factor:.0f}x overload, {args.model}\n\n{report(results)}")
-    print(report(results))
+    judged = gates(results)
+    write_json(out / "results.json", {"settings": settings(args), "results": [asdict(r) for r in results],
+                                      "gates": [asdict(g) for g in judged]})  # fmt: skip
+    text = f"# Priorities under {args.factor:.0f}x overload, {args.model}\n\n{report(results)}\n{gates_section(judged)}"
+    (out / "report.md").write_text(text)
+    print(text)
     print(f"report: {out / 'report.md'}")
-    return 0 if all(r.wrong_outputs == 0 for r in results) else 1
+    return verdict(judged)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""python -m bench.cache: the facade's result cache under a skewed (Zipf) workload.
+"""python -m bench.studies.cache: the facade's result cache under a skewed (Zipf) workload.
 
 One tritonserver and two facades in front of it on free loopback ports, one with
 `--cache-models <model>`, one without. The same closed loop (`--concurrency` callers) sends
 `--distinct` different images, each call choosing one with Zipf probabilities (exponent `--zipf`),
 through each facade in turn, `--rounds` times, interleaved. Reported: throughput of each, and the
-cache's hit ratio from its own metrics. The cache starts empty in each round.
+cache's hit ratio from its own metrics. The cache starts empty in each round. Gates (exit 1 when one
+fails, named in the report): no call failed, only the cached facade counted hits, and it served more
+calls a second than the facade without a cache in every round.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import FacadeTarget
-from bench.output import run_folder, say, write_json
+from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
 
 
 @dataclass
@@ -63,9 +65,23 @@ async def one_run(url: str, model: str, order: np.ndarray, images: list[np.ndarr
         await target.close()
 
 
+def gates(runs: list[CacheRun]) -> list[Gate]:
+    pairs = [[r for r in runs if r.round == index] for index in sorted({r.round for r in runs})]
+    off, on = [r for r in runs if not r.cache], [r for r in runs if r.cache]
+    return [
+        Gate("no call failed", not any(r.errors for r in runs), str([r.errors for r in runs if r.errors] or "none")),
+        Gate("without the cache, no hits", all(r.hit_ratio == 0 for r in off), f"{[r.hit_ratio for r in off]}"),
+        Gate("with the cache, hits", all(r.hit_ratio > 0 for r in on),
+             f"hit ratios {[round(r.hit_ratio, 2) for r in on]}"),
+        Gate("with the cache, more calls a second than without, every round",
+             all(b.throughput_rps > a.throughput_rps for a, b in pairs),
+             "; ".join(f"{b.throughput_rps:.1f} against {a.throughput_rps:.1f} req/s" for a, b in pairs)),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.cache",
+        prog="python -m bench.studies.cache",
         description="Throughput through the facade with and without its result cache, on a Zipf workload.",
     )
     parser.add_argument("--model", default="mobilenet_v3_small", help="default: %(default)s")
@@ -103,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"round {run.round} {'with' if cached else 'without'} cache: {run.throughput_rps:.1f} req/s, "
                     f"p50 {run.p50_ms:.1f} ms, p99 {run.p99_ms:.1f} ms, hit ratio {run.hit_ratio:.2f}")  # fmt: skip
                 runs.append(run)
-    write_json(out / "results.json", [asdict(r) for r in runs])
+    judged = gates(runs)
+    write_json(out / "results.json", {"settings": settings(args), "runs": [asdict(r) for r in runs],
+                                      "gates": [asdict(g) for g in judged]})  # fmt: skip
     lines = [
         f"# Result cache, {args.model}: {args.distinct} images, Zipf {args.zipf}, c={args.concurrency}, "
         f"{args.seconds:.0f} s runs\n",
@@ -115,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in runs
         ),  # fmt: skip
     ]
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if all(not r.errors for r in runs) else 1
+    text = "\n".join(lines) + "\n\n" + gates_section(judged)
+    (out / "report.md").write_text(text)
+    print(text)
+    return verdict(judged)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from backend.server.repository import add_model
 from backend.server.stack import ServingStack
-from bench.conformance.corpus import DataSet, Screened, mismatch
+from tests.conformance.corpus import DataSet, Screened, mismatch
 
 # Policy only: one CPU instance; inputs, outputs and batching come from auto-complete.
 POLICY_CONFIG = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'

@@ -1,4 +1,4 @@
-"""python -m bench.tracing: what OpenTelemetry tracing costs the facade path.
+"""python -m bench.studies.tracing: what OpenTelemetry tracing costs the facade path.
 
 The same closed loop (`--concurrency` callers, raw images of `--model`) through the facade and
 Triton, with tracing off and with tracing on at `--ratio` (the facade's spans and tritonserver's
@@ -6,7 +6,8 @@ for the traced calls, both exported to an OTLP receiver in this process), `--rou
 interleaved (off/on, then on/off) so that the machine's drift falls on both. Each run has a
 serving stack of its own: tritonserver's tracing is set when it starts. Reported: throughput and
 latency per run, the overhead per round (1 - on/off), and the traces received, which show tracing
-was on.
+was on. Gates (exit 1 when one fails, named in the report): no call failed, and every run with tracing
+on received traces joined with Triton's. The overhead is reported, not gated.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import FacadeTarget
-from bench.output import machine, run_folder, say, settings, write_json
+from bench.output import Gate, gates_section, machine, run_folder, say, settings, verdict, write_json
 from client.traces import OtlpReceiver
 
 
@@ -101,9 +102,18 @@ def report(runs: list[TracingRun], args: argparse.Namespace) -> str:
     return "\n".join(rows) + "\n"
 
 
+def gates(runs: list[TracingRun]) -> list[Gate]:
+    on = [r for r in runs if r.tracing]
+    return [
+        Gate("no call failed", not any(r.errors for r in runs), str([r.errors for r in runs if r.errors] or "none")),
+        Gate("tracing on: traces joined with Triton's in every run", all(r.traces for r in on),
+             f"traces per run {[r.traces for r in on]}"),
+    ]  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.tracing",
+        prog="python -m bench.studies.tracing",
         description="Throughput through the facade and Triton with OpenTelemetry tracing off and on, interleaved.",
     )
     parser.add_argument("--model", default="mobilenet_v3_small", help="default: %(default)s")
@@ -122,11 +132,13 @@ def main(argv: list[str] | None = None) -> int:
             order = (False, True) if index % 2 else (True, False)
             for tracing in order:
                 runs.append(one_run(repository, out, args, receiver if tracing else None, index))
-    write_json(out / "results.json", {"settings": settings(args), "runs": [asdict(r) for r in runs]})
-    text = report(runs, args)
+    judged = gates(runs)
+    write_json(out / "results.json", {"settings": settings(args), "runs": [asdict(r) for r in runs],
+                                      "gates": [asdict(g) for g in judged]})  # fmt: skip
+    text = report(runs, args) + "\n" + gates_section(judged)
     (out / "report.md").write_text(text)
     print(text)
-    return 0 if all(not r.errors for r in runs) and all(r.traces for r in runs if r.tracing) else 1
+    return verdict(judged)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""bench.pipeline's arithmetic: stage times per request and their shares from Triton's counters."""
+"""bench.studies.pipeline's arithmetic: stage times per request and their shares from Triton's counters."""
 
 import pytest
 
 from backend.image_format import sniff
-from bench.pipeline import STAGES, jpeg_files, stage_rows
+from bench.studies.pipeline import STAGES, jpeg_files, stage_rows
 
 
 def counters(requests, inferences, executions, request_ns, *stage_ns):

@@ -1,4 +1,4 @@
-"""python -m bench.conformance: serve ONNX's own test models through tritonserver (make conformance).
+"""python -m tests.conformance: serve ONNX's own test models through tritonserver (make conformance).
 
 Takes every operator and model test case the `onnx` wheel ships, keeps those that in-process
 ONNX Runtime runs correctly, serves each through tritonserver with the stock model.py and a
@@ -22,8 +22,8 @@ import onnx
 import onnxruntime as ort
 
 from bench import RESULTS
-from bench.conformance.corpus import Case, Screened, corpus_root, discover, screen
-from bench.conformance.serving import REFUSAL_CAUSES, ConformanceRun, Verdict
+from tests.conformance.corpus import Case, Screened, corpus_root, discover, screen
+from tests.conformance.serving import REFUSAL_CAUSES, ConformanceRun, Verdict
 
 
 def say(message: str) -> None:
@@ -106,11 +106,11 @@ def write_report(directory: Path, facts: dict, verdicts: list[Verdict], excluded
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.conformance",
+        prog="python -m tests.conformance",
         description="Serve every test model of the onnx wheel that in-process ONNX Runtime runs correctly through "
         "tritonserver (stock model.py, policy-only config.pbtxt) and compare every output. About 15 minutes "
         "on 2 cores for the whole corpus.",
-        epilog="Example: python -m bench.conformance --pattern node/test_reduce --chunk-size 32",
+        epilog="Example: python -m tests.conformance --pattern node/test_reduce --chunk-size 32",
     )
     parser.add_argument(
         "--pattern",

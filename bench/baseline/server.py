@@ -1,0 +1,98 @@
+"""The FastAPI baseline (bench/baseline/app.py) as a child process in its own process group.
+
+The process started becomes gunicorn (the same PID, also the group's ID); its children are the uvicorn workers.
+Stopping the group (ManagedProcess.stop) stops the workers too, and returns once every one is gone.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+from backend.server.process import ManagedProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Each uvicorn worker logs this when its lifespan (the model load) has finished.
+_WORKER_READY = b"Application startup complete."
+
+
+@dataclass(kw_only=True)
+class FastApiBaseline(ManagedProcess):
+    """`python -m bench.baseline.app` (gunicorn and its uvicorn workers), its output in `log_file` (required)."""
+
+    onnx_file: Path
+    port: int
+    workers: int
+    intra_op_threads: int
+    host: str = "127.0.0.1"
+    # Seconds from start() until wait_ready() saw every worker serving (0 until then).
+    startup_seconds: float = field(default=0.0, init=False)
+    _started_at: float = field(default=0.0, init=False, repr=False)
+    _log_offset: int = field(default=0, init=False, repr=False)  # where this start's lines begin in the log
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def worker_pids(self) -> list[int]:
+        """The PIDs of the workers serving now (gunicorn's children), in order."""
+        if self.process is None:
+            return []
+        try:
+            return sorted(child.pid for child in psutil.Process(self.process.pid).children())
+        except psutil.NoSuchProcess:
+            return []
+
+    def start(self) -> None:
+        if self.log_file is None:
+            raise ValueError("the baseline's readiness is read from its log: give it a log_file")
+        command = [
+            sys.executable, "-m", "bench.baseline.app",
+            "--model", str(Path(self.onnx_file).resolve()),
+            "--host", self.host,
+            "--port", str(self.port),
+            "--workers", str(self.workers),
+            "--intra-op-threads", str(self.intra_op_threads),
+        ]  # fmt: skip
+        self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        self._started_at = time.monotonic()
+        self.spawn(command, cwd=REPO_ROOT)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Block until every worker has loaded the model and /health answers 200; sets `startup_seconds`."""
+        self.wait_until(self._ready, f"the FastAPI baseline on port {self.port}", timeout)
+        self.startup_seconds = time.monotonic() - self._started_at
+
+    def _ready(self) -> bool:
+        # /health alone would answer as soon as one worker is up: the log tells when all of them are.
+        assert self.log_file is not None
+        with self.log_file.open("rb") as log:
+            log.seek(self._log_offset)
+            if log.read().count(_WORKER_READY) < self.workers:
+                return False
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def __enter__(self) -> FastApiBaseline:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()

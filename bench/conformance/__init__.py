@@ -1,1 +1,0 @@
-"""make conformance: ONNX's own test models served through tritonserver, every output checked."""

@@ -1,0 +1,108 @@
+"""python -m bench.studies.burst: many large calls at once on one channel, and how fast the refused learn it.
+
+All `--calls` Predict calls (one image each, about 600 KB) start together on one gRPC channel to
+the facade, far above its in-flight limit. The accepted ones must come back right (each answer is
+compared with in-process ONNX Runtime); the refused ones get RESOURCE_EXHAUSTED, and what matters
+for them is how long the caller waited to be told (goal: p99 within 50 ms; reported, not gated: from
+the client's side a refusal cannot arrive before the client has sent its share of the burst). Gates
+(exit 1 when one fails, named in the report): every accepted answer right, no status but OK and
+RESOURCE_EXHAUSTED, the burst went over the limit, and the facade took at least the default-priority
+share of its limit (3/4 of --max-in-flight) in every burst. Writes report.md and results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from backend.server.repository import link_models
+from backend.server.stack import ServingStack
+from bench import REPOSITORY
+from bench.load.burst import REFUSED, BurstResult, burst
+from bench.load.stats import OK
+from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
+from bench.overload import IMAGE_SHAPE, expected_outputs, path_target
+
+
+def gates(results: list[BurstResult], max_in_flight: int) -> list[Gate]:
+    share = max_in_flight - max_in_flight // 4  # the last quarter is kept for priority 1
+    return [
+        Gate("every accepted answer equals in-process ONNX Runtime's", not any(r.wrong_outputs for r in results),
+             f"wrong outputs {[r.wrong_outputs for r in results]}"),
+        Gate(f"no status but {OK} and {REFUSED}", all(set(r.statuses) <= {OK, REFUSED} for r in results),
+             f"{[r.statuses for r in results]}"),
+        Gate("every burst went over the limit (calls refused)", all(r.statuses.get(REFUSED) for r in results),
+             f"refused {[r.statuses.get(REFUSED, 0) for r in results]}"),
+        Gate(f"at least {share} calls accepted in every burst", all(r.statuses.get(OK, 0) >= share for r in results),
+             f"accepted {[r.statuses.get(OK, 0) for r in results]}"),
+    ]  # fmt: skip
+
+
+def report(results: list[BurstResult], args: argparse.Namespace, judged: list[Gate]) -> str:
+    rows = [
+        f"| {index} | {r.statuses.get(OK, 0)} | {r.statuses.get(REFUSED, 0)} | {r.rejection_p50_ms:.1f} / "
+        f"{r.rejection_p99_ms:.1f} / {r.rejection_max_ms:.1f} | {r.accepted_p50_ms:.0f} / {r.accepted_p99_ms:.0f} "
+        f"| {r.wrong_outputs} |"
+        for index, r in enumerate(results, 1)
+    ]
+    return "\n".join([
+        f"# A burst of {args.calls} Predict calls at once on one channel, {args.model}, limit {args.max_in_flight}",
+        "",
+        "| burst | accepted | refused | refused p50 / p99 / max ms | accepted p50 / p99 ms | wrong outputs |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        gates_section(judged),
+    ])  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.studies.burst",
+        description="Start many ~600 KB Predict calls at once on one channel to the facade (its own tritonserver on "
+        "free ports) and report how fast the refused ones are told and whether the accepted ones are right.",
+    )
+    parser.add_argument("--model", default="mobilenet_v3_small", help="default: %(default)s")
+    parser.add_argument("--calls", type=int, default=400, help="calls started together; default: %(default)s")
+    parser.add_argument("--rounds", type=int, default=3, help="bursts, one after the other; default: %(default)s")
+    parser.add_argument("--max-in-flight", type=int, default=64, help="the facade's limit; default: %(default)s")
+    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-burst")
+    args = parser.parse_args(argv)
+    _, out = run_folder(args.out, "burst")
+    rng = np.random.default_rng(0)
+    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(4)]
+    expected = expected_outputs(REPOSITORY / args.model / "1" / "model.onnx", images)
+    facade_args = ["--default-model", args.model, "--max-in-flight", str(args.max_in_flight)]
+    results: list[BurstResult] = []
+    repository = link_models(out / "repository", {args.model: REPOSITORY / args.model})
+    with ServingStack(repository, out, facade_args=facade_args) as stack:
+        assert stack.facade is not None
+        target = path_target("facade", stack.facade.grpc_url, args.model, images, expected)
+
+        async def rounds() -> None:
+            try:
+                for index in range(args.rounds):
+                    result = await burst(target, args.calls)
+                    say(f"burst {index + 1}: {result.summary()}")
+                    results.append(result)
+            finally:
+                await target.close()
+
+        asyncio.run(rounds())
+    judged = gates(results, args.max_in_flight)
+    write_json(out / "results.json", {"settings": settings(args), "bursts": [asdict(r) for r in results],
+                                      "gates": [asdict(g) for g in judged]})  # fmt: skip
+    text = report(results, args, judged)
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"report: {out / 'report.md'}")
+    return verdict(judged)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The studies (bench/studies/) end to end at their smallest: each runs on real servers and writes its report.
+
+What a study measures is its own business: its gates judge the figures and fail the study when it is run for real
+(exit 1, the report naming the gate). Here only the gates a short run on a busy machine cannot miss must pass: every
+answer right, no call failed, the processes where the layout puts them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def judged(out: Path, code: int, sections: list[str]) -> dict[str, bool]:
+    """The run's gates by name, once its exit code says it was judged and its report has every section."""
+    assert code in (0, 1), f"exit code {code}: the run was not judged"
+    report = (out / "report.md").read_text()
+    for section in [*sections, "## Gates"]:
+        assert section in report, f"no {section!r} in the report:\n{report}"
+    gates = {gate["name"]: gate["passed"] for gate in json.loads((out / "results.json").read_text())["gates"]}
+    assert (code == 0) == all(gates.values()), gates
+    return gates
+
+
+def test_the_priority_study_runs_with_and_without_priorities_and_reports(tmp_path):
+    from bench.studies.priority import main
+
+    # The small model: its capacity shows within 2 s however busy the machine (resnet50's batches take seconds).
+    code = main(["--model", "mobilenet_v3_small", "--paths", "direct", "--seconds", "3", "--unloaded-seconds", "1",
+                 "--capacity-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
+    gates = judged(tmp_path, code, ["| direct | with |", "| direct | without |"])
+    assert gates["direct: every answer equals in-process ONNX Runtime's"]
+    results = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert sorted(r["priorities"] for r in results) == [False, True]
+
+
+def test_the_cache_study_runs_both_facades_and_reports(tmp_path):
+    from bench.studies.cache import main
+
+    code = main(["--seconds", "2", "--rounds", "1", "--distinct", "50", "--out", str(tmp_path)])
+    gates = judged(tmp_path, code, ["| 1 | off |", "| 1 | on |"])
+    assert gates["no call failed"] and gates["without the cache, no hits"]
+
+
+def test_the_tracing_study_runs_with_tracing_off_and_on_and_reports(tmp_path):
+    from bench.studies.tracing import main
+
+    # Every call traced: a short run still sends Triton's spans.
+    code = main(["--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--ratio", "1", "--out", str(tmp_path)])
+    gates = judged(tmp_path, code, ["| 1 | on |", "| 1 | off |", "| round | throughput on/off | overhead |"])
+    assert gates["no call failed"] and gates["tracing on: traces joined with Triton's in every run"]
+
+
+def test_the_pipeline_study_runs_and_reports(tmp_path):
+    from bench.studies.pipeline import main
+
+    code = main(["--models", "mobilenet_v3_small", "--seconds", "1", "--warmup", "0.5", "--images", "4",
+                 "--max-requests", "100", "--out", str(tmp_path)])  # fmt: skip
+    gates = judged(tmp_path, code, ["| mobilenet_v3_small |", "## mobilenet_v3_small", "CPU ms per image"])
+    assert all(gates.values()), gates  # answers, failures and the ensemble's steps: none is a figure
+    [result] = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert set(result["stages"]) == {"mobilenet_v3_small_image", "image_preprocess", "mobilenet_v3_small"}
+    assert len(result["limit"]) == 4
+
+
+def test_the_burst_study_runs_and_reports(tmp_path):
+    from bench.studies.burst import main
+
+    code = main(["--calls", "40", "--rounds", "1", "--max-in-flight", "8", "--out", str(tmp_path)])
+    gates = judged(tmp_path, code, ["| burst | accepted | refused |", "| 1 |"])
+    assert gates["every accepted answer equals in-process ONNX Runtime's"]
+    assert gates["no status but OK and RESOURCE_EXHAUSTED"]
+
+
+def test_the_split_cores_study_places_the_processes_and_reports(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.studies.split_cores", "--concurrency", "2", "--duration", "1", "--rounds", "1",
+         "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert (tmp_path / "report.md").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    gates = judged(tmp_path, done.returncode, ["| Triton direct |", "| facade |", "facade / Triton direct:"])
+    assert all(gates.values()), (gates, done.stdout[-3000:], done.stderr[-3000:])  # placement and failures only
