@@ -27,6 +27,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from backend.server.model_control import ControlError, TritonControl
 from backend.server.repository import add_model
 from backend.server.stack import ServingStack
 from tests.conformance.corpus import DataSet, Screened, mismatch
@@ -116,10 +117,10 @@ def _request(client: grpcclient.InferenceServerClient, model: str, config, data:
     return {tensor.name: result.as_numpy(tensor.name) for tensor in config.output}
 
 
-def check_model(client: grpcclient.InferenceServerClient, screened: Screened, admin_headers: dict[str, str]) -> Verdict:
+def check_model(client: grpcclient.InferenceServerClient, screened: Screened) -> Verdict:
     """Send every data set of a loaded case and compare each output."""
     verdict = Verdict(screened.case.name)
-    config = client.get_model_config(screened.case.model_name, headers=admin_headers).config
+    config = client.get_model_config(screened.case.model_name).config
     verdict.max_batch_size = config.max_batch_size
     output_dims = {tensor.name: list(tensor.dims) for tensor in config.output}
     names = [tensor.name for tensor in config.output]
@@ -164,10 +165,14 @@ class ConformanceRun:
             triton_env={"TRITONNX_ORT_CACHE_DIR": str(self.workdir / "ort-cache")},
         )
         started = time.monotonic()
-        with stack, grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        with (
+            stack,
+            grpcclient.InferenceServerClient(stack.triton.grpc_url) as client,
+            TritonControl(stack.triton.grpc_url, stack.triton.admin_key, load_timeout_s=300) as control,
+        ):
             chunks = [self.cases[i : i + self.chunk_size] for i in range(0, len(self.cases), self.chunk_size)]
             for number, chunk in enumerate(chunks, 1):
-                self._serve_chunk(client, chunk, stack.triton.admin_headers)
+                self._serve_chunk(client, control, chunk)
                 done = sum(len(c) for c in chunks[:number])
                 correct = sum(v.correct for v in self.verdicts)
                 elapsed = time.monotonic() - started
@@ -178,15 +183,15 @@ class ConformanceRun:
         return self.verdicts
 
     def _serve_chunk(
-        self, client: grpcclient.InferenceServerClient, chunk: list[Screened], headers: dict[str, str]
+        self, client: grpcclient.InferenceServerClient, control: TritonControl, chunk: list[Screened]
     ) -> None:
         def load(screened: Screened) -> tuple[Screened, str | None, float]:
             started = time.monotonic()
             try:
-                client.load_model(screened.case.model_name, headers=headers, client_timeout=300)
+                control.load(screened.case.model_name)
                 return screened, None, time.monotonic() - started
-            except InferenceServerException as error:
-                return screened, error.message(), time.monotonic() - started
+            except ControlError as error:
+                return screened, str(error), time.monotonic() - started
 
         with ThreadPoolExecutor(LOADS_AT_ONCE) as pool:
             loaded = list(pool.map(load, chunk))
@@ -195,21 +200,21 @@ class ConformanceRun:
                 verdict = Verdict(screened.case.name).failed("load", load_error)
             else:
                 try:
-                    verdict = check_model(client, screened, headers)
+                    verdict = check_model(client, screened)
                 except InferenceServerException as error:
                     verdict = Verdict(screened.case.name).failed("request", f"{error.status()}: {error.message()}")
             verdict.seconds = seconds
             self.verdicts.append(verdict)
         with ThreadPoolExecutor(LOADS_AT_ONCE) as pool:
-            list(pool.map(lambda s: client.unload_model(s.case.model_name, headers=headers), chunk))
-        self._wait_unloaded(client, {s.case.model_name for s in chunk}, headers)
+            list(pool.map(lambda s: control.unload(s.case.model_name), chunk))
+        self._wait_unloaded(control, {s.case.model_name for s in chunk})
 
     @staticmethod
-    def _wait_unloaded(client: grpcclient.InferenceServerClient, names: set[str], headers: dict[str, str]) -> None:
+    def _wait_unloaded(control: TritonControl, names: set[str]) -> None:
         """Until the chunk's stubs are gone (an unload returns before they exit)."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            index = client.get_model_repository_index(headers=headers, as_json=True).get("models", [])
+            index = control.index()
             if not any(m["name"] in names and m.get("state") in ("READY", "UNLOADING", "LOADING") for m in index):
                 return
             time.sleep(0.1)
