@@ -20,7 +20,6 @@ from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
 from client.facade.classifier import Classifier
-from client.facade.coalesce import Coalescer
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
@@ -95,13 +94,6 @@ class Facade:
                     frozenset(filter(None, settings.cache_models.split(","))), settings.cache_bytes, self.metrics
                 )
                 if settings.cache_models
-                else None,
-                Coalescer(
-                    self.gateway,
-                    lambda info: settings.coalesce_depth or (info.instances + 1) * self.gateway.replicas,
-                    self.metrics.calls_per_triton_request.observe,
-                )
-                if settings.coalesce
                 else None,
             ),
             Classifier(self.gateway, settings.default_model, settings.max_image_bytes),

@@ -37,8 +37,6 @@ class FacadeSettings:
     log_level: str = "INFO"
     cache_models: str = ""
     cache_bytes: int = 64 * 1024 * 1024
-    coalesce: bool = False
-    coalesce_depth: int = 0
     otlp_endpoint: str = ""
     trace_ratio: float = 0.1
 
@@ -71,10 +69,6 @@ _HELP = {
     "cache_models": "comma-separated models whose results the facade caches (by model, version, every input's name, "
     "datatype, shape and bytes, and the outputs asked for); none by default",
     "cache_bytes": "most bytes of results the cache keeps; the least recently used go first",
-    "coalesce": "merge concurrent Predict calls of the same model, shape and priority into one batched Triton request "
-    "while the model's earlier requests are busy (models with dynamic_batching only; a lone call never waits)",
-    "coalesce_depth": "requests of one model, shape and priority at Triton at once before calls are merged; 0: the "
-    "model's instances + 1 per Triton replica",
     "otlp_endpoint": "OpenTelemetry tracing: base URL of an OTLP/HTTP receiver (e.g. http://127.0.0.1:4318; spans go "
     "to <url>/v1/traces, JSON-encoded) and each traced call's context goes to Triton as traceparent; empty: tracing "
     "off. OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_BSP_* apply",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from tritonclient.grpc import service_pb2
@@ -44,62 +43,22 @@ MAX_DIM = 2**31 - 1
 _RAW_INPUT_TAG = bytes([7 << 3 | 2])
 
 
-class TritonRequest(Protocol):
-    """What the gateway sends: a ModelInferRequest header and each input's bytes, in one or more pieces."""
-
-    header: service_pb2.ModelInferRequest  # raw_input_contents left empty
-
-    @property
-    def sizes(self) -> list[int]:
-        """Bytes of each input, in the order of header.inputs."""
-
-    def pieces(self, index: int) -> Sequence[memoryview]:
-        """The bytes of input `index`, in order."""
-
-    def serialize(self) -> bytes:
-        """The whole request as ModelInferRequest bytes."""
-
-
-def serialize_request(request: TritonRequest) -> bytes:
-    """The header, then each input's pieces as raw_input_contents, in one join.
-
-    Going through protobuf would copy each payload twice more.
-    """
-    parts = [request.header.SerializeToString()]
-    for index, size in enumerate(request.sizes):
-        parts += (_RAW_INPUT_TAG, varint(size), *request.pieces(index))
-    return b"".join(parts)
-
-
 @dataclass
 class InferCall:
     """Triton's ModelInferRequest for one call: a header and the raw input payloads.
 
-    The payloads are views of the caller's request bytes.
+    The payloads are views of the caller's request bytes. `serialize` writes them after the
+    header in one join: going through protobuf would copy each of them twice more.
     """
 
     header: service_pb2.ModelInferRequest  # raw_input_contents left empty
     payloads: list[memoryview]  # one per input, in the order of header.inputs
 
-    @property
-    def sizes(self) -> list[int]:
-        return [len(payload) for payload in self.payloads]
-
-    def pieces(self, index: int) -> Sequence[memoryview]:
-        return (self.payloads[index],)
-
     def serialize(self) -> bytes:
-        return serialize_request(self)
-
-    @property
-    def rows(self) -> int:
-        """The batch size of a batched model's request (its first input's first dim)."""
-        return self.header.inputs[0].shape[0]
-
-    @property
-    def timeout_us(self) -> int:
-        """Triton's timeout of the request in microseconds; 0: none."""
-        return self.header.parameters["timeout"].int64_param if "timeout" in self.header.parameters else 0
+        parts = [self.header.SerializeToString()]
+        for payload in self.payloads:
+            parts += (_RAW_INPUT_TAG, varint(len(payload)), payload)
+        return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -120,8 +79,6 @@ class ModelInfo:
     outputs: tuple[TensorInfo, ...]
     max_batch_size: int
     versions: tuple[str, ...] = ()  # the versions Triton serves, from its metadata
-    dynamic_batching: bool = False  # Triton batches separate requests of it
-    instances: int = 1  # its instances (Triton's instance_group counts)
 
     @classmethod
     def from_triton(
@@ -141,8 +98,6 @@ class ModelInfo:
             tensors(metadata.outputs),
             config.config.max_batch_size,
             tuple(metadata.versions),
-            config.config.HasField("dynamic_batching"),
-            sum(group.count or 1 for group in config.config.instance_group) or 1,
         )
 
     def describe_inputs(self) -> str:

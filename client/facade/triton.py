@@ -19,7 +19,7 @@ from backend.server.admin import GRPC_ADMIN_HEADER
 from client.facade.errors import FacadeError, Internal, InvalidArgument, NotFound, Unavailable, from_triton
 from client.facade.replicas import Replicas, channel_options
 from client.facade.shm import SharedInputPool
-from client.facade.translate import ModelInfo, TritonRequest
+from client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
 # After a failed registration (Triton down, or on another machine), wait before asking again;
@@ -125,11 +125,6 @@ class TritonGateway:
             raise from_triton(error, "", "") from None
         return list(index.models)
 
-    @property
-    def replicas(self) -> int:
-        """The Triton servers calls are spread over."""
-        return len(self._replicas)
-
     def knows(self, name: str, version: str) -> bool:
         """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
         cached = self._models.get((name, version))
@@ -204,11 +199,11 @@ class TritonGateway:
             return True
 
     async def infer(
-        self, call: TritonRequest, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
     ) -> service_pb2.ModelInferResponse:
         """ModelInfer; `metadata` goes along (a trace's traceparent)."""
         slot = None
-        sizes = call.sizes
+        sizes = [len(payload) for payload in call.payloads]
         # An empty tensor goes in the message: Triton takes no zero-byte shared-memory input.
         pool = await self._shared_pool() if all(sizes) else None
         if pool is not None:
@@ -217,13 +212,12 @@ class TritonGateway:
             body = call.serialize()
         else:
             offset = 0
-            for index, (tensor, size) in enumerate(zip(call.header.inputs, sizes, strict=True)):
+            for tensor, payload in zip(call.header.inputs, call.payloads, strict=True):
+                pool.write(slot, offset, payload)
                 tensor.parameters["shared_memory_region"].string_param = pool.region
-                tensor.parameters["shared_memory_byte_size"].int64_param = size
+                tensor.parameters["shared_memory_byte_size"].int64_param = len(payload)
                 tensor.parameters["shared_memory_offset"].int64_param = slot.offset + offset
-                for piece in call.pieces(index):
-                    pool.write(slot, offset, piece)
-                    offset += len(piece)
+                offset += len(payload)
             body = call.header.SerializeToString()
         model, version = call.header.model_name, call.header.model_version
         try:

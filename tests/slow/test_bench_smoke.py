@@ -108,18 +108,6 @@ def test_the_tracing_benchmark_runs_with_tracing_off_and_on_and_sees_joined_trac
     assert "| 1 | on |" in (out / "report.md").read_text()
 
 
-def test_the_coalescing_benchmark_measures_both_facades_and_sees_merged_calls(tmp_path):
-    from bench.coalesce import main as coalesce_main
-
-    out = tmp_path / "coalesce"
-    assert coalesce_main(["--seconds", "1", "--warmup", "0.5", "--rounds", "1", "--out", str(out)]) == 0
-    runs = {r["coalesce"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
-    assert runs[True]["throughput_rps"] > 0 and runs[False]["throughput_rps"] > 0
-    # 16 callers keep more requests at Triton than the depth (its instances + 1): calls get merged.
-    assert runs[True]["calls_per_triton_request"] > 1.0
-    assert "| 1 | on |" in (out / "report.md").read_text()
-
-
 def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp_path):
     """PyTriton from its own venv (made under build/peers/ on first use), as `make bench` runs it."""
     import argparse
