@@ -10,41 +10,6 @@ from client.facade.metrics import FacadeMetrics
 from client.facade.settings import FacadeSettings, add_arguments, from_arguments
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-@pytest.mark.parametrize(
-    ("code", "kind"),
-    [
-        (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
-        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
-        (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded),
-        (grpc.StatusCode.CANCELLED, errors.Cancelled),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.TooLarge),
-        (grpc.StatusCode.INTERNAL, errors.Internal),
-        (grpc.StatusCode.UNKNOWN, errors.Internal),
-    ],
-)
-def test_triton_errors_map_by_status_code(code, kind):
-    mapped = errors.from_triton(rpc_error(code, "Exceeds maximum queue size"), "resnet50", "")
-    assert type(mapped) is kind and mapped.code == kind.code
-    # The same code with another message maps the same way: the text never decides.
-    assert type(errors.from_triton(rpc_error(code, "something else"), "resnet50", "")) is kind
-
-
-def test_only_caller_facing_messages_pass_through():
-    invalid = errors.from_triton(
-        rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "[request id: 7] input 'x' is wrong"), "m", "2"
-    )
-    assert invalid.message == "model 'm' version 2 rejected the request: input 'x' is wrong"
-    internal = errors.from_triton(
-        rpc_error(grpc.StatusCode.INTERNAL, "Failed to open /dev/shm/triton_python_backend_shm_region_1"), "m", ""
-    )
-    assert "/dev/shm" not in internal.message and "server log" in internal.message
-
-
 def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
     admission = Admission(limit=2, retry_after_ms=150, metrics=FacadeMetrics())
     with admission.slot(), admission.slot():
