@@ -7,10 +7,10 @@ from tritonclient.grpc import service_pb2
 from client.facade.cache import ResultCache, cache_key
 from client.facade.deadline import Deadline
 from client.facade.errors import InvalidArgument
+from client.facade.gateway import METADATA_RECHECK_S, Gateway
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
 from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
-from client.facade.triton import METADATA_RECHECK_S, TritonGateway
 from client.facade.wire import DecodedRequest, EncodedResponse
 
 
@@ -19,7 +19,7 @@ class Predictor:
 
     def __init__(
         self,
-        gateway: TritonGateway,
+        gateway: Gateway,
         default_model: str,
         cache: ResultCache | None = None,
     ) -> None:

@@ -20,13 +20,13 @@ from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
 from client.facade.classifier import Classifier
+from client.facade.gateway import Gateway, TritonGateway
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.service import SERVICE_NAME, InferenceServicer
 from client.facade.settings import FacadeSettings
 from client.facade.tracing import Tracing
-from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
 
@@ -55,10 +55,10 @@ class Facade:
     Ports 0 bind free ports; `grpc_port` and `http_port` are the ones bound, once `start()` returned.
     """
 
-    def __init__(self, settings: FacadeSettings, gateway: TritonGateway | None = None) -> None:
+    def __init__(self, settings: FacadeSettings, gateway: Gateway | None = None) -> None:
         """A facade with its gateway to Triton, the one given or one built from the settings.
 
-        Tests give a stand-in with the gateway's interface. The facade owns it: `stop()` closes it.
+        Tests give a stand-in (tests/unit/fakes.py). The facade owns it: `stop()` closes it.
         """
         self.settings = settings
         self.metrics = FacadeMetrics()

@@ -1,8 +1,8 @@
-"""The facade's calls to Triton.
+"""The facade's calls to Triton: `Gateway`, what the servicer asks of Triton, and `TritonGateway`, its one real form.
 
-To one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
-inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a
-call whose replica went away.
+TritonGateway calls one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
+inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a call whose replica
+went away. The unit tests' stand-ins (tests/unit/fakes.py) satisfy `Gateway` too, checked by mypy.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -44,6 +45,46 @@ _REGISTRATION_RETRY_SECONDS = 1.0
 METADATA_RECHECK_S = 1.0
 
 
+class Gateway(Protocol):
+    """What the servicer, the predictor, the classifier and the health monitor ask of Triton.
+
+    Every failure comes out as a `FacadeError`.
+    """
+
+    @property
+    def last_failure(self) -> tuple[float, str] | None:
+        """When and how Triton last failed a request on its side (a dead stub, a restart): a health signal."""
+        ...
+
+    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+        """Inputs, outputs and max_batch_size of a model version ("": the latest), held for a while."""
+        ...
+
+    def knows(self, name: str, version: str) -> bool:
+        """Whether Triton confirmed lately that it serves the model version (its metadata is held)."""
+        ...
+
+    def forget(self, name: str, older_than: float = 0.0) -> bool:
+        """Drop the held metadata of `name` older than `older_than` seconds; whether any was dropped."""
+        ...
+
+    async def repository_index(
+        self, ready_only: bool, timeout: float | None = None
+    ) -> list[service_pb2.RepositoryIndexResponse.ModelIndex]:
+        """Every model version of Triton's repository."""
+        ...
+
+    async def infer(
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
+        """ModelInfer; `metadata` goes along (a trace's traceparent)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the gateway holds (channels, the shared-memory region)."""
+        ...
+
+
 def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
     """The pool inputs travel in, or None: turned off, or no room for it in /dev/shm."""
     if not (slots and slot_bytes):
@@ -61,7 +102,7 @@ def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
 
 
 class TritonGateway:
-    """Calls Triton's KServe v2 gRPC API; every failure comes out as a `FacadeError`."""
+    """The `Gateway` over Triton's KServe v2 gRPC API."""
 
     def __init__(
         self,
