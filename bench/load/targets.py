@@ -19,6 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.proto import inference_pb2
 
 CALL_TIMEOUT_S = 30.0
@@ -27,21 +28,6 @@ IMAGE_CLASSES = 1000
 TEXT_SEQUENCE = 16  # length of the generated INT64 inputs (and of other variable dims)
 TEXT_INPUTS = ("input_ids", "attention_mask")
 _GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-# KServe v2 datatype -> little-endian numpy dtype.
-_NUMPY = {
-    "FP32": "<f4",
-    "FP16": "<f2",
-    "FP64": "<f8",
-    "INT8": "i1",
-    "INT16": "<i2",
-    "INT32": "<i4",
-    "INT64": "<i8",
-    "UINT8": "u1",
-    "UINT16": "<u2",
-    "UINT32": "<u4",
-    "UINT64": "<u8",
-    "BOOL": "?",
-}
 
 
 class VerificationError(RuntimeError):
@@ -70,7 +56,7 @@ class Target(Protocol):
 
 def random_tensor(name: str, datatype: str, shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """Random data for one input: floats normal, integer ids in [1, 1000), names with "mask" all ones."""
-    dtype = np.dtype(_NUMPY[datatype])
+    dtype = RAW_DTYPES[datatype]
     if "mask" in name.lower() or dtype.kind == "b":
         return np.ones(shape, dtype=dtype)
     if dtype.kind == "f":
@@ -243,7 +229,7 @@ class KServeTarget(GrpcTarget):
         request = service_pb2.ModelInferRequest(model_name=self.model)
         for name, (datatype, data) in arrays.items():
             request.inputs.add(name=name, datatype=datatype, shape=list(data.shape))
-            request.raw_input_contents.append(data.astype(_NUMPY[datatype], copy=False).tobytes())
+            request.raw_input_contents.append(data.astype(RAW_DTYPES[datatype], copy=False).tobytes())
         return request.SerializeToString()
 
     def output(self, body: bytes) -> np.ndarray:
@@ -272,7 +258,7 @@ class KServeTarget(GrpcTarget):
                     f"{where}: output '{output.name}' has shape {shape}, expected "
                     f"{[self.batch, *dims[1:]] if dims else dims}"
                 )
-            size = math.prod(shape) * np.dtype(_NUMPY.get(output.datatype, "u1")).itemsize
+            size = math.prod(shape) * RAW_DTYPES.get(output.datatype, np.dtype("u1")).itemsize
             if len(raw) != size:
                 raise VerificationError(
                     f"{where}: output '{output.name}' carries {len(raw)} bytes, "

@@ -17,9 +17,10 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.facade.errors import FacadeError
 from client.facade.gateway import Gateway
-from client.facade.translate import NUMPY_DTYPES, InferCall
+from client.facade.translate import InferCall
 
 log = logging.getLogger("tritonnx.facade")
 # The request id of the health probe's inferences (Triton's log and traces tell them from callers').
@@ -88,7 +89,7 @@ class HealthMonitor:
             call.header.inputs.append(
                 service_pb2.ModelInferRequest.InferInputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape)
             )
-            call.payloads.append(memoryview(np.zeros(shape, NUMPY_DTYPES[tensor.datatype]).tobytes()))
+            call.payloads.append(memoryview(np.zeros(shape, RAW_DTYPES[tensor.datatype]).tobytes()))
         return call
 
     async def probe(self) -> HealthReport:

@@ -15,28 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.facade.errors import InvalidArgument
 from client.facade.wire import DecodedRequest, EncodedResponse, varint
 from client.proto import inference_pb2
 
-# KServe v2 datatype -> little-endian numpy dtype of its raw bytes.
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(code)
-    for name, code in {
-        "FP32": "<f4",
-        "FP16": "<f2",
-        "FP64": "<f8",
-        "INT8": "i1",
-        "INT16": "<i2",
-        "INT32": "<i4",
-        "INT64": "<i8",
-        "UINT8": "u1",
-        "UINT16": "<u2",
-        "UINT32": "<u4",
-        "UINT64": "<u8",
-        "BOOL": "?",
-    }.items()
-}
+# The proto's element types a caller can name (its enum's, FP32 to BOOL), all of them in RAW_DTYPES.
+_ELEMENT_TYPES = [name for name in inference_pb2.ElementType.keys() if name != "ELEMENT_TYPE_UNSPECIFIED"]
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
 MAX_DIM = 2**31 - 1
 # ModelInferRequest.raw_input_contents: field 7, length-delimited.
@@ -118,7 +103,7 @@ def _datatype_of(dtype: int, name: str) -> str:
         return inference_pb2.ElementType.Name(dtype)
     except ValueError:
         raise InvalidArgument(
-            f"input '{name}' has dtype {dtype}, which is not an ElementType: use one of {', '.join(NUMPY_DTYPES)}"
+            f"input '{name}' has dtype {dtype}, which is not an ElementType: use one of {', '.join(_ELEMENT_TYPES)}"
         ) from None
 
 
@@ -160,7 +145,7 @@ def _tensor_problem(
     if datatype != spec.datatype:
         return f"input '{name}' is {datatype} but the model wants {spec.datatype}; {{expects}}"
     elements = math.prod(shape)
-    itemsize = NUMPY_DTYPES[datatype].itemsize
+    itemsize = RAW_DTYPES[datatype].itemsize
     if nbytes != elements * itemsize:
         return f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}" + (
             "" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)"
@@ -274,7 +259,7 @@ def to_predict_response(
     if first_name not in by_name:  # computed by a version with other outputs than the metadata held (a swap)
         first_name = response.outputs[0].name
     first, first_raw = by_name[first_name]
-    predictions = np.frombuffer(first_raw, dtype=NUMPY_DTYPES[first.datatype]).astype(np.float32, copy=False)
+    predictions = np.frombuffer(first_raw, dtype=RAW_DTYPES[first.datatype]).astype(np.float32, copy=False)
     reply = inference_pb2.PredictResponse(
         shape=list(first.shape),
         request_id=message.request_id,
