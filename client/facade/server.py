@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -47,6 +49,17 @@ async def release_free_memory(admission: Admission) -> None:
 
 class StartupError(RuntimeError):
     """The facade cannot start, e.g. its port is taken."""
+
+
+def report_ports(path: Path, grpc_port: int, http_port: int) -> None:
+    """Write the ports bound to `path` as JSON; a reader sees the whole file or none (a rename)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        partial.write_text(json.dumps({"grpc": grpc_port, "http": http_port}))
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 class Facade:
@@ -167,11 +180,17 @@ class Facade:
             await self.stop(0)
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
         self.http_port = self._http.addresses[0][1]
+        if s.port_file:
+            try:
+                report_ports(Path(s.port_file), self.grpc_port, self.http_port)
+            except OSError as error:
+                await self.stop(0)
+                raise StartupError(f"cannot write the port file {s.port_file}: {error.strerror}") from None
         self._monitor_task = asyncio.create_task(self.monitor.run())
         self._trim_task = asyncio.create_task(release_free_memory(self.servicer.admission))
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
-            "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
+            "(/metrics, /health); Triton at %s, default model %s, max in flight %d%s",
             f"{s.host}:{self.grpc_port}",
             "TLS" if s.tls_cert else "plaintext",
             " with bearer token" if s.auth_token else "",
@@ -181,6 +200,7 @@ class Facade:
             s.triton_url,
             s.default_model,
             s.max_in_flight,
+            f"; ports written to {s.port_file}" if s.port_file else "",
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ class FacadeSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     http_port: int = 3000
+    port_file: str = ""
     triton_url: str = "127.0.0.1:8001"
     default_model: str = "resnet50"
     max_in_flight: int = 64
@@ -43,8 +44,10 @@ class FacadeSettings:
 
 _HELP = {
     "host": "address to bind the gRPC and HTTP servers to",
-    "port": "gRPC port of inference.InferenceService, grpc.health.v1 and reflection",
-    "http_port": "HTTP port of /metrics (Prometheus) and /health",
+    "port": "gRPC port of inference.InferenceService, grpc.health.v1 and reflection (0: a free one, see --port-file)",
+    "http_port": "HTTP port of /metrics (Prometheus) and /health (0: a free one, see --port-file)",
+    "port_file": 'once both ports listen, write the ports bound to this file as JSON {"grpc": N, "http": M} '
+    "(written whole: a new file renamed into place); empty: none",
     "triton_url": "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), "
     "or a name resolving to several (a headless Service); a call whose replica went away goes once to another",
     "default_model": "model served when a request names none",

@@ -4,6 +4,7 @@ client, and a stand-in for Triton's gateway, so no tritonserver or subprocess is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -205,6 +206,30 @@ def test_a_taken_port_is_a_startup_error_that_closes_the_gateway():
                 with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{taken} for {protocol}"):
                     await Facade(settings(**ports), gateway).start()
                 assert gateway.closed
+
+    run(test)
+
+
+def test_the_ports_bound_are_reported_in_the_port_file_once_both_listen(tmp_path):
+    port_file = tmp_path / "ports.json"
+
+    async def test() -> None:
+        async with serving(FakeGateway(), port_file=str(port_file)) as (facade, _):
+            assert json.loads(port_file.read_text()) == {"grpc": facade.grpc_port, "http": facade.http_port}
+            assert [p.name for p in tmp_path.iterdir()] == ["ports.json"]  # no partial file left beside it
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{facade.http_port}/metrics") as answer:
+                    assert answer.status == 200
+
+    run(test)
+
+
+def test_a_port_file_that_cannot_be_written_is_a_startup_error(tmp_path):
+    async def test() -> None:
+        gateway = FakeGateway()
+        with pytest.raises(StartupError, match="cannot write the port file"):
+            await Facade(settings(port_file=str(tmp_path / "missing" / "ports.json")), gateway).start()
+        assert gateway.closed
 
     run(test)
 
