@@ -65,6 +65,13 @@ ELEMENT_TYPES: dict[int, ElementType] = {
     23: ElementType("tensor(float4e2m1)", None, None),
 }
 _BY_DTYPE = {t.dtype: t for t in ELEMENT_TYPES.values() if t.dtype is not None}
+# KServe v2 datatype -> numpy dtype of its raw bytes in a request or response (little-endian): every type
+# of fixed-size elements numpy has (not BYTES, not BF16).
+RAW_DTYPES: dict[str, np.dtype] = {
+    t.datatype: t.dtype.newbyteorder("<")
+    for t in ELEMENT_TYPES.values()
+    if t.datatype is not None and t.dtype is not None and t.dtype != np.object_
+}
 
 
 def datatype_name(dtype: np.dtype) -> str:

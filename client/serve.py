@@ -2,8 +2,9 @@
 
 Starts the serving stack (backend/server/stack.py): tritonserver with the model repository on
 ports 8000-8002, a supervisor (its metrics on 8003) that reloads a model whose stub process died and restarts
-tritonserver if it exits, and the facade on 50051 (gRPC) and 3000 (HTTP), ready once a real
-inference went through. Ctrl-C or SIGTERM drains the facade first, then stops Triton.
+tritonserver if it exits, and the facade on 50051 (gRPC) and 3000 (HTTP) unless flags after `--` say otherwise,
+ready once a real inference went through; it prints the ports the facade bound. Ctrl-C or SIGTERM drains the facade
+first, then stops Triton.
 
 Triton's restricted APIs (model control, repository index, shared memory, trace, logging) need the admin key:
 $TRITONNX_ADMIN_KEY when set, else a new random key written to <build>/admin-key (mode 600).
@@ -14,132 +15,132 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from backend.server.admin import GRPC_ADMIN_HEADER, share_admin_key
-from backend.server.paths import Paths
+from backend.server.paths import REPOSITORY_ENV, Paths
 from backend.server.process import ServerError, StopRequest
 from backend.server.shm import check_shared_memory
 from backend.server.stack import ServingStack
 from backend.server.triton import Ports, format_model_states
+from client.facade.settings import FacadeSettings, add_flags, setting, settings_from
 
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name) or default
+# KServe's spellings (--model_dir, --http_port, --grpc_port, --model_name, --workers) are taken too: a
+# ServingRuntime's container gets an InferenceService's `model.args` appended to its own.
+@dataclass(frozen=True)
+class ServeSettings:
+    model_repository: Path = setting(
+        factory=lambda: Paths.from_environment().model_repository,
+        help="the model repository; --model_dir is KServe's name for it",
+        env=REPOSITORY_ENV,
+        flags=("--model-repository", "--model_dir"),
+    )
+    log_dir: str = setting(
+        factory=lambda: str(Paths.from_environment().build),
+        help="where tritonserver.log and facade.log go; '-' for this process's output (a container's log)",
+        env=False,
+    )
+    host: str = setting(
+        "127.0.0.1", "where Triton listens; 0.0.0.0 in a container with port mappings", env="TRITONNX_TRITON_HOST"
+    )
+    http_port: int = setting(
+        8000, "Triton's HTTP port", env="TRITONNX_TRITON_HTTP_PORT", flags=("--http-port", "--http_port")
+    )
+    grpc_port: int = setting(
+        8001, "Triton's gRPC port", env="TRITONNX_TRITON_GRPC_PORT", flags=("--grpc-port", "--grpc_port")
+    )
+    metrics_port: int = setting(8002, "Triton's metrics port", env="TRITONNX_TRITON_METRICS_PORT")
+    supervisor_metrics_port: int = setting(
+        8003,
+        "the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --host; -1 turns "
+        "them off",
+    )
+    log_verbose: int = setting(0, "tritonserver's --log-verbose level", env="TRITONNX_TRITON_LOG_VERBOSE")
+    otlp_endpoint: str = setting(
+        "",
+        "OpenTelemetry tracing: tritonserver and the facade send spans to this OTLP/HTTP receiver (e.g. "
+        "http://127.0.0.1:4318; `python -m client.traces` is one), one trace per call from the facade through "
+        "Triton's queue and compute; empty: off",
+    )
+    trace_ratio: float = setting(
+        0.1,
+        "share of the facade's calls traced, 0..1; Triton traces the requests that carry a trace context: those "
+        "calls, and direct requests sent with a traceparent",
+    )
+    load_model: tuple[str, ...] = setting(
+        ("*",),
+        "a model to load at start, repeatable; * loads every model of the repository",
+        env="TRITONNX_TRITON_LOAD_MODELS",
+    )
+    triton_http: bool = setting(
+        True, "serve Triton's HTTP endpoint (the facade needs only gRPC; --no-triton-http turns it off)", env=False
+    )
+    facade: bool = setting(
+        True, "run the facade in front of Triton (--no-facade: tritonserver alone, as the container does)", env=False
+    )
+    # Taken and ignored: Triton serves every model of the repository whatever the InferenceService is called,
+    # and the models' instance groups, not a worker count, set the parallelism.
+    model_name: str = setting("", argparse.SUPPRESS, env=False, flags=("--model_name",))
+    workers: str = setting("", argparse.SUPPRESS, env=False, flags=("--workers",))
 
 
-def main(argv: list[str] | None = None) -> int:
-    paths = Paths.from_environment()
+def arguments() -> argparse.ArgumentParser:
+    """The command's flags: ServeSettings', then the facade's after `--`."""
     parser = argparse.ArgumentParser(
         prog="tritonnx-serve",
         description="Run tritonserver with the model repository, its supervisor and the gRPC facade in front of it, "
         "until Ctrl-C or SIGTERM (`python -m client.serve` is the same command).",
-        epilog="Facade flags (e.g. --max-in-flight, --default-model) go after `--`; see tritonnx-facade --help. "
-        "Each flag's environment variable is in its help; the model repository and the build folder come from "
-        "TRITONNX_MODEL_REPOSITORY and TRITONNX_BUILD_DIR, the admin key from TRITONNX_ADMIN_KEY.",
+        epilog="Facade flags (e.g. --max-in-flight, --default-model, --http-port) go after `--`; see tritonnx-facade "
+        "--help. Each flag's environment variable is in its help; the build folder comes from TRITONNX_BUILD_DIR, "
+        "the admin key from TRITONNX_ADMIN_KEY.",
     )
-    # KServe's spellings (--model_dir, --http_port, --grpc_port, --model_name, --workers) are taken
-    # too: a ServingRuntime's container gets an InferenceService's `model.args` appended to its own.
-    parser.add_argument(
-        "--model-repository",
-        "--model_dir",
-        type=Path,
-        default=paths.model_repository,
-        help="default: %(default)s (--model_dir is KServe's name for it)",
-    )
-    parser.add_argument(
-        "--log-dir",
-        default=str(paths.build),
-        help="where tritonserver.log and facade.log go; '-' for this process's output (a container's log); "
-        "default: %(default)s",
-    )
-    parser.add_argument(
-        "--host",
-        default=_env("TRITONNX_TRITON_HOST", "127.0.0.1"),
-        help="where Triton listens; 0.0.0.0 in a container with port mappings (env TRITONNX_TRITON_HOST; "
-        "default: %(default)s)",
-    )
-    parser.add_argument(
-        "--http-port",
-        "--http_port",
-        type=int,
-        default=int(_env("TRITONNX_TRITON_HTTP_PORT", "8000")),
-        help="Triton's HTTP port (env TRITONNX_TRITON_HTTP_PORT; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--grpc-port",
-        "--grpc_port",
-        type=int,
-        default=int(_env("TRITONNX_TRITON_GRPC_PORT", "8001")),
-        help="Triton's gRPC port (env TRITONNX_TRITON_GRPC_PORT; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=int(_env("TRITONNX_TRITON_METRICS_PORT", "8002")),
-        help="Triton's metrics port (env TRITONNX_TRITON_METRICS_PORT; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--supervisor-metrics-port",
-        type=int,
-        default=int(_env("TRITONNX_SUPERVISOR_METRICS_PORT", "8003")),
-        help="the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --host; "
-        "-1 turns them off (env TRITONNX_SUPERVISOR_METRICS_PORT; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--log-verbose",
-        type=int,
-        default=int(_env("TRITONNX_TRITON_LOG_VERBOSE", "0")),
-        help="tritonserver's --log-verbose level (env TRITONNX_TRITON_LOG_VERBOSE; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--otlp-endpoint",
-        default=_env("TRITONNX_OTLP_ENDPOINT", ""),
-        help="OpenTelemetry tracing: tritonserver and the facade send spans to this OTLP/HTTP receiver "
-        "(e.g. http://127.0.0.1:4318; `python -m client.traces` is one), one trace per call from the facade "
-        "through Triton's queue and compute (env TRITONNX_OTLP_ENDPOINT; default: off)",
-    )
-    parser.add_argument(
-        "--trace-ratio",
-        type=float,
-        default=float(_env("TRITONNX_TRACE_RATIO", "0.1")),
-        help="share of the facade's calls traced, 0..1; Triton traces the requests that carry a trace context: "
-        "those calls, and direct requests sent with a traceparent (env TRITONNX_TRACE_RATIO; default: %(default)s)",
-    )
-    parser.add_argument(
-        "--load-model",
-        action="append",
-        help="a model to load at start, repeatable; default: every model of the repository (env "
-        "TRITONNX_TRITON_LOAD_MODELS, comma-separated)",
-    )
-    parser.add_argument(
-        "--triton-http",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="serve Triton's HTTP endpoint (the facade needs only gRPC; --no-triton-http turns it off); default: on",
-    )
-    parser.add_argument(
-        "--facade",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="run the facade in front of Triton (--no-facade: tritonserver alone, as the container does); default: on",
-    )
-    # Taken and ignored: Triton serves every model of the repository whatever the InferenceService
-    # is called, and the models' instance groups, not a worker count, set the parallelism.
-    parser.add_argument("--model_name", help=argparse.SUPPRESS)
-    parser.add_argument("--workers", help=argparse.SUPPRESS)
+    add_flags(parser, ServeSettings)
     parser.add_argument("facade_args", nargs="*", help="extra flags for the facade, after `--`")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def addresses(stack: ServingStack, args: ServeSettings, key_place: str) -> str:
+    """Where each part of a started stack answers (the facade's ports: the ones it bound), and how to stop it."""
+    triton, facade = stack.triton, stack.facade
+    return (
+        f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
+        f"metrics {triton.metrics_url}\n"
+        + (
+            f"  supervisor  http://{args.host}:{stack.supervisor_metrics_port}/metrics\n"
+            if stack.supervisor_metrics_port is not None
+            else ""
+        )
+        + (
+            f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
+            f"{facade.http_url}/metrics  {facade.http_url}/health\n"
+            if facade
+            else ""
+        )
+        + (
+            f"  tracing  {args.trace_ratio:.0%} of calls, OpenTelemetry (OTLP/HTTP) to {args.otlp_endpoint}\n"
+            if args.otlp_endpoint
+            else ""
+        )
+        + f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key in {key_place}\n"
+        "Ctrl-C stops it."
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    paths = Paths.from_environment()
+    parsed = arguments().parse_args(argv)
+    args = settings_from(parsed, ServeSettings)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.model_name or args.workers:
         logging.info("ignoring --model_name/--workers: every model of the repository is served as configured")
     to_terminal = args.log_dir == "-"
     log_dir = paths.build if to_terminal else Path(args.log_dir)
     repository = args.model_repository.resolve()
-    startup_models = tuple(args.load_model or filter(None, _env("TRITONNX_TRITON_LOAD_MODELS", "*").split(",")))
+    startup_models = args.load_model
     try:
         check_shared_memory(repository, startup_models)
     except (ServerError, OSError) as error:
@@ -151,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             repository=repository,
             workdir=log_dir,
             triton_ports=Ports(args.http_port, args.grpc_port, args.metrics_port),
-            facade_ports=(50051, 3000),
+            facade_ports=(FacadeSettings.port, FacadeSettings.http_port),  # the facade's defaults; `--` flags win
             with_facade=args.facade,
-            facade_args=args.facade_args,
+            facade_args=parsed.facade_args,
             supervised=True,
             triton_http=args.triton_http,
             all_models_ready=False,  # a model that failed is listed with its reason
@@ -180,36 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         stack.start_triton()
         print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states()), flush=True)
-        facade = None
         if args.facade:
             print(f"starting the facade (log: {'here' if to_terminal else log_dir / 'facade.log'}) ...", flush=True)
-            facade = stack.start_facade()
-        print(
-            f"ready after {time.monotonic() - started:.1f}s\n"
-            f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
-            f"metrics {triton.metrics_url}\n"
-            + (
-                f"  supervisor  http://{args.host}:{stack.supervisor_metrics_port}/metrics\n"
-                if stack.supervisor_metrics_port is not None
-                else ""
-            )
-            + (
-                f"  facade   gRPC {facade.grpc_url} (inference.InferenceService)  "
-                f"{facade.http_url}/metrics  {facade.http_url}/health\n"
-                if facade
-                else ""
-            )
-            + (
-                f"  tracing  {args.trace_ratio:.0%} of calls, OpenTelemetry (OTLP/HTTP) to {args.otlp_endpoint}\n"
-                if args.otlp_endpoint
-                else ""
-            )
-            + f"  admin    Triton's restricted APIs want header {GRPC_ADMIN_HEADER} (gRPC) with the key in {key_place}\n"
-            "Ctrl-C stops it.",
-            flush=True,
-        )
+            stack.start_facade()
+        print(f"ready after {time.monotonic() - started:.1f}s\n{addresses(stack, args, key_place)}", flush=True)
         # tritonserver exiting is the supervisor's to heal; the facade exiting ends the run.
-        if not stop.wait(*([facade] if facade else [])):
+        if not stop.wait(*([stack.facade] if stack.facade else [])):
             print("error: the facade exited on its own; stopping tritonserver", file=sys.stderr)
     except ServerError as error:
         print(f"error: {error}", file=sys.stderr)

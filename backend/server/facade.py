@@ -1,29 +1,40 @@
-"""The facade (`python -m client.facade`) as a child process in its own process group."""
+"""The facade (`python -m client.facade`) as a child process in its own process group.
+
+Its ports are the ones it reports: it binds (0: a free port), then writes the ports bound to a port file in a folder
+of its own, which `wait_ready` reads. No port is picked here and bound there later, so none can be taken in between.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.process import ManagedProcess, free_ports
+from backend.server.process import ManagedProcess
 
 
 @dataclass
 class FacadeProcess(ManagedProcess):
-    """`python -m client.facade` with the given flags; `extra_args` go after the ones set here."""
+    """`python -m client.facade` with the given flags; `extra_args` go after the ones set here.
 
-    grpc_port: int = 50051
-    http_port: int = 3000
+    `grpc_port` and `http_port` are asked for (0: a free one) until `wait_ready` learned the ones bound.
+    """
+
+    grpc_port: int = 0
+    http_port: int = 0
     triton_url: str = "127.0.0.1:8001"
     host: str = "127.0.0.1"
     extra_args: list[str] = field(default_factory=list)
     admin_key: str = ""  # Triton's restricted-API key, handed over in the environment (flags show in `ps`)
+    port_file: Path | None = field(init=False, default=None)
 
     @property
     def grpc_url(self) -> str:
@@ -34,6 +45,7 @@ class FacadeProcess(ManagedProcess):
         return f"http://{self.host}:{self.http_port}"
 
     def start(self) -> None:
+        self.port_file = Path(tempfile.mkdtemp(prefix="tritonnx-facade-")) / "ports.json"
         command = [
             sys.executable,
             "-m",
@@ -47,11 +59,21 @@ class FacadeProcess(ManagedProcess):
             "--triton-url",
             self.triton_url,
             *self.extra_args,
+            "--port-file",  # last: the ports are learned from this file, whatever the extra flags say
+            str(self.port_file),
         ]
         env = dict(os.environ)
         if self.admin_key:
             env[ADMIN_KEY_ENV] = self.admin_key
         self.spawn(command, env=env)
+
+    def _ports_reported(self) -> bool:
+        """Whether the facade wrote its port file; takes the ports from it when it did."""
+        if self.port_file is None:
+            return False
+        ports = json.loads(self.port_file.read_text())  # written whole (a rename) or not at all
+        self.grpc_port, self.http_port = int(ports["grpc"]), int(ports["http"])
+        return True
 
     def health(self) -> tuple[int, dict]:
         try:
@@ -60,13 +82,22 @@ class FacadeProcess(ManagedProcess):
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read() or b"{}")
 
+    def wait_listening(self, timeout: float = 60.0) -> None:
+        """Block until the facade reported the ports it listens on (grpc_port and http_port are those then)."""
+        self.wait_until(self._ports_reported, "the facade", timeout)
+
     def wait_ready(self, timeout: float = 60.0) -> None:
-        """Block until /health answers 200: a real inference went through Triton."""
-        self.wait_until(lambda: self.health()[0] == 200, "the facade", timeout)
+        """Block until the facade listens and /health answers 200: a real inference went through Triton."""
+        deadline = time.monotonic() + timeout
+        self.wait_listening(timeout)
+        self.wait_until(lambda: self.health()[0] == 200, "the facade", max(0.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM: the facade drains in-flight calls first."""
-        return super().stop(timeout)
+        code = super().stop(timeout)
+        if self.port_file is not None:
+            shutil.rmtree(self.port_file.parent, ignore_errors=True)
+        return code
 
 
 def start_facade(
@@ -78,7 +109,7 @@ def start_facade(
     timeout: float = 60.0,
 ) -> FacadeProcess:
     """A facade in front of `triton_url`, on `ports` (gRPC, HTTP) or free ones, ready (or stopped and raising)."""
-    grpc_port, http_port = ports or free_ports(2)
+    grpc_port, http_port = ports or (0, 0)
     facade = FacadeProcess(
         grpc_port=grpc_port,
         http_port=http_port,

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.proto import inference_pb2
+
+M = TypeVar("M", bound=Message)
 
 CALL_TIMEOUT_S = 30.0
 IMAGE_SHAPE = (3, 224, 224)
@@ -27,21 +30,6 @@ IMAGE_CLASSES = 1000
 TEXT_SEQUENCE = 16  # length of the generated INT64 inputs (and of other variable dims)
 TEXT_INPUTS = ("input_ids", "attention_mask")
 _GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-# KServe v2 datatype -> little-endian numpy dtype.
-_NUMPY = {
-    "FP32": "<f4",
-    "FP16": "<f2",
-    "FP64": "<f8",
-    "INT8": "i1",
-    "INT16": "<i2",
-    "INT32": "<i4",
-    "INT64": "<i8",
-    "UINT8": "u1",
-    "UINT16": "<u2",
-    "UINT32": "<u4",
-    "UINT64": "<u8",
-    "BOOL": "?",
-}
 
 
 class VerificationError(RuntimeError):
@@ -70,7 +58,7 @@ class Target(Protocol):
 
 def random_tensor(name: str, datatype: str, shape: Sequence[int], rng: np.random.Generator) -> np.ndarray:
     """Random data for one input: floats normal, integer ids in [1, 1000), names with "mask" all ones."""
-    dtype = np.dtype(_NUMPY[datatype])
+    dtype = RAW_DTYPES[datatype]
     if "mask" in name.lower() or dtype.kind == "b":
         return np.ones(shape, dtype=dtype)
     if dtype.kind == "f":
@@ -110,7 +98,6 @@ class GrpcTarget:
 
     name: str
     method_path: str
-    response_type: type[Message]
 
     def __init__(
         self,
@@ -135,7 +122,7 @@ class GrpcTarget:
         self.wrong = 0  # answers unlike `expected`
         self._next = 0
         self._channel: grpc.aio.Channel | None = None
-        self._method = None
+        self._method: grpc.aio.UnaryUnaryMultiCallable | None = None
 
     @property
     def is_open(self) -> bool:
@@ -153,8 +140,20 @@ class GrpcTarget:
 
     async def close(self) -> None:
         if self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(None)
         self._channel = self._method = None
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            raise RuntimeError(f"{self.name}: open() the target first")
+        return self._channel
+
+    @property
+    def method(self) -> grpc.aio.UnaryUnaryMultiCallable:
+        if self._method is None:
+            raise RuntimeError(f"{self.name}: open() the target first")
+        return self._method
 
     async def _build(self) -> list[bytes]:
         raise NotImplementedError
@@ -172,7 +171,7 @@ class GrpcTarget:
         index = self._next
         self._next = (index + 1) % len(self.payloads)
         try:
-            body = await self._method(self.payloads[index], timeout=self.timeout_s)
+            body = await self.method(self.payloads[index], timeout=self.timeout_s)
         except grpc.aio.AioRpcError as error:
             self.failed(error)
             return error.code().name
@@ -187,17 +186,17 @@ class GrpcTarget:
         if self.expected is not None and not close_enough(self.output(body), self.expected[index]):
             self.wrong += 1
 
-    async def _first(self, where: str) -> Message:
+    async def _first(self, where: str, response_type: type[M]) -> M:
         """The first request's answer, decoded."""
         try:
-            body = await self._method(self.payloads[0], timeout=self.timeout_s)
+            body = await self.method(self.payloads[0], timeout=self.timeout_s)
         except grpc.aio.AioRpcError as error:
             raise VerificationError(f"{where}: first call failed: {error.code().name}: {error.details()}") from None
         try:
-            return self.response_type.FromString(body)
+            return response_type.FromString(body)
         except DecodeError:
             raise VerificationError(
-                f"{where}: the first response ({len(body)} bytes) is not a {self.response_type.DESCRIPTOR.full_name}"
+                f"{where}: the first response ({len(body)} bytes) is not a {response_type.DESCRIPTOR.full_name}"
             ) from None
 
 
@@ -206,29 +205,27 @@ class KServeTarget(GrpcTarget):
 
     name = "triton-grpc"
     method_path = "/inference.GRPCInferenceService/ModelInfer"
-    response_type = service_pb2.ModelInferResponse
 
     def __init__(self, url: str, model: str = "resnet50", batch: int = 1, **options: Any) -> None:
         super().__init__(url, model, batch, **options)
         self.metadata: service_pb2.ModelMetadataResponse | None = None
 
     async def _build(self) -> list[bytes]:
-        metadata_call = self._channel.unary_unary(
+        metadata_call = self.channel.unary_unary(
             "/inference.GRPCInferenceService/ModelMetadata",
             request_serializer=service_pb2.ModelMetadataRequest.SerializeToString,
             response_deserializer=service_pb2.ModelMetadataResponse.FromString,
         )
         try:
-            self.metadata = await metadata_call(
-                service_pb2.ModelMetadataRequest(name=self.model), timeout=self.timeout_s
-            )
+            metadata = await metadata_call(service_pb2.ModelMetadataRequest(name=self.model), timeout=self.timeout_s)
         except grpc.aio.AioRpcError as error:
             raise VerificationError(
                 f"ModelMetadata of '{self.model}' at {self.url} failed: {error.code().name}: {error.details()}"
             ) from None
-        if not self.metadata.inputs:
+        if not metadata.inputs:
             raise VerificationError(f"model '{self.model}' at {self.url} has no inputs in its metadata")
-        specs = self.metadata.inputs
+        self.metadata = metadata
+        specs = metadata.inputs
         if self.images is not None:
             return [self._request({specs[0].name: (specs[0].datatype, image)}) for image in self.images]
         rng = np.random.default_rng(self.seed)
@@ -243,7 +240,7 @@ class KServeTarget(GrpcTarget):
         request = service_pb2.ModelInferRequest(model_name=self.model)
         for name, (datatype, data) in arrays.items():
             request.inputs.add(name=name, datatype=datatype, shape=list(data.shape))
-            request.raw_input_contents.append(data.astype(_NUMPY[datatype], copy=False).tobytes())
+            request.raw_input_contents.append(data.astype(RAW_DTYPES[datatype], copy=False).tobytes())
         return request.SerializeToString()
 
     def output(self, body: bytes) -> np.ndarray:
@@ -252,7 +249,8 @@ class KServeTarget(GrpcTarget):
     async def verify(self) -> None:
         """Decode the first response: every output of the metadata, batch-first, with its bytes."""
         where = f"triton-grpc {self.url} model '{self.model}' batch {self.batch}"
-        response = await self._first(where)
+        response = await self._first(where, service_pb2.ModelInferResponse)
+        assert self.metadata is not None  # read by open()
         expected = {o.name: o for o in self.metadata.outputs}
         got = [o.name for o in response.outputs]
         if sorted(got) != sorted(expected):
@@ -272,7 +270,7 @@ class KServeTarget(GrpcTarget):
                     f"{where}: output '{output.name}' has shape {shape}, expected "
                     f"{[self.batch, *dims[1:]] if dims else dims}"
                 )
-            size = math.prod(shape) * np.dtype(_NUMPY.get(output.datatype, "u1")).itemsize
+            size = math.prod(shape) * RAW_DTYPES.get(output.datatype, np.dtype("u1")).itemsize
             if len(raw) != size:
                 raise VerificationError(
                     f"{where}: output '{output.name}' carries {len(raw)} bytes, "
@@ -289,7 +287,6 @@ class FacadeTarget(GrpcTarget):
     """
 
     method_path = "/inference.InferenceService/Predict"
-    response_type = inference_pb2.PredictResponse
 
     def __init__(
         self,
@@ -344,7 +341,7 @@ class FacadeTarget(GrpcTarget):
     async def verify(self) -> None:
         """Decode the first response: a PredictResponse whose shape starts with the batch."""
         where = f"{self.name} {self.url} model '{self.model}' batch {self.batch}"
-        response = await self._first(where)
+        response = await self._first(where, inference_pb2.PredictResponse)
         shape = list(response.shape)
         if not shape or shape[0] != self.batch:
             raise VerificationError(f"{where}: response shape {shape}, expected the batch {self.batch} first")

@@ -7,6 +7,7 @@ orchestrators that carry none, and reflection is switched off separately.
 from __future__ import annotations
 
 import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
@@ -18,10 +19,10 @@ _PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
 def _refuse(message: str) -> tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]:
     """Handlers (unary, stream) that end a call UNAUTHENTICATED with `message`."""
 
-    async def unary(request, context: grpc.aio.ServicerContext):
+    async def unary(request: object, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    async def stream(requests, context: grpc.aio.ServicerContext):
+    async def stream(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # an async generator, as stream handlers are
 
@@ -36,7 +37,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         self._missing = _refuse("this server needs `authorization: Bearer <token>` metadata")
         self._wrong = _refuse("the bearer token is not valid")
 
-    async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
         if not method.startswith(_PROTECTED_PREFIX):
             return await continuation(handler_call_details)

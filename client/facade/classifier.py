@@ -16,16 +16,16 @@ from client.facade.classify import (
 )
 from client.facade.deadline import Deadline
 from client.facade.errors import FacadeError, NotFound
+from client.facade.gateway import Gateway
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
-from client.facade.triton import TritonGateway
 from client.proto import inference_pb2
 
 
 class Classifier:
     """One ClassifyRequest through the classifier's Triton ensemble."""
 
-    def __init__(self, gateway: TritonGateway, default_model: str, max_image_bytes: int) -> None:
+    def __init__(self, gateway: Gateway, default_model: str, max_image_bytes: int) -> None:
         self.gateway = gateway
         self.default_model = default_model
         self.max_image_bytes = max_image_bytes

@@ -1,8 +1,9 @@
-"""Every status the facade answers with, as types, and the one mapping from Triton's statuses.
+"""Every status the facade answers with, as types, and every rule that reads Triton's statuses.
 
 A handler raises a `FacadeError`; the servicer turns it into the gRPC status, the message and the
-trailing metadata. Triton's errors are mapped by status code only, never by message text, and
-only messages written for callers (validation) are passed through.
+trailing metadata. Triton's errors are read by status code only, never by message text, and only
+messages written for callers (validation) are passed through. The gateway (gateway.py) asks Triton
+and the predicates here decide what an answer means.
 """
 
 from __future__ import annotations
@@ -61,6 +62,83 @@ class Cancelled(FacadeError):
 
 class Internal(FacadeError):
     code, reason = grpc.StatusCode.INTERNAL, "internal"
+
+
+class ServerRestarting(Unavailable):
+    """Triton restarted under a call, or is restarting or reloading its model: the caller retries."""
+
+
+def restarted(model: str) -> ServerRestarting:
+    # Never Triton's message about the shared-memory region: it names it.
+    return ServerRestarting(f"model '{model}' cannot take the request now: the inference server restarted; retry")
+
+
+def reloading(model: str) -> ServerRestarting:
+    return ServerRestarting(
+        f"model '{model}' is not available right now (the inference server is restarting or reloading it); retry"
+    )
+
+
+def not_served(name: str, version: str, ready: list[tuple[str, str]] | None = None) -> NotFound:
+    """The model (version) is not served; `ready` lists Triton's ready (model, version)s when it could be asked."""
+    target = f"model '{name}'" + (f" version '{version}'" if version else "")
+    if ready is None:
+        return NotFound(f"{target} is not served")
+    served = sorted({model for model, _ in ready})
+    versions = sorted((v for model, v in ready if model == name), key=lambda v: v.zfill(20))
+    ready_versions = f"; ready versions of '{name}': {', '.join(versions)}" if version and versions else ""
+    return NotFound(f"{target} is not served; ready models: {', '.join(served) or 'none'}{ready_versions}")
+
+
+def on_tritons_side(failure: FacadeError) -> bool:
+    """Whether a failed call says something of Triton's health (the health report shows the last one)."""
+    return isinstance(failure, (ServerRestarting, Internal))
+
+
+# What Triton's statuses mean beyond the one-to-one mapping of `from_triton`.
+
+
+def model_not_served(code: grpc.StatusCode) -> bool:
+    """Whether Triton's answer to a model's metadata or config means it does not serve that model (version).
+
+    NOT_FOUND for a model or version it does not have, INVALID_ARGUMENT for a version it cannot read.
+    """
+    return code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
+
+
+def may_be_unloaded_version(code: grpc.StatusCode, version: str) -> bool:
+    """Whether the answer to a request naming a version may mean the version is not loaded.
+
+    Triton 2.51 answers NOT_FOUND for a version it never had, but UNAVAILABLE ("not at ready state") for one it
+    unloaded (retired, rolled back) or that failed to load, as it does for a full queue: the server's and the
+    version's readiness tell them apart (ready server, version not ready: not served).
+    """
+    return code == grpc.StatusCode.UNAVAILABLE and bool(version)
+
+
+def may_follow_a_restart(code: grpc.StatusCode) -> bool:
+    """Whether a failed inference may follow Triton's restart (it forgot the shared-memory region).
+
+    Anything but the caller's deadline or cancellation.
+    """
+    return code not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+
+
+def means_reloading(code: grpc.StatusCode, served_moments_ago: bool) -> bool:
+    """Whether Triton is reloading a model it served moments ago (its metadata is still held).
+
+    NOT_FOUND then means the model is being reloaded, or the server is shutting down for a restart. Once the held
+    metadata expires, NOT_FOUND is the answer.
+    """
+    return code == grpc.StatusCode.NOT_FOUND and served_moments_ago
+
+
+def replica_may_be_gone(code: grpc.StatusCode) -> bool:
+    """Whether the answer may come from a replica that went away (its connection, or it is stopping and unloading).
+
+    Worth one more try elsewhere, once the replica confirms it is not ready. Any other answer stands.
+    """
+    return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 
 
 # Triton prefixes its messages with the request id; the caller has its own copy of that.

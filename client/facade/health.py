@@ -17,11 +17,14 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.facade.errors import FacadeError
-from client.facade.translate import NUMPY_DTYPES, InferCall
-from client.facade.triton import TritonGateway
+from client.facade.gateway import Gateway
+from client.facade.translate import InferCall
 
 log = logging.getLogger("tritonnx.facade")
+# The request id of the health probe's inferences (Triton's log and traces tell them from callers').
+PROBE_ID = "tritonnx-health"
 _RECOVERY_PROBE_SECONDS = 0.25
 
 
@@ -59,7 +62,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        gateway: TritonGateway,
+        gateway: Gateway,
         model: str,
         timeout: float,
         interval: float,
@@ -79,14 +82,14 @@ class HealthMonitor:
 
     async def _probe_request(self) -> InferCall:
         info = await self.gateway.model_info(self.model, "", self.timeout)
-        call = InferCall(service_pb2.ModelInferRequest(model_name=info.name, id="tritonnx-health"), [])
+        call = InferCall(service_pb2.ModelInferRequest(model_name=info.name, id=PROBE_ID), [])
         for tensor in info.inputs:
             # -1 dims (batch, sequence) become 1: the smallest real request.
             shape = [1 if d < 0 else d for d in tensor.shape]
             call.header.inputs.append(
                 service_pb2.ModelInferRequest.InferInputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape)
             )
-            call.payloads.append(memoryview(np.zeros(shape, NUMPY_DTYPES[tensor.datatype]).tobytes()))
+            call.payloads.append(memoryview(np.zeros(shape, RAW_DTYPES[tensor.datatype]).tobytes()))
         return call
 
     async def probe(self) -> HealthReport:

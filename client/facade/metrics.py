@@ -55,13 +55,6 @@ class FacadeMetrics:
             registry=self.registry,
         )
 
-        self.calls_per_triton_request = Histogram(
-            "tritonnx_facade_calls_per_triton_request",
-            "Predict calls answered by each request sent to Triton (above 1: calls merged into one batch, --coalesce)",
-            registry=self.registry,
-            buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32),
-        )
-
         self.cache_requests = Counter(
             "tritonnx_facade_cache_requests",
             "Requests to models with the result cache on, by model and result (hit, miss)",

@@ -5,13 +5,12 @@ from __future__ import annotations
 from tritonclient.grpc import service_pb2
 
 from client.facade.cache import ResultCache, cache_key
-from client.facade.coalesce import Coalescer
 from client.facade.deadline import Deadline
 from client.facade.errors import InvalidArgument
+from client.facade.gateway import METADATA_RECHECK_S, Gateway
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
 from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
-from client.facade.triton import METADATA_RECHECK_S, TritonGateway
 from client.facade.wire import DecodedRequest, EncodedResponse
 
 
@@ -20,15 +19,13 @@ class Predictor:
 
     def __init__(
         self,
-        gateway: TritonGateway,
+        gateway: Gateway,
         default_model: str,
         cache: ResultCache | None = None,
-        coalescer: Coalescer | None = None,
     ) -> None:
         self.gateway = gateway
         self.default_model = default_model
         self.cache = cache
-        self.coalescer = coalescer  # None: each call is a request of its own
 
     # What the servicer asks of an RPC's requests (see service.Endpoint).
     def label(self, decoded: DecodedRequest | None) -> str:
@@ -94,10 +91,7 @@ class Predictor:
             trace.set("tritonnx.cache_hit", response is not None)
         if response is None:
             with trace.span("ModelInfer", client=True) as span:
-                if self.coalescer is not None:
-                    response = await self.coalescer.infer(info, request, deadline.left(), trace.propagation(span))
-                else:
-                    response = await self.gateway.infer(request, deadline.left(), trace.propagation(span))
+                response = await self.gateway.infer(request, deadline.left(), trace.propagation(span))
             if cache is not None:
                 cache.put(key, response)
         return info, response

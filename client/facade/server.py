@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -20,14 +22,13 @@ from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
 from client.facade.classifier import Classifier
-from client.facade.coalesce import Coalescer
+from client.facade.gateway import Gateway, TritonGateway
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.service import SERVICE_NAME, InferenceServicer
 from client.facade.settings import FacadeSettings
 from client.facade.tracing import Tracing
-from client.facade.triton import TritonGateway
 
 log = logging.getLogger("tritonnx.facade")
 
@@ -50,16 +51,27 @@ class StartupError(RuntimeError):
     """The facade cannot start, e.g. its port is taken."""
 
 
+def report_ports(path: Path, grpc_port: int, http_port: int) -> None:
+    """Write the ports bound to `path` as JSON; a reader sees the whole file or none (a rename)."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        partial.write_text(json.dumps({"grpc": grpc_port, "http": http_port}))
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
+
+
 class Facade:
     """The facade's servers.
 
     Ports 0 bind free ports; `grpc_port` and `http_port` are the ones bound, once `start()` returned.
     """
 
-    def __init__(self, settings: FacadeSettings, gateway: TritonGateway | None = None) -> None:
+    def __init__(self, settings: FacadeSettings, gateway: Gateway | None = None) -> None:
         """A facade with its gateway to Triton, the one given or one built from the settings.
 
-        Tests give a stand-in with the gateway's interface. The facade owns it: `stop()` closes it.
+        Tests give a stand-in (tests/unit/fakes.py). The facade owns it: `stop()` closes it.
         """
         self.settings = settings
         self.metrics = FacadeMetrics()
@@ -95,13 +107,6 @@ class Facade:
                     frozenset(filter(None, settings.cache_models.split(","))), settings.cache_bytes, self.metrics
                 )
                 if settings.cache_models
-                else None,
-                Coalescer(
-                    self.gateway,
-                    lambda info: settings.coalesce_depth or (info.instances + 1) * self.gateway.replicas,
-                    self.metrics.calls_per_triton_request.observe,
-                )
-                if settings.coalesce
                 else None,
             ),
             Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
@@ -175,11 +180,17 @@ class Facade:
             await self.stop(0)
             raise StartupError(f"cannot listen on {s.host}:{s.http_port} for HTTP: {error.strerror}") from None
         self.http_port = self._http.addresses[0][1]
+        if s.port_file:
+            try:
+                report_ports(Path(s.port_file), self.grpc_port, self.http_port)
+            except OSError as error:
+                await self.stop(0)
+                raise StartupError(f"cannot write the port file {s.port_file}: {error.strerror}") from None
         self._monitor_task = asyncio.create_task(self.monitor.run())
         self._trim_task = asyncio.create_task(release_free_memory(self.servicer.admission))
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
-            "(/metrics, /health); Triton at %s, default model %s, max in flight %d",
+            "(/metrics, /health); Triton at %s, default model %s, max in flight %d%s",
             f"{s.host}:{self.grpc_port}",
             "TLS" if s.tls_cert else "plaintext",
             " with bearer token" if s.auth_token else "",
@@ -189,6 +200,7 @@ class Facade:
             s.triton_url,
             s.default_model,
             s.max_in_flight,
+            f"; ports written to {s.port_file}" if s.port_file else "",
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

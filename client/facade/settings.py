@@ -1,90 +1,59 @@
-"""The facade's settings: one dataclass, filled from flags, then environment variables, then defaults."""
+"""Settings as frozen dataclasses, filled from flags, then environment variables, then defaults.
+
+One mechanism for the facade's settings (`FacadeSettings`, here) and `tritonnx-serve`'s (client/serve.py): each
+field is declared with `setting(...)`, which holds its default, its help, its environment variable and its flags,
+so each is written once. `add_flags` gives a parser one flag per field, its default taken from the environment when
+set there (an empty variable counts as unset); `settings_from` builds the dataclass from the parsed flags.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "TRITONNX_"
-SECRETS = ("auth_token", "admin_key")
+S = TypeVar("S", bound="DataclassInstance")
+_NAMES = "tuple[str, ...]"  # the annotation of a repeatable setting
 
 
-@dataclass(frozen=True)
-class FacadeSettings:
-    host: str = "127.0.0.1"
-    port: int = 50051
-    http_port: int = 3000
-    triton_url: str = "127.0.0.1:8001"
-    default_model: str = "resnet50"
-    max_in_flight: int = 64
-    max_message_bytes: int = 64 * 1024 * 1024
-    max_image_bytes: int = 8 * 1024 * 1024
-    shm_slots: int = 64
-    shm_slot_bytes: int = 1024 * 1024
-    retry_after_ms: int = 100
-    health_interval: float = 2.0
-    health_timeout: float = 5.0
-    model_info_ttl: float = 30.0
-    drain_seconds: float = 10.0
-    auth_token: str = ""
-    admin_key: str = ""
-    tls_cert: str = ""
-    tls_key: str = ""
-    reflection: bool = True
-    log_level: str = "INFO"
-    cache_models: str = ""
-    cache_bytes: int = 64 * 1024 * 1024
-    coalesce: bool = False
-    coalesce_depth: int = 0
-    otlp_endpoint: str = ""
-    trace_ratio: float = 0.1
+def setting(
+    default: Any = MISSING,
+    help: str = "",  # noqa: A002 - argparse's name for it
+    *,
+    factory: Callable[[], Any] | None = None,
+    env: str | bool = True,
+    flags: tuple[str, ...] = (),
+    secret: bool = False,
+) -> Any:
+    """A settings field: its `default` (or `factory()`) and `help` (argparse.SUPPRESS: a flag taken, not shown).
 
-
-_HELP = {
-    "host": "address to bind the gRPC and HTTP servers to",
-    "port": "gRPC port of inference.InferenceService, grpc.health.v1 and reflection",
-    "http_port": "HTTP port of /metrics (Prometheus) and /health",
-    "triton_url": "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), "
-    "or a name resolving to several (a headless Service); a call whose replica went away goes once to another",
-    "default_model": "model served when a request names none",
-    "max_in_flight": "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once",
-    "max_message_bytes": "largest request or response message",
-    "max_image_bytes": "largest image file Classify takes; a larger one gets INVALID_ARGUMENT before reaching Triton",
-    "shm_slots": "requests whose inputs can be in shared memory with Triton at once (0: none; the rest use the socket)",
-    "shm_slot_bytes": "inputs up to this size go to Triton through shared memory (larger ones use the socket)",
-    "retry_after_ms": "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)",
-    "health_interval": "seconds between real-inference health probes",
-    "health_timeout": "seconds a health probe may take before it counts as failed",
-    "model_info_ttl": "seconds model metadata is cached before it is asked of Triton again",
-    "drain_seconds": "grace period for in-flight calls after SIGTERM",
-    "auth_token": "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); "
-    "prefer the environment variable, flags show in `ps`",
-    "admin_key": "key of Triton's restricted APIs (shared memory, repository index, model control), as given to "
-    "tritonserver's restricted-protocol option; prefer the environment variable",
-    "tls_cert": "PEM certificate chain: serve gRPC over TLS (with --tls-key)",
-    "tls_key": "PEM private key of --tls-cert",
-    "reflection": "serve gRPC server reflection (turn off in production: 0)",
-    "log_level": "DEBUG, INFO, WARNING or ERROR",
-    "cache_models": "comma-separated models whose results the facade caches (by model, version, every input's name, "
-    "datatype, shape and bytes, and the outputs asked for); none by default",
-    "cache_bytes": "most bytes of results the cache keeps; the least recently used go first",
-    "coalesce": "merge concurrent Predict calls of the same model, shape and priority into one batched Triton request "
-    "while the model's earlier requests are busy (models with dynamic_batching only; a lone call never waits)",
-    "coalesce_depth": "requests of one model, shape and priority at Triton at once before calls are merged; 0: the "
-    "model's instances + 1 per Triton replica",
-    "otlp_endpoint": "OpenTelemetry tracing: base URL of an OTLP/HTTP receiver (e.g. http://127.0.0.1:4318; spans go "
-    "to <url>/v1/traces, JSON-encoded) and each traced call's context goes to Triton as traceparent; empty: tracing "
-    "off. OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_BSP_* apply",
-    "trace_ratio": "share of calls traced (0..1) when tracing is on; a call whose traceparent is sampled is always "
-    "traced, one whose traceparent is not sampled never",
-}
+    `env`: its environment variable (True: TRITONNX_<NAME>; False: none). `flags`: its flags (none given:
+    --<name-with-dashes>). A `secret` never shows in --help. A bool with an environment variable takes a value, as
+    the variable does (--reflection 0); one without is a switch (--facade / --no-facade). A tuple of strings is a
+    repeatable flag, comma-separated in its variable.
+    """
+    metadata = {"help": help, "env": env, "flags": flags, "secret": secret}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def env_name(field_name: str) -> str:
+    """The environment variable named after a setting: TRITONNX_<NAME>."""
     return ENV_PREFIX + field_name.upper()
+
+
+def env_of(item: Field) -> str | None:
+    """The environment variable of a setting, or None."""
+    env = item.metadata["env"]
+    return env_name(item.name) if env is True else env or None
 
 
 def _boolean(value: str) -> bool:
@@ -96,26 +65,156 @@ def _boolean(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected 1/0 or true/false, got {value!r}")
 
 
-# A setting's annotation (a string under `from __future__ import annotations`) -> its parser.
-_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _boolean}
+def _names(value: str) -> tuple[str, ...]:
+    return tuple(filter(None, (name.strip() for name in value.split(","))))
+
+
+class _Repeated(argparse.Action):
+    """A repeatable flag whose values replace its default (argparse's "append" would add to it)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        current = getattr(namespace, self.dest)
+        setattr(namespace, self.dest, (values,) if current is self.default else (*current, values))
+
+
+# A setting's annotation (a string under `from __future__ import annotations`) -> the parser of its text.
+_PARSERS: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": _boolean,
+    "Path": Path,
+    _NAMES: _names,
+}
+
+
+def _help(item: Field, env: str | None, default: Any) -> str:
+    text = item.metadata["help"]
+    if text == argparse.SUPPRESS:
+        return text
+    where = f"env {env}{', comma-separated' if str(item.type) == _NAMES else ''}; " if env else ""
+    if item.metadata["secret"]:
+        return f"{text} ({where}never shown)"
+    return f"{text} ({where}default: {_shown(default)})"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    return (str(value) or "none").replace("%", "%%")  # help texts are %-formatted
+
+
+def add_flags(parser: argparse.ArgumentParser, settings: type[DataclassInstance]) -> None:
+    """One flag per field of the `settings` dataclass; its default comes from the environment when set there."""
+    for item in fields(settings):
+        kind = str(item.type)
+        env = env_of(item)
+        env_value = os.environ.get(env) if env else None
+        default = _PARSERS[kind](env_value) if env_value else _default(item)
+        options: dict[str, Any] = {"default": default, "dest": item.name, "help": _help(item, env, default)}
+        if kind == "bool" and not env:
+            options["action"] = argparse.BooleanOptionalAction
+        elif kind == _NAMES:
+            options["action"] = _Repeated
+        else:
+            options["type"] = _PARSERS[kind]
+        parser.add_argument(*(item.metadata["flags"] or ("--" + item.name.replace("_", "-"),)), **options)
+
+
+def _default(item: Field) -> Any:
+    return item.default_factory() if item.default_factory is not MISSING else item.default
+
+
+def settings_from(namespace: argparse.Namespace, settings: type[S]) -> S:
+    """The `settings` dataclass from parsed flags (other attributes of `namespace` are left out)."""
+    return settings(**{item.name: getattr(namespace, item.name) for item in fields(settings)})
+
+
+@dataclass(frozen=True)
+class FacadeSettings:
+    host: str = setting("127.0.0.1", "address to bind the gRPC and HTTP servers to")
+    port: int = setting(
+        50051, "gRPC port of inference.InferenceService, grpc.health.v1 and reflection (0: a free one, see --port-file)"
+    )
+    http_port: int = setting(3000, "HTTP port of /metrics (Prometheus) and /health (0: a free one, see --port-file)")
+    port_file: str = setting(
+        "",
+        'once both ports listen, write the ports bound to this file as JSON {"grpc": N, "http": M} (written whole: '
+        "a new file renamed into place); empty: none",
+    )
+    triton_url: str = setting(
+        "127.0.0.1:8001",
+        "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), or a name "
+        "resolving to several (a headless Service); a call whose replica went away goes once to another",
+    )
+    default_model: str = setting("resnet50", "model served when a request names none")
+    max_in_flight: int = setting(64, "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once")
+    max_message_bytes: int = setting(64 * 1024 * 1024, "largest request or response message")
+    max_image_bytes: int = setting(
+        8 * 1024 * 1024,
+        "largest image file Classify takes; a larger one gets INVALID_ARGUMENT before reaching Triton",
+    )
+    shm_slots: int = setting(
+        64,
+        "requests whose inputs can be in shared memory with Triton at once (0: none; the rest use the socket)",
+    )
+    shm_slot_bytes: int = setting(
+        1024 * 1024, "inputs up to this size go to Triton through shared memory (larger ones use the socket)"
+    )
+    retry_after_ms: int = setting(100, "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)")
+    health_interval: float = setting(2.0, "seconds between real-inference health probes")
+    health_timeout: float = setting(5.0, "seconds a health probe may take before it counts as failed")
+    model_info_ttl: float = setting(30.0, "seconds model metadata is cached before it is asked of Triton again")
+    drain_seconds: float = setting(10.0, "grace period for in-flight calls after SIGTERM")
+    auth_token: str = setting(
+        "",
+        "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); prefer the "
+        "environment variable, flags show in `ps`",
+        secret=True,
+    )
+    admin_key: str = setting(
+        "",
+        "key of Triton's restricted APIs (shared memory, repository index, model control), as given to "
+        "tritonserver's restricted-protocol option; prefer the environment variable",
+        secret=True,
+    )
+    tls_cert: str = setting("", "PEM certificate chain: serve gRPC over TLS (with --tls-key)")
+    tls_key: str = setting("", "PEM private key of --tls-cert")
+    reflection: bool = setting(True, "serve gRPC server reflection (turn off in production: 0)")
+    log_level: str = setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    cache_models: str = setting(
+        "",
+        "comma-separated models whose results the facade caches (by model, version, every input's name, datatype, "
+        "shape and bytes, and the outputs asked for); none by default",
+    )
+    cache_bytes: int = setting(
+        64 * 1024 * 1024, "most bytes of results the cache keeps; the least recently used go first"
+    )
+    otlp_endpoint: str = setting(
+        "",
+        "OpenTelemetry tracing: base URL of an OTLP/HTTP receiver (e.g. http://127.0.0.1:4318; spans go to "
+        "<url>/v1/traces, JSON-encoded) and each traced call's context goes to Triton as traceparent; empty: "
+        "tracing off. OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_BSP_* apply",
+    )
+    trace_ratio: float = setting(
+        0.1,
+        "share of calls traced (0..1) when tracing is on; a call whose traceparent is sampled is always traced, one "
+        "whose traceparent is not sampled never",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per setting; its default comes from the environment when set there."""
-    for field in fields(FacadeSettings):
-        flag = "--" + field.name.replace("_", "-")
-        env_value = os.environ.get(env_name(field.name))
-        kind = _PARSERS[str(field.type)]
-        default = kind(env_value) if env_value is not None else field.default
-        parser.add_argument(
-            flag,
-            type=kind,
-            default=default,
-            dest=field.name,
-            help=f"{_HELP[field.name]} (env {env_name(field.name)}"
-            + ("; never shown)" if field.name in SECRETS else "; default: %(default)s)"),
-        )
+    """The facade's flags."""
+    add_flags(parser, FacadeSettings)
 
 
 def from_arguments(namespace: argparse.Namespace) -> FacadeSettings:
-    return FacadeSettings(**{field.name: getattr(namespace, field.name) for field in fields(FacadeSettings)})
+    return settings_from(namespace, FacadeSettings)

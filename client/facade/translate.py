@@ -9,97 +9,41 @@ Nothing here does I/O, so every rule is unit-tested without a server.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.facade.errors import InvalidArgument
 from client.facade.wire import DecodedRequest, EncodedResponse, varint
 from client.proto import inference_pb2
 
-# KServe v2 datatype -> little-endian numpy dtype of its raw bytes.
-NUMPY_DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(code)
-    for name, code in {
-        "FP32": "<f4",
-        "FP16": "<f2",
-        "FP64": "<f8",
-        "INT8": "i1",
-        "INT16": "<i2",
-        "INT32": "<i4",
-        "INT64": "<i8",
-        "UINT8": "u1",
-        "UINT16": "<u2",
-        "UINT32": "<u4",
-        "UINT64": "<u8",
-        "BOOL": "?",
-    }.items()
-}
+# The proto's element types a caller can name (its enum's, FP32 to BOOL), all of them in RAW_DTYPES.
+_ELEMENT_TYPES = [name for name in inference_pb2.ElementType.keys() if name != "ELEMENT_TYPE_UNSPECIFIED"]
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
 MAX_DIM = 2**31 - 1
 # ModelInferRequest.raw_input_contents: field 7, length-delimited.
 _RAW_INPUT_TAG = bytes([7 << 3 | 2])
 
 
-class TritonRequest(Protocol):
-    """What the gateway sends: a ModelInferRequest header and each input's bytes, in one or more pieces."""
-
-    header: service_pb2.ModelInferRequest  # raw_input_contents left empty
-
-    @property
-    def sizes(self) -> list[int]:
-        """Bytes of each input, in the order of header.inputs."""
-
-    def pieces(self, index: int) -> Sequence[memoryview]:
-        """The bytes of input `index`, in order."""
-
-    def serialize(self) -> bytes:
-        """The whole request as ModelInferRequest bytes."""
-
-
-def serialize_request(request: TritonRequest) -> bytes:
-    """The header, then each input's pieces as raw_input_contents, in one join.
-
-    Going through protobuf would copy each payload twice more.
-    """
-    parts = [request.header.SerializeToString()]
-    for index, size in enumerate(request.sizes):
-        parts += (_RAW_INPUT_TAG, varint(size), *request.pieces(index))
-    return b"".join(parts)
-
-
 @dataclass
 class InferCall:
     """Triton's ModelInferRequest for one call: a header and the raw input payloads.
 
-    The payloads are views of the caller's request bytes.
+    The payloads are views of the caller's request bytes. `serialize` writes them after the
+    header in one join: going through protobuf would copy each of them twice more.
     """
 
     header: service_pb2.ModelInferRequest  # raw_input_contents left empty
     payloads: list[memoryview]  # one per input, in the order of header.inputs
 
-    @property
-    def sizes(self) -> list[int]:
-        return [len(payload) for payload in self.payloads]
-
-    def pieces(self, index: int) -> Sequence[memoryview]:
-        return (self.payloads[index],)
-
     def serialize(self) -> bytes:
-        return serialize_request(self)
-
-    @property
-    def rows(self) -> int:
-        """The batch size of a batched model's request (its first input's first dim)."""
-        return self.header.inputs[0].shape[0]
-
-    @property
-    def timeout_us(self) -> int:
-        """Triton's timeout of the request in microseconds; 0: none."""
-        return self.header.parameters["timeout"].int64_param if "timeout" in self.header.parameters else 0
+        parts = [self.header.SerializeToString()]
+        for payload in self.payloads:
+            parts += (_RAW_INPUT_TAG, varint(len(payload)), payload)
+        return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -120,8 +64,6 @@ class ModelInfo:
     outputs: tuple[TensorInfo, ...]
     max_batch_size: int
     versions: tuple[str, ...] = ()  # the versions Triton serves, from its metadata
-    dynamic_batching: bool = False  # Triton batches separate requests of it
-    instances: int = 1  # its instances (Triton's instance_group counts)
 
     @classmethod
     def from_triton(
@@ -129,7 +71,7 @@ class ModelInfo:
     ) -> ModelInfo:
         optional = {t.name for t in config.config.input if t.optional}
 
-        def tensors(items) -> tuple[TensorInfo, ...]:
+        def tensors(items: Iterable[service_pb2.ModelMetadataResponse.TensorMetadata]) -> tuple[TensorInfo, ...]:
             return tuple(
                 TensorInfo(t.name, t.datatype, tuple(int(d) for d in t.shape), t.name in optional) for t in items
             )
@@ -141,8 +83,6 @@ class ModelInfo:
             tensors(metadata.outputs),
             config.config.max_batch_size,
             tuple(metadata.versions),
-            config.config.HasField("dynamic_batching"),
-            sum(group.count or 1 for group in config.config.instance_group) or 1,
         )
 
     def describe_inputs(self) -> str:
@@ -163,7 +103,7 @@ def _datatype_of(dtype: int, name: str) -> str:
         return inference_pb2.ElementType.Name(dtype)
     except ValueError:
         raise InvalidArgument(
-            f"input '{name}' has dtype {dtype}, which is not an ElementType: use one of {', '.join(NUMPY_DTYPES)}"
+            f"input '{name}' has dtype {dtype}, which is not an ElementType: use one of {', '.join(_ELEMENT_TYPES)}"
         ) from None
 
 
@@ -205,7 +145,7 @@ def _tensor_problem(
     if datatype != spec.datatype:
         return f"input '{name}' is {datatype} but the model wants {spec.datatype}; {{expects}}"
     elements = math.prod(shape)
-    itemsize = NUMPY_DTYPES[datatype].itemsize
+    itemsize = RAW_DTYPES[datatype].itemsize
     if nbytes != elements * itemsize:
         return f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}" + (
             "" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)"
@@ -217,8 +157,10 @@ def _input_tensor(name: str, datatype: str, shape: Sequence[int]) -> service_pb2
     return service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype=datatype, shape=list(shape))
 
 
-def _bytes_view(buffer) -> memoryview:
-    return memoryview(buffer).cast("B")
+def _bytes_view(buffer: bytes | np.ndarray | None) -> memoryview:
+    if buffer is None:
+        return memoryview(b"")
+    return (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")
 
 
 def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int | None) -> InferCall:
@@ -319,7 +261,7 @@ def to_predict_response(
     if first_name not in by_name:  # computed by a version with other outputs than the metadata held (a swap)
         first_name = response.outputs[0].name
     first, first_raw = by_name[first_name]
-    predictions = np.frombuffer(first_raw, dtype=NUMPY_DTYPES[first.datatype]).astype(np.float32, copy=False)
+    predictions = np.frombuffer(first_raw, dtype=RAW_DTYPES[first.datatype]).astype(np.float32, copy=False)
     reply = inference_pb2.PredictResponse(
         shape=list(first.shape),
         request_id=message.request_id,

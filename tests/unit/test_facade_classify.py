@@ -1,7 +1,6 @@
 """The Classify translation and checks (client/facade/classify.py), and its servicer against a stand-in gateway."""
 
 import asyncio
-import struct
 
 import grpc
 import pytest
@@ -24,19 +23,9 @@ from client.facade.service import InferenceServicer
 from client.facade.translate import ModelInfo, TensorInfo
 from client.proto import inference_pb2
 from tests.images import image_file
+from tests.unit.fakes import PIPELINE, StandInGateway, strings_tensor
 
-PIPELINE = ModelInfo(
-    "resnet50_image",
-    "",
-    (TensorInfo("image", "UINT8", (-1, -1)),),
-    (TensorInfo("scores", "FP32", (-1, 1000)),),
-    16,
-)
 JPEG = image_file(40, 30)
-
-
-def strings_tensor(*items: bytes) -> bytes:
-    return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
 def test_a_classifier_is_served_by_its_ensemble():
@@ -108,31 +97,6 @@ def test_the_classification_strings_become_classes_best_first():
     response.outputs[0].datatype = "FP32"
     with pytest.raises(errors.Internal):
         to_classify_response(inference_pb2.ClassifyRequest(), response)
-
-
-class StandInGateway:
-    """The gateway's interface: one served pipeline; records the calls that reach 'Triton'."""
-
-    def __init__(self) -> None:
-        self.calls: list = []
-
-    async def model_info(self, name: str, version: str, timeout=None) -> ModelInfo:
-        if name != PIPELINE.name:
-            raise errors.NotFound(f"model '{name}' is not served")
-        return PIPELINE
-
-    async def repository_index(self, ready_only: bool, timeout=None):
-        return [service_pb2.RepositoryIndexResponse.ModelIndex(name=n) for n in ("resnet50", "resnet50_image")]
-
-    def knows(self, name: str, version: str) -> bool:
-        return name == PIPELINE.name
-
-    async def infer(self, call, timeout, metadata=()):
-        self.calls.append((call, timeout))
-        response = service_pb2.ModelInferResponse(model_name=PIPELINE.name, model_version="1")
-        response.outputs.add(name="scores", datatype="BYTES", shape=[1, 1])
-        response.raw_output_contents.append(strings_tensor(b"1.000000:3:class_003"))
-        return response
 
 
 class Aborted(Exception):

@@ -6,8 +6,8 @@ import pytest
 
 from client.facade import replicas as replicas_module
 from client.facade.errors import Unavailable
+from client.facade.gateway import TritonGateway
 from client.facade.replicas import Replicas, channel_options
-from client.facade.triton import TritonGateway
 
 
 def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:

@@ -4,86 +4,25 @@ client, and a stand-in for Triton's gateway, so no tritonserver or subprocess is
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 
 import aiohttp
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tritonclient.grpc import service_pb2
 
-from client.facade.errors import NotFound, Unavailable
+from client.facade.gateway import Gateway
 from client.facade.server import Facade, StartupError
 from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
 from client.facade.settings import FacadeSettings
-from client.facade.translate import InferCall, ModelInfo, TensorInfo
 from client.proto import inference_pb2, inference_pb2_grpc
+from tests.unit.fakes import FakeGateway
 
-DOUBLE = ModelInfo("double", "", (TensorInfo("x", "FP32", (-1, 4)),), (TensorInfo("y", "FP32", (-1, 4)),), 8)
-HEALTH_PROBE_ID = "tritonnx-health"
 # Well below the suite's per-test timeout: a test that hangs fails here, with its stack.
 TEST_SECONDS = 10.0
-
-
-class FakeGateway:
-    """TritonGateway's interface over one model, `double` (y = 2 * x). A request whose id starts
-    with "boom" makes it raise what no one maps: a bug's exception."""
-
-    def __init__(self) -> None:
-        self.last_failure: tuple[float, str] | None = None
-        self.down = False  # every call fails as when Triton is unreachable
-        self.hold: asyncio.Event | None = None  # when set, inferences (not health probes) wait for it
-        self.closed = False
-        # Requests that reached "Triton", health probes left out: they come every 50 ms, and a
-        # test counting calls across a cache hit would fail when one lands in between.
-        self.inferences = 0
-        self.metadata: list[tuple[tuple[str, str], ...]] = []  # each inference's gRPC metadata (a traceparent)
-
-    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
-        if name != DOUBLE.name:
-            raise NotFound(f"model '{name}' is not served; ready models: double")
-        return DOUBLE
-
-    def knows(self, name: str, version: str) -> bool:
-        return name == DOUBLE.name
-
-    def forget(self, name: str, older_than: float = 0.0) -> bool:
-        return False  # one model, whose metadata never changes
-
-    async def infer(
-        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
-    ) -> service_pb2.ModelInferResponse:
-        if self.down:
-            raise Unavailable("model 'double' cannot take the request now: retry later")
-        if self.hold is not None and call.header.id != HEALTH_PROBE_ID:
-            await self.hold.wait()
-        if call.header.id != HEALTH_PROBE_ID:
-            self.inferences += 1
-            self.metadata.append(metadata)
-        if call.header.id.startswith("boom"):
-            raise RuntimeError("lost the slot table in /opt/tritonnx/client/facade/secret.py")
-        doubled = 2 * np.frombuffer(call.payloads[0], "<f4")
-        output = service_pb2.ModelInferResponse.InferOutputTensor(
-            name="y", datatype="FP32", shape=call.header.inputs[0].shape
-        )
-        return service_pb2.ModelInferResponse(
-            model_name=DOUBLE.name, outputs=[output], raw_output_contents=[doubled.tobytes()]
-        )
-
-    async def repository_index(self, ready_only: bool, timeout: float | None = None) -> list:
-        entries = [
-            service_pb2.RepositoryIndexResponse.ModelIndex(name="double", version="1", state="READY"),
-            service_pb2.RepositoryIndexResponse.ModelIndex(
-                name="broken", version="1", state="UNAVAILABLE", reason="load failed: no model.onnx"
-            ),
-        ]
-        return [e for e in entries if e.state == "READY" or not ready_only]
-
-    async def close(self) -> None:
-        self.closed = True
 
 
 def run(test: Callable[[], Coroutine[None, None, None]]) -> None:
@@ -98,7 +37,7 @@ def settings(**overrides) -> FacadeSettings:
 
 
 @asynccontextmanager
-async def serving(gateway: FakeGateway, **overrides) -> AsyncIterator[tuple[Facade, grpc.aio.Channel]]:
+async def serving(gateway: Gateway, **overrides) -> AsyncIterator[tuple[Facade, grpc.aio.Channel]]:
     facade = Facade(settings(**overrides), gateway)
     await facade.start()
     try:
@@ -267,6 +206,30 @@ def test_a_taken_port_is_a_startup_error_that_closes_the_gateway():
                 with pytest.raises(StartupError, match=f"cannot listen on 127.0.0.1:{taken} for {protocol}"):
                     await Facade(settings(**ports), gateway).start()
                 assert gateway.closed
+
+    run(test)
+
+
+def test_the_ports_bound_are_reported_in_the_port_file_once_both_listen(tmp_path):
+    port_file = tmp_path / "ports.json"
+
+    async def test() -> None:
+        async with serving(FakeGateway(), port_file=str(port_file)) as (facade, _):
+            assert json.loads(port_file.read_text()) == {"grpc": facade.grpc_port, "http": facade.http_port}
+            assert [p.name for p in tmp_path.iterdir()] == ["ports.json"]  # no partial file left beside it
+            async with aiohttp.ClientSession() as session:
+                async with session.get(f"http://127.0.0.1:{facade.http_port}/metrics") as answer:
+                    assert answer.status == 200
+
+    run(test)
+
+
+def test_a_port_file_that_cannot_be_written_is_a_startup_error(tmp_path):
+    async def test() -> None:
+        gateway = FakeGateway()
+        with pytest.raises(StartupError, match="cannot write the port file"):
+            await Facade(settings(port_file=str(tmp_path / "missing" / "ports.json")), gateway).start()
+        assert gateway.closed
 
     run(test)
 

@@ -7,42 +7,6 @@ import pytest
 from client.facade import errors
 from client.facade.admission import Admission
 from client.facade.metrics import FacadeMetrics
-from client.facade.settings import FacadeSettings, add_arguments, from_arguments
-
-
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
-
-
-@pytest.mark.parametrize(
-    ("code", "kind"),
-    [
-        (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
-        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
-        (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded),
-        (grpc.StatusCode.CANCELLED, errors.Cancelled),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.TooLarge),
-        (grpc.StatusCode.INTERNAL, errors.Internal),
-        (grpc.StatusCode.UNKNOWN, errors.Internal),
-    ],
-)
-def test_triton_errors_map_by_status_code(code, kind):
-    mapped = errors.from_triton(rpc_error(code, "Exceeds maximum queue size"), "resnet50", "")
-    assert type(mapped) is kind and mapped.code == kind.code
-    # The same code with another message maps the same way: the text never decides.
-    assert type(errors.from_triton(rpc_error(code, "something else"), "resnet50", "")) is kind
-
-
-def test_only_caller_facing_messages_pass_through():
-    invalid = errors.from_triton(
-        rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "[request id: 7] input 'x' is wrong"), "m", "2"
-    )
-    assert invalid.message == "model 'm' version 2 rejected the request: input 'x' is wrong"
-    internal = errors.from_triton(
-        rpc_error(grpc.StatusCode.INTERNAL, "Failed to open /dev/shm/triton_python_backend_shm_region_1"), "m", ""
-    )
-    assert "/dev/shm" not in internal.message and "server log" in internal.message
 
 
 def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
@@ -57,18 +21,6 @@ def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
     assert admission.in_flight == 0
     with admission.slot():  # freed slots are usable again
         assert admission.in_flight == 1
-
-
-def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch):
-    import argparse
-
-    monkeypatch.setenv("TRITONNX_MAX_IN_FLIGHT", "7")
-    monkeypatch.setenv("TRITONNX_DEFAULT_MODEL", "mobilenet_v3_small")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    settings = from_arguments(parser.parse_args(["--default-model", "text_classifier", "--health-interval", "0.5"]))
-    assert settings.max_in_flight == 7 and settings.default_model == "text_classifier"
-    assert settings.health_interval == 0.5 and settings.port == FacadeSettings.port
 
 
 def test_generated_protobuf_code_is_current(tmp_path):
@@ -95,18 +47,3 @@ def test_generated_protobuf_code_is_current(tmp_path):
             field.ClearField("json_name")
     current = descriptor_pb2.FileDescriptorProto.FromString(inference_pb2.DESCRIPTOR.serialized_pb)
     assert current == fresh, "client/proto/inference_pb2.py is stale: run `make proto`"
-
-
-def test_boolean_settings_and_a_token_that_help_never_prints(monkeypatch):
-    import argparse
-
-    monkeypatch.setenv("TRITONNX_AUTH_TOKEN", "hunter2")
-    monkeypatch.setenv("TRITONNX_REFLECTION", "off")
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    settings = from_arguments(parser.parse_args([]))
-    assert settings.auth_token == "hunter2" and settings.reflection is False
-    assert from_arguments(parser.parse_args(["--reflection", "1"])).reflection is True
-    assert "hunter2" not in parser.format_help()
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--reflection", "maybe"])

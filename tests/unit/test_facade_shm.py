@@ -61,7 +61,7 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
     import errno
     import os
 
-    from client.facade import shm, triton
+    from client.facade import gateway, shm
 
     def full(descriptor, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -72,5 +72,5 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
         shm.SharedInputPool(4, 1 << 20)
     assert set(os.listdir("/dev/shm")) == before  # nothing left behind
     with caplog.at_level("WARNING", logger="tritonnx.facade"):
-        assert triton._shared_pool(4, 1 << 20) is None
+        assert gateway._shared_pool(4, 1 << 20) is None
     assert "inputs go over the socket: no 4 MiB shared-memory region" in caplog.text

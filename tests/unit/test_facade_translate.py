@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
+from backend.tensors import RAW_DTYPES
 from client.facade.errors import InvalidArgument
 from client.facade.translate import MAX_DIM, ModelInfo, TensorInfo, to_infer_request, to_predict_response
 from client.facade.wire import DecodedRequest, decode_predict_request
@@ -201,3 +202,10 @@ def test_an_optional_input_may_be_left_out_and_a_required_one_not():
     with pytest.raises(InvalidArgument, match=r"missing: \['x'\]") as caught:
         to_infer_request(decoded(inputs=[tensor("bias", x, inference_pb2.FP32)]), with_default, None)
     assert "bias (FP32 [2], optional)" in caught.value.message
+
+
+def test_every_element_type_of_the_proto_has_its_raw_bytes_in_the_one_dtype_table():
+    names = [name for name in inference_pb2.ElementType.keys() if name != "ELEMENT_TYPE_UNSPECIFIED"]
+    assert set(names) <= set(RAW_DTYPES)  # backend/tensors.py: the one KServe <-> numpy table
+    assert all(RAW_DTYPES[name].byteorder in "<|" for name in names)  # KServe's raw tensors are little-endian
+    assert (RAW_DTYPES["FP16"], RAW_DTYPES["BOOL"]) == (np.dtype("<f2"), np.dtype("?"))

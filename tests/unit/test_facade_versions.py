@@ -10,62 +10,15 @@ import asyncio
 
 import numpy as np
 import pytest
-from tritonclient.grpc import service_pb2
 
 from client.facade.cache import ResultCache
 from client.facade.errors import InvalidArgument
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
-from client.facade.translate import InferCall, ModelInfo, TensorInfo
+from client.facade.translate import ModelInfo
 from client.facade.wire import decode_predict_request
 from client.proto import inference_pb2
-
-# Version 1 doubles `x` into `y`; version 2 takes `pixels` and gives `scores`, three times its input.
-V1 = ModelInfo("m", "", (TensorInfo("x", "FP32", (-1, 4)),), (TensorInfo("y", "FP32", (-1, 4)),), 8, ("1",))
-V2 = ModelInfo("m", "", (TensorInfo("pixels", "FP32", (-1, 4)),), (TensorInfo("scores", "FP32", (-1, 4)),), 8, ("2",))
-FACTOR = {"1": 2.0, "2": 3.0}
-
-
-class SwappingGateway:
-    """Metadata held until forgotten (as TritonGateway holds it for its TTL); Triton serves `serving`."""
-
-    def __init__(self) -> None:
-        self.serving = V1
-        self.held: ModelInfo | None = None
-        self.fetched_long_ago = True  # whether `forget(older_than=1 s)` finds the held metadata stale
-        self.metadata_calls = 0
-
-    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
-        if self.held is None:
-            self.metadata_calls += 1
-            self.held = self.serving
-        return self.held
-
-    def forget(self, name: str, older_than: float = 0.0) -> bool:
-        if self.held is None or (older_than and not self.fetched_long_ago):
-            return False
-        self.held = None
-        return True
-
-    def knows(self, name: str, version: str) -> bool:
-        return self.held is not None
-
-    async def infer(
-        self, call: InferCall, timeout: float | None, metadata: tuple = ()
-    ) -> service_pb2.ModelInferResponse:
-        version = self.serving.versions[0]
-        if [t.name for t in call.header.inputs] != [self.serving.inputs[0].name]:
-            self.forget("m", older_than=1.0)  # as TritonGateway does on Triton's refusal
-            raise InvalidArgument(
-                f"model 'm' rejected the request: unexpected inference input '{call.header.inputs[0].name}'"
-            )
-        result = FACTOR[version] * np.frombuffer(call.payloads[0], "<f4")
-        output = service_pb2.ModelInferResponse.InferOutputTensor(
-            name=self.serving.outputs[0].name, datatype="FP32", shape=call.header.inputs[0].shape
-        )
-        return service_pb2.ModelInferResponse(
-            model_name="m", model_version=version, outputs=[output], raw_output_contents=[result.tobytes()]
-        )
+from tests.unit.fakes import V1, V2, SwappingGateway
 
 
 def request(**fields) -> bytes:

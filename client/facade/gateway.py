@@ -1,8 +1,8 @@
-"""The facade's calls to Triton.
+"""The facade's calls to Triton: `Gateway`, what the servicer asks of Triton, and `TritonGateway`, its one real form.
 
-To one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
-inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a
-call whose replica went away.
+TritonGateway calls one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
+inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a call whose replica
+went away. The unit tests' stand-ins (tests/unit/fakes.py) satisfy `Gateway` too, checked by mypy.
 """
 
 from __future__ import annotations
@@ -11,26 +11,78 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from backend.server.admin import GRPC_ADMIN_HEADER
-from client.facade.errors import FacadeError, Internal, InvalidArgument, NotFound, Unavailable, from_triton
+from client.facade.errors import (
+    FacadeError,
+    InvalidArgument,
+    NotFound,
+    from_triton,
+    may_be_unloaded_version,
+    may_follow_a_restart,
+    means_reloading,
+    model_not_served,
+    not_served,
+    on_tritons_side,
+    reloading,
+    replica_may_be_gone,
+    restarted,
+)
 from client.facade.replicas import Replicas, channel_options
 from client.facade.shm import SharedInputPool
-from client.facade.translate import ModelInfo, TritonRequest
+from client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
 # After a failed registration (Triton down, or on another machine), wait before asking again;
 # inputs use the socket meanwhile.
 _REGISTRATION_RETRY_SECONDS = 1.0
-# What a replica that went away answers (its connection, or it is stopping and unloading): worth
-# one more try elsewhere, once the replica confirms it is not ready.
-_GONE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 # A request refused against model metadata older than this makes the metadata be asked of Triton again
 # (a version with another signature may have gone live): at most once a second per model.
 METADATA_RECHECK_S = 1.0
+
+
+class Gateway(Protocol):
+    """What the servicer, the predictor, the classifier and the health monitor ask of Triton.
+
+    Every failure comes out as a `FacadeError`.
+    """
+
+    @property
+    def last_failure(self) -> tuple[float, str] | None:
+        """When and how Triton last failed a request on its side (a dead stub, a restart): a health signal."""
+        ...
+
+    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+        """Inputs, outputs and max_batch_size of a model version ("": the latest), held for a while."""
+        ...
+
+    def knows(self, name: str, version: str) -> bool:
+        """Whether Triton confirmed lately that it serves the model version (its metadata is held)."""
+        ...
+
+    def forget(self, name: str, older_than: float = 0.0) -> bool:
+        """Drop the held metadata of `name` older than `older_than` seconds; whether any was dropped."""
+        ...
+
+    async def repository_index(
+        self, ready_only: bool, timeout: float | None = None
+    ) -> list[service_pb2.RepositoryIndexResponse.ModelIndex]:
+        """Every model version of Triton's repository."""
+        ...
+
+    async def infer(
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
+        """ModelInfer; `metadata` goes along (a trace's traceparent)."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the gateway holds (channels, the shared-memory region)."""
+        ...
 
 
 def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
@@ -50,7 +102,7 @@ def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
 
 
 class TritonGateway:
-    """Calls Triton's KServe v2 gRPC API; every failure comes out as a `FacadeError`."""
+    """The `Gateway` over Triton's KServe v2 gRPC API."""
 
     def __init__(
         self,
@@ -93,9 +145,8 @@ class TritonGateway:
                 ),
             )
         except grpc.aio.AioRpcError as error:
-            gone = error.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
-            if gone or await self._version_not_served(error, name, version):
-                raise NotFound(await self._not_found_message(name, version)) from None
+            if model_not_served(error.code()) or await self._version_not_served(error, name, version):
+                raise await self._not_found(name, version) from None
             raise from_triton(error, name, version) from None
         info = ModelInfo.from_triton(metadata, config, version)
         self._models[key] = (time.monotonic(), info)
@@ -125,37 +176,24 @@ class TritonGateway:
             raise from_triton(error, "", "") from None
         return list(index.models)
 
-    @property
-    def replicas(self) -> int:
-        """The Triton servers calls are spread over."""
-        return len(self._replicas)
-
     def knows(self, name: str, version: str) -> bool:
         """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
         cached = self._models.get((name, version))
         return cached is not None and cached[0] + self._ttl > time.monotonic()
 
-    async def _not_found_message(self, name: str, version: str) -> str:
-        target = f"model '{name}'" + (f" version '{version}'" if version else "")
+    async def _not_found(self, name: str, version: str) -> NotFound:
+        """NotFound, with the models (and versions) Triton serves when it says."""
         try:
             index = await self._replicas.pick().stub.RepositoryIndex(
                 service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
             )
-            served = sorted({m.name for m in index.models})
-            versions = sorted((m.version for m in index.models if m.name == name), key=lambda v: v.zfill(20))
-            ready_versions = f"; ready versions of '{name}': {', '.join(versions)}" if version and versions else ""
-            return f"{target} is not served; ready models: {', '.join(served) or 'none'}{ready_versions}"
         except grpc.aio.AioRpcError:
-            return f"{target} is not served"
+            return not_served(name, version)
+        return not_served(name, version, [(m.name, m.version) for m in index.models])
 
     async def _version_not_served(self, error: grpc.aio.AioRpcError, name: str, version: str) -> bool:
-        """Whether Triton's UNAVAILABLE for a request naming a version means the version is not loaded.
-
-        Triton 2.51 answers NOT_FOUND for a version it never had, but UNAVAILABLE ("not at ready state") for one it
-        unloaded (retired, rolled back) or that failed to load, as it does for a full queue: the server's and the
-        version's readiness tell them apart.
-        """
-        if error.code() != grpc.StatusCode.UNAVAILABLE or not version:
+        """Whether Triton's answer means the version asked for is not loaded (see `may_be_unloaded_version`)."""
+        if not may_be_unloaded_version(error.code(), version):
             return False
         stub = self._replicas.pick().stub
         try:
@@ -204,11 +242,11 @@ class TritonGateway:
             return True
 
     async def infer(
-        self, call: TritonRequest, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+        self, call: InferCall, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
     ) -> service_pb2.ModelInferResponse:
         """ModelInfer; `metadata` goes along (a trace's traceparent)."""
         slot = None
-        sizes = call.sizes
+        sizes = [len(payload) for payload in call.payloads]
         # An empty tensor goes in the message: Triton takes no zero-byte shared-memory input.
         pool = await self._shared_pool() if all(sizes) else None
         if pool is not None:
@@ -217,42 +255,32 @@ class TritonGateway:
             body = call.serialize()
         else:
             offset = 0
-            for index, (tensor, size) in enumerate(zip(call.header.inputs, sizes, strict=True)):
+            for tensor, payload in zip(call.header.inputs, call.payloads, strict=True):
+                pool.write(slot, offset, payload)
                 tensor.parameters["shared_memory_region"].string_param = pool.region
-                tensor.parameters["shared_memory_byte_size"].int64_param = size
+                tensor.parameters["shared_memory_byte_size"].int64_param = len(payload)
                 tensor.parameters["shared_memory_offset"].int64_param = slot.offset + offset
-                for piece in call.pieces(index):
-                    pool.write(slot, offset, piece)
-                    offset += len(piece)
+                offset += len(payload)
             body = call.header.SerializeToString()
         model, version = call.header.model_name, call.header.model_version
         try:
             return await self._infer_on_replicas(body, timeout, metadata)
         except grpc.aio.AioRpcError as error:
-            gone = error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-            restarted = pool is not None and slot is not None and gone and await self._region_lost(pool)
-            # Triton served the model moments ago: it is being reloaded, or the server is shutting
-            # down for a restart. Once the cached metadata expires, NOT_FOUND is the answer.
-            reloading = error.code() == grpc.StatusCode.NOT_FOUND and self.knows(model, version)
             failure: FacadeError
-            if restarted:  # never Triton's message about the region: it names it
-                failure = Unavailable(
-                    f"model '{model}' cannot take the request now: the inference server restarted; retry"
-                )
-            elif reloading:
-                failure = Unavailable(
-                    f"model '{model}' is not available right now (the inference server is restarting or "
-                    "reloading it); retry"
-                )
+            code = error.code()
+            if pool is not None and slot is not None and may_follow_a_restart(code) and await self._region_lost(pool):
+                failure = restarted(model)
+            elif means_reloading(code, served_moments_ago=self.knows(model, version)):
+                failure = reloading(model)
             elif await self._version_not_served(error, model, version):
-                failure = NotFound(await self._not_found_message(model, version))
+                failure = await self._not_found(model, version)
             else:
                 failure = from_triton(error, model, version)
             if isinstance(failure, InvalidArgument):
                 # Refused against metadata held for a while: a version with another signature may have gone
                 # live (the health probe's request is built from it too). The next call asks Triton again.
                 self.forget(model, older_than=METADATA_RECHECK_S)
-            if restarted or reloading or isinstance(failure, Internal):
+            if on_tritons_side(failure):
                 self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
             raise failure from None
         finally:
@@ -271,7 +299,7 @@ class TritonGateway:
         try:
             return await replica.model_infer(body, timeout=timeout, metadata=metadata or None)
         except grpc.aio.AioRpcError as error:
-            if len(self._replicas) < 2 or error.code() not in _GONE_CODES or await replica.ready():
+            if len(self._replicas) < 2 or not replica_may_be_gone(error.code()) or await replica.ready():
                 raise  # one server, or a replica that answered (a full queue): its answer stands
             left = None if timeout is None else timeout - (time.monotonic() - started)
             if left is not None and left <= 0:
