@@ -1,13 +1,15 @@
 """The documentation points at what exists: links, anchors, repository paths, modules and make targets.
 
-README.md, docs/*.md and deploy/**/README.md are read as GitHub renders them. A relative link must
-name a file of the checkout, and an anchor a heading of the page it names (GitHub's slugs). A path of
-the checkout written in backticks (`backend/runner.py`, `bench/reports/...`, `tests/unit/test_deploy_*.py`)
-must exist, as must a file a table row names alone under a folder of its first cell (`backend/`:
-`runner.py`), a module run with `python -m` or written as `client.serve`, a `make` target, and an
-environment variable (`TRITONNX_*`) in the code, so a page cannot point at a moved module or a renamed
-setting. Build outputs (`build/`, `bench/results/`, generated models and protobuf
-code) and placeholders (`<model>`, `...`) are not checked.
+README.md, docs/*.md, bench/studies/README.md and deploy/**/README.md are read as GitHub renders them.
+A relative link must name a file of the checkout, and an anchor a heading of the page it names (GitHub's
+slugs). A path of the checkout written in backticks (`backend/runner.py`, `bench/reports/...`,
+`tests/unit/test_deploy_*.py`) must exist, as must a file a table row names alone under a folder of its
+first cell (`backend/`: `runner.py`), a module run with `python -m` or written as `client.serve`, a `make`
+target, and an environment variable (`TRITONNX_*`) in the code, so a page cannot point at a moved module
+or a renamed setting. Build outputs (`build/`, `bench/results/`, generated models and protobuf code) and
+placeholders (`<model>`, `...`) are not checked. docs/configuration.md lists every environment variable of
+the serve and facade settings with its flag. A page that links a report states its conclusion: a figure
+of the report (a range or a decimal with its unit) copied onto the page fails, so each lives in one place.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from client.facade.settings import FacadeSettings, env_name
+from client.facade.settings import FacadeSettings, env_name, env_of
+from client.serve import ServeSettings
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 README = CHECKOUT / "README.md"
 README_MAX_LINES = 250
-PAGES = sorted([README, *CHECKOUT.glob("docs/*.md"), *CHECKOUT.glob("deploy/**/README.md")])
+CONFIGURATION = CHECKOUT / "docs" / "configuration.md"
+REPORTS = CHECKOUT / "bench" / "reports"
+PAGES = sorted(
+    [README, *CHECKOUT.glob("docs/*.md"), CHECKOUT / "bench/studies/README.md", *CHECKOUT.glob("deploy/**/README.md")]
+)
 
 # Folders and files of the checkout that a path in the docs starts with.
 SOURCE_FOLDERS = ("backend", "client", "bench", "tests", "deploy", "docs")
@@ -43,6 +50,12 @@ MODULE = re.compile(rf"(?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+")
 RUN_MODULE = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)")
 MAKE_TARGET = re.compile(r"\bmake\s+([a-z][\w-]*)")
 ENV_VARIABLE = re.compile(r"\bTRITON(?:NX)?_[A-Z0-9_]*[A-Z0-9]\b")
+# A measured figure as reports write them: a range or a decimal, with its unit ("2.9-3.3 s", "0.82x", "1.7%").
+FIGURE = re.compile(
+    r"(?<![\w.,-])(?:\d[\d,]*(?:\.\d+)?-\d[\d,]*(?:\.\d+)?|\d[\d,]*\.\d+) ?(?:req/s|img/s|ms|s|MiB|MB|GiB|KB|%|x)(?![\w/])"
+)
+# The project's goals, which the reports restate beside what they measured: not figures of theirs.
+GOALS = {"0.75x", "0.95x"}
 
 FENCE = re.compile(r"^ *(```|~~~).*?^ *\1 *$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
@@ -150,7 +163,27 @@ def variables_the_code_reads() -> set[str]:
     """The TRITONNX_* (and TRITON_*) names in the sources, those built with env_name, and the facade's settings'."""
     text = "\n".join(path.read_text() for package in PACKAGES[:3] for path in (CHECKOUT / package).rglob("*.py"))
     built = {env_name(name) for name in re.findall(r"env_name\(\"(\w+)\"\)", text)}  # env_name("triton_http_url")
-    return set(ENV_VARIABLE.findall(text)) | built | {env_name(field.name) for field in fields(FacadeSettings)}
+    declared = {
+        env for settings in (FacadeSettings, ServeSettings) for item in fields(settings) if (env := env_of(item))
+    }
+    return set(ENV_VARIABLE.findall(text)) | built | declared
+
+
+def linked_reports(page: Path) -> list[Path]:
+    """The folders under bench/reports/ that the page links into."""
+    folders = {(page.parent / target.partition("#")[0]).resolve().parent for target in relative_links(page)}
+    return sorted(folder for folder in folders if folder.parent == REPORTS)
+
+
+def setting_rows() -> dict[str, str]:
+    """Each environment variable named in the first cell of a table row of docs/configuration.md: that row."""
+    rows: dict[str, str] = {}
+    for line in prose(CONFIGURATION.read_text()).splitlines():
+        if not line.startswith("|"):
+            continue
+        first = line.strip("| ").partition("|")[0]
+        rows |= dict.fromkeys(ENV_VARIABLE.findall(first), line)
+    return rows
 
 
 def page_id(page: Path) -> str:
@@ -217,6 +250,25 @@ def test_every_environment_variable_it_names_is_read_by_the_code(page: Path):
     assert not unknown, f"{page_id(page)} names environment variables no process reads: {unknown}"
 
 
+@pytest.mark.parametrize("settings", [ServeSettings, FacadeSettings], ids=lambda s: s.__name__)
+def test_the_configuration_page_lists_every_settings_variable_with_its_flag(settings: type):
+    rows = setting_rows()
+    missing = []
+    for item in fields(settings):
+        env = env_of(item)
+        flag = (item.metadata["flags"] or ("--" + item.name.replace("_", "-"),))[0]
+        if env and (env not in rows or f"`{flag}`" not in rows[env]):
+            missing.append(f"{env} ({flag})")
+    assert not missing, f"docs/configuration.md has no row with these variables and their flags: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_it_states_a_linked_reports_conclusion_without_copying_its_figures(page: Path):
+    reports = "\n".join(path.read_text() for folder in linked_reports(page) for path in folder.glob("*.md"))
+    copied = sorted({f for f in FIGURE.findall(prose(page.read_text())) if f in reports} - GOALS)
+    assert not copied, f"{page_id(page)} repeats figures of the reports it links (state the conclusion): {copied}"
+
+
 def test_the_checks_see_what_they_should():
     """The extraction itself: a slug, a path in a span, a source path in a block, a placeholder left alone."""
     assert slug("Tracing (OpenTelemetry)") == "tracing-opentelemetry"
@@ -231,3 +283,7 @@ def test_the_checks_see_what_they_should():
     assert not is_module("client.no_such_module") and is_module("client.serve")
     assert {"TRITONNX_MAX_IN_FLIGHT", "TRITONNX_MODEL_REPOSITORY"} <= variables_the_code_reads()
     assert ENV_VARIABLE.findall("`TRITONNX_<SETTING>`, `TRITONNX_*`, `TRITONNX_TRITON_URL`") == ["TRITONNX_TRITON_URL"]
+    assert "TRITONNX_SUPERVISOR_METRICS_PORT" in variables_the_code_reads()  # a ServeSettings field's
+    figures = "p99 2.9-3.3 s, 0.82x of it, +1.7%, 77-80% refused; 64 MiB, 3x overload, 640 x 480, v1.2 s"
+    assert FIGURE.findall(figures) == ["2.9-3.3 s", "0.82x", "1.7%", "77-80%"]
+    assert REPORTS / "2026-11-24-cache" in linked_reports(CHECKOUT / "docs" / "facade.md")
