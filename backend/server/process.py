@@ -6,19 +6,18 @@ the peers); stopping the group stops everything the server started, and returns 
 gone. Tests and benchmarks put them on free loopback ports, so they run next to `make serve`.
 
 A child started from the main thread gets SIGTERM when this process dies, however it dies (Linux's
-PR_SET_PDEATHSIG): a killed test run or benchmark leaves no server behind. Linux ties that signal
-to the thread that started the child, so children started from other threads (the supervisor's
-restarts) go only with their process group.
+PR_SET_PDEATHSIG, set by setpriv before it execs the command): a killed test run or benchmark leaves
+no server behind. Linux ties that signal to the thread that started the child, so children started
+from other threads (the supervisor's restarts) go only with their process group.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,22 +44,17 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+# util-linux's setpriv (on every Debian and Ubuntu) sets the parent-death signal, then execs the command. Python's
+# preexec_fn could do it without a helper, but forking a process whose other threads are in gRPC and running Python
+# in the child crashed the child now and then (SIGSEGV before exec).
+_SETPRIV = shutil.which("setpriv")
 
 
-def _die_with_parent(parent: int) -> Callable[[], None] | None:
-    """The child's pre-exec step that asks Linux for SIGTERM when `parent` (this thread) dies; None off Linux."""
-    if _LIBC is None or threading.current_thread() is not threading.main_thread():
-        return None
-    prctl = _LIBC.prctl  # looked up before the fork: the child only calls it
-
-    def in_child() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # the parent died before the request took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return in_child
+def _dying_with_parent(command: list[str]) -> list[str]:
+    """`command`, run so that it gets SIGTERM when this thread dies; unchanged off the main thread or without setpriv."""
+    if _SETPRIV is None or threading.current_thread() is not threading.main_thread():
+        return command
+    return [_SETPRIV, "--pdeathsig", "TERM", "--", *command]
 
 
 # How long stop() waits for the SIGKILLed members of a group to exit (a process in uninterruptible sleep may not).
@@ -95,13 +89,12 @@ class ManagedProcess:
     def spawn(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         output = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
-            command,
+            _dying_with_parent(command),
             env=env,
             cwd=cwd,
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),  # a prctl call only, prepared before the fork
         )
 
     @property
