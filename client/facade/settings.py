@@ -164,11 +164,10 @@ class FacadeSettings:
     )
     shm_slots: int = setting(
         64,
-        "requests whose inputs can be in shared memory with Triton at once (0: none; the rest use the socket)",
+        "slots of shared memory with Triton (0: none); a request's inputs take as many adjacent slots as they need, "
+        "and go through the socket when no such run is free",
     )
-    shm_slot_bytes: int = setting(
-        1024 * 1024, "inputs up to this size go to Triton through shared memory (larger ones use the socket)"
-    )
+    shm_slot_bytes: int = setting(1024 * 1024, "bytes of one shared-memory slot")
     retry_after_ms: int = setting(100, "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)")
     health_interval: float = setting(2.0, "seconds between real-inference health probes")
     health_timeout: float = setting(5.0, "seconds a health probe may take before it counts as failed")
