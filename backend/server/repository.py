@@ -36,7 +36,8 @@ STOCK_MODEL_PY = Path(backend.__file__).with_name("stock_model.py")
 def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[str, str] | None = None) -> Path:
     """`directory` serving `models` (name -> a model's folder in another repository).
 
-    Every version's files symlinked, config.pbtxt copied unless `configs` gives its text. Returns `directory`.
+    Every version's files and the model's other files (an ensemble's labels) symlinked, config.pbtxt copied unless
+    `configs` gives its text. Returns `directory`.
     """
     for name, source in models.items():
         target = directory / name
@@ -45,6 +46,8 @@ def link_models(directory: Path, models: Mapping[str, Path], configs: Mapping[st
             (target / version.name).mkdir()
             for item in version.iterdir():
                 (target / version.name / item.name).symlink_to(item.resolve())
+        for item in (i for i in source.iterdir() if i.is_file() and i.name != CONFIG_FILE):
+            (target / item.name).symlink_to(item.resolve())
         config = (configs or {}).get(name)
         if config is None:
             shutil.copyfile(source / "config.pbtxt", target / "config.pbtxt")

@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics
 from tests.images import image_file, reference_pixels, truncated
-from tests.kserve import execution_counts, reference_session
+from tests.kserve import reference_session
 from tests.serving import IMAGE_CLASSIFIERS, MODEL_REPOSITORY, onnx_file
 
 # Kinds of files a caller sends: RGB, grey, RGBA and palette; odd, tiny and large sizes.
@@ -120,54 +119,6 @@ def test_the_classification_extension_gives_the_top_labels(triton, files, expect
             assert strings.shape == (1, 5), (model, name)
             assert_top_k(parse(strings[0]), expected[model][name], labels, 5)
     client.close()
-
-
-def test_a_file_that_cannot_be_decoded_fails_alone_in_its_batch(triton, client, files, expected):
-    model = "mobilenet_v3_small"
-    good = list(files.items())[:4] * 4  # 16 good requests ...
-    bad = {
-        "truncated jpeg": (
-            truncated(files["jpeg 640x480"]),
-            "the JPEG image cannot be decoded: image file is truncated",
-        ),
-        "not an image": (b"GIF87a is said to be here" + bytes(64), "the image is GIF, which is not accepted"),
-        "text": (b"just some text, not an image", "the bytes are not a JPEG or PNG image"),
-    }
-    # ... with the bad ones among them, all sent at once.
-    sequence = [("good", name, data) for name, data in good]
-    for position, (name, (data, _)) in zip((2, 7, 11), bad.items(), strict=True):
-        sequence.insert(position, ("bad", name, data))
-    before = execution_counts(client, "image_preprocess", triton.admin_headers)
-    outcomes: list = [None] * len(sequence)
-    done = concurrent.futures.Future()
-    remaining = [len(sequence)]
-
-    def callback(index, result, error):
-        outcomes[index] = (result, error)
-        remaining[0] -= 1
-        if remaining[0] == 0:
-            done.set_result(True)
-
-    for index, (_, _, data) in enumerate(sequence):
-        client.async_infer(
-            f"{model}_image",
-            [image_input(grpcclient, data)],
-            callback=lambda result, error, i=index: callback(i, result, error),
-        )
-    done.result(timeout=120)
-    after = execution_counts(client, "image_preprocess", triton.admin_headers, at_least=before[0] + len(sequence))
-
-    for (kind, name, _), (result, error) in zip(sequence, outcomes, strict=True):
-        if kind == "good":
-            assert error is None, (name, error)
-            np.testing.assert_allclose(result.as_numpy("scores")[0], expected[model][name], rtol=1e-4, atol=1e-4)
-        else:
-            assert isinstance(error, InferenceServerException), name
-            assert error.status() == "StatusCode.INVALID_ARGUMENT", (name, error)
-            assert bad[name][1] in error.message(), (name, error.message())
-    inferences, executions = after[0] - before[0], after[1] - before[1]
-    assert executions < inferences, f"{inferences} requests ran in {executions} executions: never batched"
-    assert client.is_model_ready(f"{model}_image") and client.is_model_ready("image_preprocess")
 
 
 def test_the_ensembles_and_the_labels_are_configured_as_documented(client, labels):

@@ -105,46 +105,6 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_result(triton, cl
     assert executions < inferences, f"64 concurrent requests ran in {executions} executions: no batching"
 
 
-def test_text_classifier_batches_ragged_requests_like_single_ones(triton, client):
-    lengths = [3, 17, 8, 1, 32, 12, 5, 24] * 3
-    requests = [token_request(length, seed) for seed, length in enumerate(lengths)]
-    alone = [infer(client, "text_classifier", r, ["logits", "embedding"]) for r in requests]
-    before = execution_counts(client, "text_classifier", triton.admin_headers)
-    together = infer_concurrently(client, "text_classifier", requests, ["logits", "embedding"])
-    after = execution_counts(client, "text_classifier", triton.admin_headers, at_least=before[0] + len(requests))
-
-    assert after[1] - before[1] < len(requests), "ragged requests were not batched together"
-    session = reference_session(onnx_file("text_classifier"))
-    for request, single, batched in zip(requests, alone, together, strict=False):
-        assert single.error is None and batched.error is None
-        assert batched.outputs["logits"].shape == (1, 2)
-        assert batched.outputs["embedding"].shape == single.outputs["embedding"].shape
-        for name in ("logits", "embedding"):
-            np.testing.assert_allclose(batched.outputs[name], single.outputs[name], rtol=1e-5, atol=1e-5)
-        expected = dict(zip(["logits", "embedding"], session.run(["logits", "embedding"], request), strict=False))
-        assert_close(single.outputs["logits"], expected["logits"])
-
-
-def test_token_classifier_gives_each_request_its_own_length_in_a_ragged_batch(triton, client):
-    lengths = [3, 17, 8, 1, 32, 12, 5, 24] * 3
-    requests = [token_request(length, seed) for seed, length in enumerate(lengths)]
-    alone = [infer(client, "token_classifier", r, ["token_logits"]) for r in requests]
-    before = execution_counts(client, "token_classifier", triton.admin_headers)
-    together = infer_concurrently(client, "token_classifier", requests, ["token_logits"])
-    after = execution_counts(client, "token_classifier", triton.admin_headers, at_least=before[0] + len(requests))
-
-    assert after[1] - before[1] < len(requests), "ragged requests were not batched together"
-    session = reference_session(onnx_file("token_classifier"))
-    for request, length, single, batched in zip(requests, lengths, alone, together, strict=False):
-        assert single.error is None and batched.error is None
-        # Its own length, not the padded length of the longest request it shared a batch with.
-        assert batched.outputs["token_logits"].shape == single.outputs["token_logits"].shape == (1, length, 5)
-        np.testing.assert_allclose(
-            batched.outputs["token_logits"], single.outputs["token_logits"], rtol=1e-5, atol=1e-5
-        )
-        assert_close(single.outputs["token_logits"], session.run(["token_logits"], request)[0])
-
-
 def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
     good = [token_request(length, seed=100 + length) for length in (4, 9, 15, 6)]
     mismatched = {  # passes Triton's shape check (both [-1]); the backend's validation catches it
