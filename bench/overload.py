@@ -55,6 +55,13 @@ def expected_outputs(onnx_file: Path, images: list[np.ndarray]) -> list[np.ndarr
     return [session.run(None, {name: image})[0].reshape(-1) for image in images]
 
 
+def checked_images(model: str, count: int = 4, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """`count` random single images for a demo model, and its in-process outputs for each."""
+    rng = np.random.default_rng(seed)
+    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(count)]
+    return images, expected_outputs(REPOSITORY / model / "1" / "model.onnx", images)
+
+
 def path_target(path: str, url: str, model: str, images: list[np.ndarray], expected: list[np.ndarray]) -> GrpcTarget:
     """The target of a path ("facade" or "direct") sending `images` in turn, every answer checked."""
     kind = FacadeTarget if path == "facade" else KServeTarget
@@ -195,9 +202,7 @@ def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
     stack = ServingStack(
         REPOSITORY, out, supervised=True, facade_args=["--default-model", args.model, "--health-interval", "5"]
     )
-    rng = np.random.default_rng(0)
-    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(4)]
-    expected = expected_outputs(REPOSITORY / args.model / "1" / "model.onnx", images)
+    images, expected = checked_images(args.model)
     results = []
     with stack:
         triton, facade, supervisor = stack.triton, stack.facade, stack.supervisor

@@ -8,8 +8,11 @@ crop 224, scale, ImageNet mean and std, channels first), independently of backen
 from __future__ import annotations
 
 import io
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import tritonclient.grpc as grpcclient
 from PIL import Image, ImageOps
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -73,3 +76,10 @@ def reference_pixels(data: bytes) -> np.ndarray:
 def truncated(data: bytes) -> bytes:
     """The first half of a file: its magic bytes are right, its data is cut."""
     return data[: len(data) // 2]
+
+
+def image_input(data: bytes, module: ModuleType = grpcclient) -> Any:
+    """The image ensembles' `image` input holding the file `data`, for tritonclient's gRPC (or HTTP) `module`."""
+    tensor = module.InferInput("image", [1, len(data)], "UINT8")
+    tensor.set_data_from_numpy(np.frombuffer(data, np.uint8)[None])
+    return tensor

@@ -18,15 +18,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.burst import REFUSED, BurstResult, burst
 from bench.load.stats import OK
 from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
-from bench.overload import IMAGE_SHAPE, expected_outputs, path_target
+from bench.overload import checked_images, path_target
 
 
 def gates(results: list[BurstResult], max_in_flight: int) -> list[Gate]:
@@ -74,9 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-burst")
     args = parser.parse_args(argv)
     _, out = run_folder(args.out, "burst")
-    rng = np.random.default_rng(0)
-    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(4)]
-    expected = expected_outputs(REPOSITORY / args.model / "1" / "model.onnx", images)
+    images, expected = checked_images(args.model)
     facade_args = ["--default-model", args.model, "--max-in-flight", str(args.max_in_flight)]
     results: list[BurstResult] = []
     repository = link_models(out / "repository", {args.model: REPOSITORY / args.model})

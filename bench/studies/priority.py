@@ -25,7 +25,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 from tritonclient.grpc import service_pb2
 
 from backend.server.repository import link_models
@@ -35,7 +34,7 @@ from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, Tally, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget
 from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
-from bench.overload import IMAGE_SHAPE, expected_outputs, path_target
+from bench.overload import checked_images, path_target
 from client.proto import inference_pb2
 
 HIGH = 1
@@ -214,9 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-priority")
     args = parser.parse_args(argv)
     _, out = run_folder(args.out, "priority")
-    rng = np.random.default_rng(0)
-    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(4)]
-    expected = expected_outputs(REPOSITORY / args.model / "1" / "model.onnx", images)
+    images, expected = checked_images(args.model)
     repository = link_models(out / "repository", {args.model: REPOSITORY / args.model})
     results: list[PriorityResult] = []
     with ServingStack(repository, out, facade_args=["--default-model", args.model, "--health-interval", "5"]) as stack:

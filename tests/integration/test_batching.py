@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
 from backend.server.triton import TritonServer
-from tests.images import image_file, reference_pixels, truncated
+from tests.images import image_file, image_input, reference_pixels, truncated
 from tests.kserve import assert_close, execution_counts, infer, infer_concurrently, reference_session
 from tests.serving import MODEL_REPOSITORY, onnx_file
 
@@ -57,12 +57,6 @@ def alone_client(triton):
 def token_request(length: int, seed: int) -> dict[str, np.ndarray]:
     ids = np.random.default_rng(seed).integers(1, 1000, size=(1, length), dtype=np.int64)
     return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-
-
-def image_input(data: bytes) -> grpcclient.InferInput:
-    tensor = grpcclient.InferInput("image", [1, len(data)], "UINT8")
-    tensor.set_data_from_numpy(np.frombuffer(data, np.uint8)[None])
-    return tensor
 
 
 def test_text_classifier_batches_ragged_requests_like_single_ones(batching, client, alone_client):

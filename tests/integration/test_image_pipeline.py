@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics
-from tests.images import image_file, reference_pixels, truncated
+from tests.images import image_file, image_input, reference_pixels, truncated
 from tests.kserve import reference_session
 from tests.serving import IMAGE_CLASSIFIERS, MODEL_REPOSITORY, onnx_file
 
@@ -67,12 +67,6 @@ def stub(facade):
         yield inference_pb2_grpc.InferenceServiceStub(channel)
 
 
-def image_input(module, data: bytes):
-    tensor = module.InferInput("image", [1, len(data)], "UINT8")
-    tensor.set_data_from_numpy(np.frombuffer(data, np.uint8)[None])
-    return tensor
-
-
 def assert_top_k(classes: list[tuple[float, int, str]], scores: np.ndarray, labels: list[str], k: int) -> None:
     """Best first, the indices of the k highest reference scores (up to near ties), each score and label right."""
     assert len(classes) == k
@@ -98,7 +92,7 @@ def parse(strings: np.ndarray) -> list[tuple[float, int, str]]:
 @pytest.mark.parametrize("model", IMAGE_CLASSIFIERS)
 def test_the_ensemble_scores_every_kind_of_file_as_in_process(client, files, expected, model):
     for name, data in files.items():
-        result = client.infer(f"{model}_image", [image_input(grpcclient, data)])
+        result = client.infer(f"{model}_image", [image_input(data)])
         scores = result.as_numpy("scores")
         assert scores.shape == (1, 1000), name
         np.testing.assert_allclose(scores[0], expected[model][name], rtol=1e-4, atol=1e-4, err_msg=name)
@@ -112,7 +106,7 @@ def test_the_classification_extension_gives_the_top_labels(triton, files, expect
         for name, data in files.items():
             result = client.infer(
                 f"{model}_image",
-                [image_input(module, data)],
+                [image_input(data, module)],
                 outputs=[module.InferRequestedOutput("scores", class_count=5)],
             )
             strings = result.as_numpy("scores")
