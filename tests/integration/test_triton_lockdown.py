@@ -83,9 +83,10 @@ def test_perf_analyzer_runs_without_the_key(triton):
     wrapper `make venv` installs (bench/perf_analyzer.sh) that finds libcudart.
     """
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    # A fixed request count, not windows until latency is stable: a busy machine may never give stable windows.
     done = subprocess.run(
         [str(VENV_BIN / "perf_analyzer"), "-m", "mobilenet_v3_small", "-u", triton.grpc_url, "-i", "grpc",
-         "--measurement-interval", "1000"],
+         "--request-count", "20"],
         capture_output=True, text=True, timeout=180, check=False, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
