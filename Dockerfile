@@ -1,6 +1,7 @@
 # tritonnx on the Triton server container (make images: tag tritonnx:ngc). The image keeps NGC's
-# tritonserver and Python backend and adds the backend package, the supervisor, the facade, their
-# pinned dependencies and the demo model repository.
+# tritonserver, Python backend and native onnxruntime backend and adds the backend package, the
+# Python-based backend `tritonnx` (`backend: "tritonnx"` picks it; `onnxruntime` stays NVIDIA's),
+# the supervisor, the facade, their pinned dependencies and the demo model repository.
 #
 # With NVIDIA's registry (the image's Python is 3.10, so its wheelhouse is too):
 #   make wheelhouse WHEEL_PYTHON=3.10
@@ -36,6 +37,8 @@ FROM ${BASE_IMAGE}
 COPY --from=packages /opt/tritonnx/ /opt/tritonnx/
 COPY --from=models /models/ /models/
 RUN python3 -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'tritonnx.pth').write_text('import sys; sys.path.insert(0, \"/opt/tritonnx/site-packages\")\n')" \
+    && python3 -c "from pathlib import Path; from backend.server.triton import install_onnx_backends; \
+install_onnx_backends(Path('/opt/tritonserver/backends'), ('tritonnx',))" \
     && mkdir -p /tmp/tritonnx/ort-cache && chown -R triton-server:triton-server /tmp/tritonnx
 ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
     TRITONNX_TRITON_HOME=/opt/tritonserver \

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from backend.errors import ModelConfigError
 from backend.onnx_io import read_graph_io
 
 # Triton's `default-max-batch-size` (its backends' default), which the Python model cannot read.
@@ -49,20 +50,45 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
             max_batch_size = DEFAULT_MAX_BATCH_SIZE
             config.set_max_batch_size(max_batch_size)
             scheduler = next((s for s in _SCHEDULERS if s in current), None)
-            if scheduler is None:
-                config.set_dynamic_batching()
             log(
                 f"model '{name}': every input and output has a dynamic first dim, so it batches: "
                 f"max_batch_size {max_batch_size}, {scheduler or 'dynamic_batching'} "
                 "(write max_batch_size in config.pbtxt to choose, 0 to turn batching off)"
             )
+    if max_batch_size > 1 and not any(s in current for s in _SCHEDULERS):
+        config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one
     inputs, outputs = graph.specs(max_batch_size > 0)
-    written = {entry["name"]: entry for entry in current.get("input", [])}
-    for spec in inputs:
-        entry = spec.as_config()
-        # An input listed by hand (for allow_ragged_batch, say) keeps its own `optional`.
-        if "optional" in written.get(spec.name, {}):
-            entry.pop("optional", None)
-        config.add_input(entry)
-    for spec in outputs:
-        config.add_output(spec.as_config())
+    for kind, specs, add in (("input", inputs, config.add_input), ("output", outputs, config.add_output)):
+        written = {entry["name"]: entry for entry in current.get(kind, [])}
+        for spec in specs:
+            entry = spec.as_config()
+            mine = written.get(spec.name, {})
+            if _writes_type_and_dims(mine):
+                # Written by hand (Triton's style, often with `reshape`): checked against the graph and kept.
+                _check_written(name, kind, mine, entry)
+                continue
+            # An entry listed by hand for its policy (allow_ragged_batch, say) keeps its own `optional`.
+            if "optional" in mine:
+                entry.pop("optional", None)
+            add(entry)
+
+
+def _writes_type_and_dims(entry: dict) -> bool:
+    return bool(entry.get("dims")) and entry.get("data_type", "TYPE_INVALID") != "TYPE_INVALID"
+
+
+def _check_written(model: str, kind: str, written: dict[str, Any], graph: dict[str, Any]) -> None:
+    """Refuse a hand-written entry the graph contradicts.
+
+    It must have the graph's datatype, and dims (or `reshape`, which is what Triton hands the model) that fit the
+    graph's, where a dim of any size may be written as one fixed size.
+    """
+    shape = [int(d) for d in written.get("reshape", {}).get("shape", written["dims"])]
+    graph_dims = [int(d) for d in graph["dims"]]
+    where = f"model '{model}', {kind} '{graph['name']}'"
+    if written["data_type"] != graph["data_type"]:
+        raise ModelConfigError(f"{where}: the config says {written['data_type']}, the graph {graph['data_type']}")
+    fits = len(shape) == len(graph_dims) and all(g == -1 or g == d for g, d in zip(graph_dims, shape, strict=True))
+    if not fits:
+        what = "reshape" if "reshape" in written else "dims"
+        raise ModelConfigError(f"{where}: the config's {what} {shape} do not fit the graph's dims {graph_dims}")

@@ -1,16 +1,17 @@
-"""The Triton Python model behind every `model.py` of the model repository.
+"""The Triton Python model behind every ONNX model: the `onnxruntime` and `tritonnx` backends and each `model.py`.
 
-A `model.py` subclasses `OnnxRuntimeModel` and names its `.onnx` file; everything else comes from
-the graph (inputs, outputs, dtypes, dims: Triton's auto-complete) and from `config.pbtxt`
-(batching, queue policy, instances, ONNX Runtime settings). This module is the only one that
-touches `triton_python_backend_utils`, which exists only inside Triton's Python stub.
+`backend/stock_model.py` subclasses `OnnxRuntimeModel`; the graph is found from the model's folder
+(backend/model_files.py), and everything else comes from the graph (inputs, outputs, dtypes, dims:
+Triton's auto-complete) and from `config.pbtxt` (batching, queue policy, instances, ONNX Runtime
+settings). This module is the only one that touches `triton_python_backend_utils`, which exists
+only inside Triton's Python stub.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,6 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.autocomplete import complete_config
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
+from backend.model_files import ModelFiles
 
 
 def _triton_error(error: RequestError) -> pb_utils.TritonError:
@@ -26,24 +28,26 @@ def _triton_error(error: RequestError) -> pb_utils.TritonError:
 
 
 class OnnxRuntimeModel:
-    """Serves `onnx_file` with ONNX Runtime on CPU, one session per Triton instance."""
+    """Serves the model's ONNX file with ONNX Runtime on CPU, one session per Triton instance."""
 
-    onnx_file: ClassVar[Path]
+    # Set by the model.py files of earlier releases (`Path(__file__).with_name("model.onnx")`): then the graph is that
+    # file, whatever the config says.
+    onnx_file: ClassVar[Path | None] = None
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         """Fill in inputs, outputs and batching from the ONNX graph; the rest of the config is policy."""
-        complete_config(auto_complete_model_config, cls.onnx_file, cls.config_file(), pb_utils.Logger.log_info)
+        config = auto_complete_model_config.as_dict()
+        try:
+            files = cls._files(lambda: ModelFiles.of_stub(config))
+        except ModelConfigError as error:
+            raise pb_utils.TritonModelException(f"model '{config.get('name', '')}': {error}") from None
+        complete_config(auto_complete_model_config, files.onnx_file, files.config_file, pb_utils.Logger.log_info)
         return auto_complete_model_config
 
     @classmethod
-    def config_file(cls) -> Path:
-        """The model's config.pbtxt, beside the <version>/ folder of model.py.
-
-        The path is model.py's as Triton names it, so a symlinked model.py (as `make tune` makes)
-        stays with the candidate's config.
-        """
-        return Path(inspect.getfile(cls)).parent.parent / "config.pbtxt"
+    def _files(cls, located: Callable[[], ModelFiles]) -> ModelFiles:
+        return ModelFiles(cls.onnx_file.parent, cls.onnx_file) if cls.onnx_file is not None else located()
 
     def initialize(self, args: dict) -> None:
         # Imported here, not at the top: auto-complete runs in a stub process of its own that
@@ -54,11 +58,13 @@ class OnnxRuntimeModel:
         started = time.perf_counter()
         config = json.loads(args["model_config"])
         name = config["name"]
+        version_folder = Path(args["model_repository"]) / args["model_version"]
         settings = SessionSettings.from_model_config(config)
         ragged = frozenset(i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch"))
         try:
+            files = self._files(lambda: ModelFiles.of_version(version_folder, config))
             self.runner = OnnxModelRunner.load(
-                self.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn
+                files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn
             )
         except ModelConfigError as error:
             raise pb_utils.TritonModelException(f"model '{name}': {error}") from None

@@ -44,7 +44,8 @@ Exit codes: 0 done, 1 refused or failed (the message says why; what served befor
 
 DESCRIPTION = """\
 Versions of the models Triton serves from the model repository. Each version is a folder
-<model>/<n>/ (model.onnx and the 4-line model.py); a retired version moves to <model>/retired/<n>/,
+<model>/<n>/ holding model.onnx (or the config's default_model_filename), and a model.py for a
+backend: "python" model; a retired version moves to <model>/retired/<n>/,
 which Triton ignores, and keeps its number (numbers are never reused). Triton (explicit model
 control) serves what config.pbtxt's version_policy selects, by default the newest version alone:
 a new version loads beside the serving one, which answers until the new one is ready."""
@@ -56,8 +57,8 @@ COMMANDS = {
 Check FILE (it loads in ONNX Runtime; its inputs, outputs and batching, as the backend will serve
 them, fit the served version's: the same names, datatypes and ranks, a fixed input dim may become
 dynamic, the served outputs first in their order), write it as version n+1 (through a staging
-folder Triton ignores, then one rename) with the model.py of the newest version, and have Triton
-load it. A file that fails a check is refused before anything is written; one Triton cannot load
+folder Triton ignores, then one rename), with the newest version's model.py for a backend: "python"
+model, and have Triton load it. A file that fails a check is refused before anything is written; one Triton cannot load
 is removed again. Either way the serving version keeps serving.
 
 Examples:

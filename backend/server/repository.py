@@ -15,8 +15,7 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
 import backend
-
-CONFIG_FILE = "config.pbtxt"
+from backend.model_files import CONFIG_FILE
 
 
 def read_config(model_dir: Path) -> dict:

@@ -20,6 +20,9 @@ LOADS_AT_ONCE = 4  # tritonserver loads up to 4 models in parallel, each with an
 _COUNT = re.compile(r"\bcount\s*:\s*(\d+)")
 # An ensemble runs in tritonserver itself: no stub, no region, not even to load.
 _ENSEMBLE = re.compile(r'^\s*platform\s*:\s*"ensemble"', re.MULTILINE)
+# Triton's default instance count for a model with no instance_group: 2 for the backend named onnxruntime (a
+# platform of onnxruntime_onnx, or no config and a model.onnx), 1 for any other.
+_ONNXRUNTIME = re.compile(r'^\s*(platform\s*:\s*"onnxruntime_onnx"|backend\s*:\s*"onnxruntime")', re.MULTILINE)
 _MIB = 1024 * 1024
 
 
@@ -35,13 +38,14 @@ def stub_instances(repository: Path, names: tuple[str, ...] = ("*",)) -> tuple[i
         try:
             text = (model / "config.pbtxt").read_text()
         except OSError:
-            text = ""  # no config.pbtxt: Triton's default, one instance
+            text = ""  # no config.pbtxt: Triton infers one from the files
         text = "\n".join(line.split("#", 1)[0] for line in text.splitlines())
         if _ENSEMBLE.search(text):
             continue
         models += 1
         group = text[text.index("instance_group") :] if "instance_group" in text else ""
-        instances += sum(int(n) for n in _COUNT.findall(group.split("]", 1)[0])) or 1
+        onnxruntime = _ONNXRUNTIME.search(text) or (not text.strip() and any(model.glob("*/model.onnx")))
+        instances += sum(int(n) for n in _COUNT.findall(group.split("]", 1)[0])) or (2 if onnxruntime else 1)
     return models, instances
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import urllib.error
 import urllib.request
@@ -20,9 +21,11 @@ from pathlib import Path
 
 import tritonclient.grpc as grpcclient
 
+from backend.model_files import ONNX_BACKENDS, PYTHON_MODEL_FILE
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, RESTRICTED_PROTOCOLS, new_admin_key
 from backend.server.model_control import TritonControl
 from backend.server.process import ManagedProcess, ServerError
+from backend.server.repository import STOCK_MODEL_PY
 from backend.server.shm import STUB_REGION_BYTES
 
 TRITON_HOME_ENV = "TRITONNX_TRITON_HOME"
@@ -76,19 +79,46 @@ class TritonInstall:
 
 
 def assemble_backend_dir(dest: Path, install: TritonInstall) -> Path:
-    """Make `dest/python/` hold the Python backend (symlinks into the wheel); return `dest`."""
+    """Make `dest` a backend directory: `python/` (the Python backend) and tritonnx's Python-based backends; `dest`.
+
+    `python/` links the wheel's stub and utilities; its library is a copy, because Triton refuses a
+    Python-based backend whose `libtriton_python.so` lies outside the backend directory. The backends
+    `onnxruntime` and `tritonnx` are the stock model.py each (backend/model_files.py says which models
+    they serve).
+    """
     python_dir = dest / "python"
     python_dir.mkdir(parents=True, exist_ok=True)
     for source in install.python_backend_files:
         if not source.exists():
             raise ServerError(f"{source} is missing from the nvidia-pytriton wheel")
-        link = python_dir / source.name
-        if link.is_symlink() or link.exists():
-            if link.resolve() == source.resolve():
-                continue
-            link.unlink()
-        link.symlink_to(source)
+        target = python_dir / source.name
+        if source.suffix == ".so":
+            _copy_if_changed(source, target)
+        elif not (target.is_symlink() and target.resolve() == source.resolve()):
+            target.unlink(missing_ok=True)
+            target.symlink_to(source)
+    install_onnx_backends(dest)
     return dest
+
+
+def install_onnx_backends(dest: Path, names: tuple[str, ...] = ONNX_BACKENDS) -> None:
+    """`dest/<name>/model.py` for each of `names`: the Python-based backends serving ONNX files.
+
+    Where NVIDIA's native onnxruntime backend is installed (the NGC image), only `tritonnx` goes in: Triton takes
+    a backend's library before a model.py of the same name.
+    """
+    for name in names:
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        _copy_if_changed(STOCK_MODEL_PY, dest / name / PYTHON_MODEL_FILE)
+
+
+def _copy_if_changed(source: Path, target: Path) -> None:
+    """A copy of `source` at `target`, replaced in one rename: a server started earlier may have the old one loaded."""
+    if target.is_file() and not target.is_symlink() and target.read_bytes() == source.read_bytes():
+        return
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.copyfile(source, partial)
+    os.replace(partial, target)
 
 
 @dataclass(frozen=True)

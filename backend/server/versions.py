@@ -1,7 +1,8 @@
 """A model's versions in the repository: publish a new one, retire one, roll back, list them, through Triton's model control.
 
-On disk, `<repository>/<model>/<n>/` holds version n: `model.onnx` (with its external data, if any)
-and the 4-line `model.py`. Triton 2.51 takes every subfolder of a model whose name starts with a
+On disk, `<repository>/<model>/<n>/` holds version n: `model.onnx` (with its external data, if any;
+the config's `default_model_filename` names it otherwise), and for a `backend: "python"` model the
+stock `model.py` (the named backends `onnxruntime` and `tritonnx` need none). Triton 2.51 takes every subfolder of a model whose name starts with a
 number as a version (it reads "2abc" as version 2) and ignores the others with a warning, so:
 
 - a new version is written in `<model>/.staging-<n>/` and renamed to `<model>/<n>/` once complete:
@@ -34,6 +35,7 @@ from pathlib import Path
 import onnx
 from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+from backend.model_files import DEFAULT_ONNX_FILE, PYTHON_MODEL_FILE, is_python_model, onnx_file_name
 from backend.server.model_control import READY, ControlError, ModelControl, States, ready_versions
 from backend.server.repository import CONFIG_FILE, STOCK_MODEL_PY, read_config
 from backend.server.signature import Signature, SignatureError, check_onnx, check_signature
@@ -41,8 +43,6 @@ from backend.server.signature import Signature, SignatureError, check_onnx, chec
 RETIRED = "retired"
 STAGING_PREFIX = ".staging-"
 LOCK_FILE = ".versions.lock"
-MODEL_FILE = "model.onnx"
-MODEL_PY = "model.py"
 
 Log = Callable[[str], None]
 
@@ -82,10 +82,7 @@ class ModelFolder:
         return max(self.versions() + self.retired(), default=0) + 1
 
     def version_policy(self) -> dict:
-        try:
-            return read_config(self.path).get("version_policy", {})
-        except (OSError, ValueError) as error:
-            raise VersionError(f"cannot read {self.path / CONFIG_FILE}: {error}") from None
+        return self.config().get("version_policy", {})
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -97,25 +94,35 @@ class ModelFolder:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def config(self) -> dict:
+        try:
+            return read_config(self.path)
+        except (OSError, ValueError) as error:
+            raise VersionError(f"cannot read {self.path / CONFIG_FILE}: {error}") from None
+
     def stage(self, number: int, onnx_file: Path) -> Path:
-        """Write version `number` from `onnx_file` (and its external data) and this model's model.py; its folder.
+        """Write version `number` from `onnx_file` (and its external data), with model.py for a Python model; its folder.
 
         Written in a staging folder Triton ignores, then renamed into place.
         """
+        config = self.config()
         staging = self.path / f"{STAGING_PREFIX}{number}"
         shutil.rmtree(staging, ignore_errors=True)  # left by a publish that was killed
         staging.mkdir()
         try:
-            _copy_synced(onnx_file, staging / MODEL_FILE)
+            served = staging / onnx_file_name(config)
+            served.parent.mkdir(parents=True, exist_ok=True)
+            _copy_synced(onnx_file, served)
             for location in external_data_files(onnx_file):
-                (staging / location).parent.mkdir(parents=True, exist_ok=True)
-                _copy_synced(onnx_file.parent / location, staging / location)
-            newest = self.versions()
-            model_py = self.path / str(newest[-1]) / MODEL_PY if newest else STOCK_MODEL_PY
-            _copy_synced(model_py if model_py.is_file() else STOCK_MODEL_PY, staging / MODEL_PY)
-            # The stub would write model.py's bytecode into the version folder when it first loads it, and
-            # Triton reloads a version whose folder changed at the model's next load (the next publish).
-            py_compile.compile(str(staging / MODEL_PY), doraise=True)
+                (served.parent / location).parent.mkdir(parents=True, exist_ok=True)
+                _copy_synced(onnx_file.parent / location, served.parent / location)
+            if is_python_model(config):
+                newest = self.versions()
+                model_py = self.path / str(newest[-1]) / PYTHON_MODEL_FILE if newest else STOCK_MODEL_PY
+                _copy_synced(model_py if model_py.is_file() else STOCK_MODEL_PY, staging / PYTHON_MODEL_FILE)
+                # The stub would write model.py's bytecode into the version folder when it first loads it, and
+                # Triton reloads a version whose folder changed at the model's next load (the next publish).
+                py_compile.compile(str(staging / PYTHON_MODEL_FILE), doraise=True)
             target = self.path / str(number)
             os.rename(staging, target)
         except BaseException:
@@ -258,7 +265,7 @@ def rollback(folder: ModelFolder, control: ModelControl) -> Outcome:
             raise VersionError(
                 f"{folder.name} has no version before {versions[-1] if versions else 'none'} to roll back to"
                 + (
-                    f" (retired: {', '.join(map(str, retired))}; publish one's {RETIRED}/<n>/{MODEL_FILE} to serve it)"
+                    f" (retired: {', '.join(map(str, retired))}; publish one's {RETIRED}/<n>/{DEFAULT_ONNX_FILE} to serve it)"
                     if retired
                     else ""
                 )

@@ -183,6 +183,33 @@ def test_a_mounted_model_repository_is_served(images, tmp_path):
         container.remove()
 
 
+# The config a repository written for Triton's onnxruntime backend has, per image: tritonnx:cpu serves it under the
+# name `onnxruntime`; on NGC that name is NVIDIA's native backend, and `tritonnx` picks ours.
+ONNX_BACKEND_CONFIGS = {"cpu": 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "ngc": 'backend: "tritonnx"\n'}
+
+
+@pytest.mark.parametrize("image", list(IMAGES))
+def test_a_repository_without_model_py_is_served_by_the_named_backend(images, image, tmp_path):
+    repository = tmp_path / "models"
+    (repository / "text_classifier" / "1").mkdir(parents=True)
+    shutil.copyfile(MODEL_REPOSITORY / "text_classifier/1/model.onnx", repository / "text_classifier/1/model.onnx")
+    (repository / "text_classifier" / "config.pbtxt").write_text(ONNX_BACKEND_CONFIGS[image])
+    for path in [tmp_path, *repository.rglob("*")]:  # the container's user is uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    container = run_triton(images[image], ADMIN_KEY, options=("-v", f"{repository}:/models:ro"))
+    try:
+        wait_http(f"http://127.0.0.1:{container.ports['http']}/v2/health/ready", container)
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{container.ports['grpc']}")
+        assert client.get_model_config("text_classifier").config.backend == (
+            "onnxruntime" if image == "cpu" else "tritonnx"
+        )
+        inputs = demo_inputs("text_classifier", 6)
+        expected = ort.InferenceSession(str(repository / "text_classifier/1/model.onnx")).run(["logits"], inputs)[0]
+        assert_close(infer("grpc", container, "text_classifier", inputs)["logits"], expected)
+    finally:
+        container.remove()
+
+
 def test_a_dev_shm_too_small_for_the_models_is_refused_with_what_to_give(images):
     container = run_triton(images["cpu"], ADMIN_KEY, shm="64m")
     try:

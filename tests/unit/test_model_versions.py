@@ -210,6 +210,21 @@ def test_the_first_version_of_a_new_model_gets_the_stock_model_py_in_any_reposit
     assert (written / "model.py").read_bytes() == STOCK_MODEL_PY.read_bytes()
 
 
+@pytest.mark.parametrize(
+    ("config", "served"),
+    [
+        ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),
+        ('backend: "tritonnx"\ndefault_model_filename: "int8.onnx"\n', "int8.onnx"),
+    ],
+)
+def test_a_model_of_a_named_backend_gets_its_graph_under_the_configs_name_and_no_model_py(tmp_path, config, served):
+    folder = make_model(tmp_path, versions=(), config=config)
+    source = identity_graph(tmp_path / "new.onnx")
+    written = folder.stage(1, source)
+    assert sorted(p.name for p in written.iterdir()) == [served]
+    assert (written / served).read_bytes() == source.read_bytes()
+
+
 def test_staging_leaves_nothing_behind_when_a_copy_fails(tmp_path):
     folder = make_model(tmp_path)
     source = identity_graph(tmp_path / "new.onnx")

@@ -1,6 +1,7 @@
 from pathlib import Path
 
-from backend.server.triton import Ports, TritonInstall, TritonServer
+from backend.server.repository import STOCK_MODEL_PY
+from backend.server.triton import Ports, TritonInstall, TritonServer, assemble_backend_dir
 
 
 def test_a_triton_in_the_ngc_layout_is_used_as_it_is(tmp_path, monkeypatch):
@@ -20,6 +21,20 @@ def test_the_wheel_is_found_in_the_venv_and_its_backend_is_assembled(monkeypatch
         "triton_python_backend_stub",
     ]
     assert all(f.exists() for f in install.python_backend_files)
+
+
+def test_the_backend_directory_holds_the_python_backend_and_the_onnx_backends(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITONNX_TRITON_HOME", raising=False)
+    install = TritonInstall.find()
+    for _ in range(2):  # assembled again over the first: nothing changes
+        backends = assemble_backend_dir(tmp_path / "backends", install)
+    library = backends / "python" / "libtriton_python.so"
+    # A copy, not a link out of the folder: Triton refuses that for a Python-based backend.
+    assert not library.is_symlink() and library.read_bytes() == install.python_backend_files[0].read_bytes()
+    assert (backends / "python" / "triton_python_backend_stub").resolve() == install.python_backend_files[2].resolve()
+    for name in ("onnxruntime", "tritonnx"):
+        assert (backends / name / "model.py").read_bytes() == STOCK_MODEL_PY.read_bytes()
+    assert sorted(p.name for p in backends.rglob("*") if p.name.startswith(".")) == []  # no partial copies left
 
 
 def test_the_command_carries_the_settings_a_deployment_gives(tmp_path):

@@ -1,20 +1,34 @@
 """The Triton adapter, with Triton's real auto-complete code and fakes of the stub's C++ types."""
 
+import importlib
 import json
+import shutil
+import sys
 
 import numpy as np
 import pytest
 
+from backend.errors import ModelConfigError
+
+
+def model_folder(onnx_file, config_text: str | None = None):
+    """A model folder `m` beside `onnx_file`: version 1 holds a copy of it, `config_text` is its config.pbtxt (None:
+    there is none)."""
+    folder = onnx_file.parent / "repository" / "m"
+    shutil.rmtree(folder, ignore_errors=True)  # a fresh one for each test
+    (folder / "1").mkdir(parents=True)
+    shutil.copyfile(onnx_file, folder / "1" / "model.onnx")
+    if config_text is not None:
+        (folder / "config.pbtxt").write_text(config_text)
+    return folder
+
 
 def model_class(pb_utils, onnx_file, config_text: str | None = None):
-    """The class a model.py defines; `config_text` is its config.pbtxt (None: there is none)."""
+    """The class a model.py of the earlier form defines: it names the ONNX file beside it."""
     from backend.triton_model import OnnxRuntimeModel
 
-    config_file = onnx_file.parent / "config.pbtxt"
-    if config_text is not None:
-        config_file.write_text(config_text)
-    attributes = {"onnx_file": onnx_file, "config_file": classmethod(lambda cls: config_file)}
-    return type("TritonPythonModel", (OnnxRuntimeModel,), attributes)
+    served = model_folder(onnx_file, config_text) / "1" / "model.onnx"
+    return type("TritonPythonModel", (OnnxRuntimeModel,), {"onnx_file": served})
 
 
 def empty_config(name: str, max_batch_size: int, inputs=()) -> dict:
@@ -102,16 +116,48 @@ def test_a_non_batched_model_answers_whole_tensors(pb_utils, tmp_path):
 def test_auto_complete_refuses_dims_that_contradict_the_graph(pb_utils, double_onnx):
     wrong = {"name": "x", "data_type": "TYPE_FP32", "dims": [5]}
     config = pb_utils.ModelConfig(json.dumps(empty_config("double", 8, [wrong])))
-    with pytest.raises(ValueError, match="expects dims"):
+    with pytest.raises(ModelConfigError, match=r"input 'x': the config's dims \[5\] do not fit the graph's dims \[4\]"):
         model_class(pb_utils, double_onnx).auto_complete_config(config)
+
+
+def test_inputs_and_outputs_written_in_tritons_style_are_kept_when_the_graph_agrees(pb_utils, double_onnx):
+    # As Triton's quickstart writes them: fixed dims where the graph has any size, and an output `reshape`.
+    written = [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
+    outputs = [{"name": "y", "data_type": "TYPE_FP32", "dims": [2, 2], "reshape": {"shape": [4]}}]
+    config = pb_utils.ModelConfig(json.dumps({**empty_config("double", 8, written), "output": outputs}))
+    model_class(pb_utils, double_onnx).auto_complete_config(config)
+    completed = config.as_dict()
+    assert [(i["name"], i["dims"]) for i in completed["input"]] == [("x", [4])]
+    assert [(o["name"], o["dims"], o["reshape"]["shape"]) for o in completed["output"]] == [("y", [2, 2], [4])]
+    # A batching model without a scheduler gets the dynamic batcher, as Triton's onnxruntime backend gives it.
+    assert completed["dynamic_batching"] == {}
+
+
+def test_a_written_datatype_the_graph_contradicts_is_refused(pb_utils, double_onnx):
+    config = pb_utils.ModelConfig(
+        json.dumps(empty_config("double", 0, [{"name": "x", "data_type": "TYPE_INT64", "dims": [-1, 4]}]))
+    )
+    with pytest.raises(ModelConfigError, match="input 'x': the config says TYPE_INT64, the graph TYPE_FP32"):
+        model_class(pb_utils, double_onnx, "max_batch_size: 0\n").auto_complete_config(config)
 
 
 def served(pb_utils, onnx_file, max_batch_size=8, inputs=()):
     model = model_class(pb_utils, onnx_file)()
     config = empty_config("m", max_batch_size, inputs)
     config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
-    model.initialize({"model_config": json.dumps(config), "model_instance_name": "m_0_0"})
+    model.initialize(instance_args(config, onnx_file.parent / "repository" / "m"))
     return model
+
+
+def instance_args(config: dict, folder, version: str = "1") -> dict:
+    """What Triton's Python backend hands `initialize`."""
+    return {
+        "model_config": json.dumps(config),
+        "model_instance_name": "m_0_0",
+        "model_repository": str(folder),
+        "model_version": version,
+        "model_name": config["name"],
+    }
 
 
 def test_execute_answers_every_request_and_maps_errors_to_invalid_arg(pb_utils, double_onnx):
@@ -191,3 +237,61 @@ def test_an_input_listed_by_hand_keeps_its_own_optional_flag(pb_utils, tmp_path)
     config = pb_utils.ModelConfig(json.dumps(empty_config("m", 0)))
     model_class(pb_utils, tmp_path / "model.onnx", "max_batch_size: 0\n").auto_complete_config(config)
     assert {i["name"]: i.get("optional", False) for i in config.as_dict()["input"]} == {"x": False, "bias": True}
+
+
+# --- the stock model.py: the named backends onnxruntime and tritonnx, and backend "python" -----------------------
+
+
+def stock_model(pb_utils) -> type:
+    """backend/stock_model.py's class, imported against the `pb_utils` of this test."""
+    sys.modules.pop("backend.stock_model", None)
+    return importlib.import_module("backend.stock_model").TritonPythonModel
+
+
+@pytest.mark.parametrize(
+    ("backend", "served_file", "argv_file"),
+    [
+        ("onnxruntime", "model.onnx", "model.onnx"),  # platform onnxruntime_onnx, or no config: core names model.onnx
+        ("tritonnx", "model.quant.onnx", "model.quant.onnx"),
+        ("python", "model.onnx", "model.py"),  # a copy in the version folder, beside the graph
+    ],
+)
+def test_the_stock_model_finds_the_graph_from_the_stubs_command_line(
+    pb_utils, double_onnx, monkeypatch, backend, served_file, argv_file
+):
+    folder = model_folder(double_onnx, "max_batch_size: 0\n")
+    (folder / "1" / "model.onnx").rename(folder / "1" / served_file)
+    monkeypatch.setattr(
+        "backend.model_files._own_command_line",
+        lambda: ["/backends/python/triton_python_backend_stub", str(folder / "1" / argv_file), "region"],
+    )
+    config = {**empty_config("m", 0), "backend": backend}
+    if backend != "python":
+        config["default_model_filename"] = served_file
+    completed = pb_utils.ModelConfig(json.dumps(config))
+    stock_model(pb_utils).auto_complete_config(completed)
+    assert [(i["name"], i["dims"]) for i in completed.as_dict()["input"]] == [("x", [-1, 4])]  # written 0 wins
+
+    model = stock_model(pb_utils)()
+    model.initialize(instance_args(completed.as_dict(), folder))
+    [response] = model.execute([pb_utils.InferenceRequest(x=np.ones((2, 4), np.float32))])
+    np.testing.assert_array_equal(response.outputs()["y"], np.full((2, 4), 2))
+    model.finalize()
+
+
+def test_a_default_model_filename_naming_a_folder_serves_the_model_onnx_in_it(pb_utils, double_onnx):
+    folder = model_folder(double_onnx)
+    (folder / "1" / "graph").mkdir()
+    (folder / "1" / "model.onnx").rename(folder / "1" / "graph" / "model.onnx")
+    config = {**empty_config("m", 8), "backend": "onnxruntime", "default_model_filename": "graph"}
+    model = stock_model(pb_utils)()
+    model.initialize(instance_args(config, folder))
+    [response] = model.execute([pb_utils.InferenceRequest(x=np.ones((1, 4), np.float32))])
+    np.testing.assert_array_equal(response.outputs()["y"], np.full((1, 4), 2))
+
+
+def test_a_missing_graph_fails_the_load_naming_the_file_it_looked_for(pb_utils, double_onnx):
+    folder = model_folder(double_onnx)
+    config = {**empty_config("m", 8), "backend": "onnxruntime", "default_model_filename": "model.quant.onnx"}
+    with pytest.raises(RuntimeError, match=r"model 'm': unable to find .*model\.quant\.onnx \(default_model_filename"):
+        stock_model(pb_utils)().initialize(instance_args(config, folder))

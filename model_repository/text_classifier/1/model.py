@@ -1,13 +1,12 @@
-"""Triton Python model: serves model.onnx next to this file (see backend/triton_model.py).
+"""Triton Python model: serves the model folder's ONNX file with ONNX Runtime (see backend/triton_model.py).
 
-This file is every version's `model.py`: `tritonnx-models publish` copies it into a new model's
-first version, and each demo model's version folder holds a copy (a unit test keeps them equal).
+This file is the `onnxruntime` and `tritonnx` backends' model.py in the backend directory, and every
+`backend: "python"` version's model.py: `tritonnx-models publish` copies it into such a model's new
+version, and each demo model's version folder holds a copy (a unit test keeps them equal).
 """
-
-from pathlib import Path
 
 from backend.triton_model import OnnxRuntimeModel
 
 
 class TritonPythonModel(OnnxRuntimeModel):
-    onnx_file = Path(__file__).with_name("model.onnx")
+    """The graph: `<version>/model.onnx`, or the config's `default_model_filename` under the named backends."""

@@ -1,0 +1,134 @@
+"""A repository written for Triton's onnxruntime backend, served unchanged: no model.py anywhere in it.
+
+The models' configs are as Triton's documentation writes them (`platform: "onnxruntime_onnx"`, `backend:
+"onnxruntime"`, none at all, `default_model_filename`), plus `backend: "tritonnx"`, the name that picks tritonnx
+where NVIDIA's native onnxruntime backend is installed. tritonserver takes them through the Python-based backends
+the backend directory holds (backend/server/triton.py's assemble_backend_dir). Every answer is compared with
+in-process ONNX Runtime on the same file, element for element.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+from onnx import TensorProto, helper
+
+from backend.server.model_control import TritonControl
+from backend.server.stack import ServingStack
+from backend.server.versions import ModelFolder, publish
+from tests.integration.any_models import _model, value
+from tests.kserve import make_inputs, reference_session
+from tests.serving import MODEL_REPOSITORY
+
+# model -> (config.pbtxt, or None for none at all; the graph's file name in the version folder)
+REPOSITORY = {
+    "platform": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),
+    "backend": ('backend: "onnxruntime"\n', "model.onnx"),  # batching decided from the graph
+    "no_config": (None, "model.onnx"),
+    "named_tritonnx": ('backend: "tritonnx"\nmax_batch_size: 4\n', "model.onnx"),
+    "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),
+    "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
+    "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
+}
+
+
+def scaled_relu(scale: float) -> onnx.ModelProto:
+    """y = relu(x * scale) + 1, x FP32 [n, 3]: exact in any batch."""
+    nodes = [
+        helper.make_node("Mul", ["x", "scale"], ["scaled"]),
+        helper.make_node("Relu", ["scaled"], ["relu"]),
+        helper.make_node("Add", ["relu", "one"], ["y"]),
+    ]
+    initializers = [
+        helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]),
+        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
+    ]
+    return _model(
+        nodes, [value("x", TensorProto.FLOAT, ["n", 3])], [value("y", TensorProto.FLOAT, ["n", 3])], initializers
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(stack, {model: the graph it serves}), the repository loaded at start-up."""
+    workdir = tmp_path_factory.mktemp("onnxruntime-backend")
+    repository = workdir / "repository"
+    files = {}
+    for index, (name, (config, file_name)) in enumerate(REPOSITORY.items()):
+        (repository / name / "1").mkdir(parents=True)
+        if config is not None:
+            (repository / name / "config.pbtxt").write_text(config)
+        files[name] = repository / name / "1" / file_name
+        if name == "mobilenet":
+            files[name].symlink_to(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx")
+        else:
+            onnx.save(scaled_relu(float(index + 2)), files[name])
+    assert not list(repository.rglob("*.py"))
+    with ServingStack(repository, workdir, with_facade=False, triton_http=False) as stack:
+        yield stack, files
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    with grpcclient.InferenceServerClient(served[0].triton.grpc_url) as client:
+        yield client
+
+
+def test_every_model_loads_through_a_named_backend(served, client):
+    stack, _ = served
+    assert {s["name"]: s["state"] for s in stack.triton.model_states()} == dict.fromkeys(REPOSITORY, "READY")
+    backends = {name: client.get_model_config(name).config.backend for name in REPOSITORY}
+    assert backends == {**dict.fromkeys(REPOSITORY, "onnxruntime"), "named_tritonnx": "tritonnx"}
+
+
+def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
+    configs = {name: client.get_model_config(name).config for name in REPOSITORY}
+    assert {n: c.max_batch_size for n, c in configs.items()} == {
+        "platform": 8,
+        "backend": 4,  # Triton's default-max-batch-size: the graph batches
+        "no_config": 4,
+        "named_tritonnx": 4,
+        "own_file_name": 4,
+        "not_batched": 0,
+        "mobilenet": 8,
+    }
+    assert configs["not_batched"].input[0].dims == [-1, 3] and configs["platform"].input[0].dims == [3]
+    # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
+    assert sum(g.count for g in configs["platform"].instance_group) == 2
+    assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
+
+
+@pytest.mark.parametrize("model", [m for m in REPOSITORY if m != "mobilenet"])
+def test_answers_equal_onnx_runtime_in_process(served, client, model):
+    _, files = served
+    x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
+    result = client.infer(model, make_inputs({"x": x}))
+    expected = reference_session(files[model]).run(["y"], {"x": x})[0]
+    np.testing.assert_array_equal(result.as_numpy("y"), expected)
+
+
+def test_a_real_network_answers_as_in_process(served, client):
+    _, files = served
+    x = np.random.default_rng(2).standard_normal((2, 3, 224, 224), dtype=np.float32)
+    result = client.infer("mobilenet", make_inputs({"input": x}))
+    expected = reference_session(files["mobilenet"]).run(["output"], {"input": x})[0]
+    np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_publish_writes_the_graph_under_the_configs_name_and_no_model_py(served, client, tmp_path):
+    stack, files = served
+    new = tmp_path / "new.onnx"
+    onnx.save(scaled_relu(10.0), new)
+    folder = ModelFolder.find(stack.triton.model_repository, "own_file_name")
+    with TritonControl(stack.triton.grpc_url, stack.triton.admin_key) as control:
+        outcome = publish(folder, new, control, log=lambda line: None)
+    assert sorted(p.name for p in (folder.path / "2").iterdir()) == ["model.int8.onnx"]
+    assert outcome.version == 2
+    x = np.ones((1, 3), np.float32)
+    result = client.infer("own_file_name", make_inputs({"x": x}), model_version="2")
+    np.testing.assert_array_equal(result.as_numpy("y"), reference_session(new).run(["y"], {"x": x})[0])
+    assert Path(files["own_file_name"]).exists()  # version 1 stays on disk

@@ -1,0 +1,50 @@
+"""Where the stock model.py finds a model's graph: the stub's command line, the version folder, default_model_filename."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.errors import ModelConfigError
+from backend.model_files import ModelFiles, is_python_model, onnx_file_name
+
+STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
+
+
+def version(tmp_path, *files: str):
+    folder = tmp_path / "repository" / "m" / "3"
+    for name in files:
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(b"graph")
+    return folder
+
+
+def test_the_stub_command_line_names_the_version_folder(tmp_path):
+    folder = version(tmp_path, "model.onnx")
+    config = {"backend": "onnxruntime", "default_model_filename": "model.onnx"}
+    files = ModelFiles.of_stub(config, [STUB, str(folder / "model.onnx"), "triton_onnxruntime_backend_shm_region_1"])
+    assert files == ModelFiles(folder, folder / "model.onnx")
+    assert files.config_file == tmp_path / "repository" / "m" / "config.pbtxt"
+
+
+def test_a_default_model_filename_below_the_version_folder_is_followed_up(tmp_path):
+    folder = version(tmp_path, "onnx/model.onnx")
+    config = {"backend": "tritonnx", "default_model_filename": "onnx/model.onnx"}
+    assert ModelFiles.of_stub(config, [STUB, str(folder / "onnx" / "model.onnx")]).version_folder == folder
+
+
+def test_a_python_model_is_its_version_folders_model_onnx_whatever_model_py_is_called(tmp_path):
+    folder = version(tmp_path, "model.onnx")
+    config = {"backend": "python", "default_model_filename": "serve.py"}
+    assert ModelFiles.of_stub(config, [STUB, str(folder / "serve.py")]).onnx_file == folder / "model.onnx"
+    assert is_python_model(config) and onnx_file_name(config) == "model.onnx"
+
+
+def test_a_stub_without_a_command_line_says_so():
+    with pytest.raises(ModelConfigError, match="cannot tell which model folder to serve"):
+        ModelFiles.of_stub({"backend": "onnxruntime"}, [])
+
+
+def test_the_file_name_for_publishing_follows_the_config():
+    assert onnx_file_name({"platform": "onnxruntime_onnx"}) == "model.onnx"
+    assert onnx_file_name({"backend": "onnxruntime", "default_model_filename": "int8.onnx"}) == "int8.onnx"
+    assert not is_python_model({"platform": "onnxruntime_onnx"}) and not is_python_model({})
