@@ -2,16 +2,17 @@
 
 The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written for it keeps
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
-`enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage`, any
-`session.*` ONNX Runtime config entry, and `optimization { graph { level } }`; tritonnx adds
-`optimized_model_cache` and `warm_up` (off, or replaced by Triton's own `model_warmup`). When
-the instances' threads add up to more than the cores, intra-op threads do not spin-wait unless
-the config says so.
+`enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage` (ONNX Runtime's
+own string, e.g. "cpu:0") and `optimization { graph { level } }`. tritonnx adds any `session.*`
+ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`
+and `warm_up` (off, or replaced by Triton's own `model_warmup`). When the instances' threads add
+up to more than the cores, intra-op threads do not spin-wait unless the config says so.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import onnxruntime as ort
@@ -27,6 +28,9 @@ _GRAPH_LEVELS = {
 
 
 SPINNING = "session.intra_op.allow_spinning"
+ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+# ONNX Runtime's value for it: the devices whose arenas shrink after each run, "cpu:0" (";"-separated).
+_SHRINKAGE = re.compile(r"^cpu:\d+(;cpu:\d+)*$")
 
 
 def available_cores() -> int:
@@ -51,6 +55,24 @@ def _as_int(key: str, value: str) -> int:
         raise ModelConfigError(f"parameter '{key}' must be an integer, got '{value}'") from None
 
 
+def _arena_shrinkage(value: str) -> str:
+    """ONNX Runtime's string for the run option; "" when off. 1/true, this project's earlier form, mean "cpu:0"."""
+    value = value.strip()
+    if value.lower() in ("", "0", "false", "off"):
+        return ""
+    if value.lower() in ("1", "true", "on"):
+        return "cpu:0"
+    if value.startswith("gpu"):
+        raise ModelConfigError(
+            f"parameter '{ARENA_SHRINKAGE}': '{value}' names a GPU arena; these instances run on CPU"
+        )
+    if not _SHRINKAGE.match(value):
+        raise ModelConfigError(
+            f"parameter '{ARENA_SHRINKAGE}' takes ONNX Runtime's devices, e.g. 'cpu:0', not '{value}'"
+        )
+    return value
+
+
 def _as_bool(key: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "on", "yes"):
@@ -70,7 +92,7 @@ class SessionSettings:
     graph_level: ort.GraphOptimizationLevel
     enable_mem_arena: bool = True
     enable_mem_pattern: bool = True
-    arena_shrinkage: bool = False
+    arena_shrinkage: str = ""  # the devices of ONNX Runtime's run option; "": the arena keeps its memory
     session_entries: dict[str, str] = field(default_factory=dict)
     optimized_model_cache: bool = True
     warm_up: bool = True
@@ -106,9 +128,7 @@ class SessionSettings:
             graph_level=_GRAPH_LEVELS.get(level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL),
             enable_mem_arena=_as_bool("enable_mem_arena", params.get("enable_mem_arena", "1")),
             enable_mem_pattern=_as_bool("enable_mem_pattern", params.get("enable_mem_pattern", "1")),
-            arena_shrinkage=_as_bool(
-                "memory.enable_memory_arena_shrinkage", params.get("memory.enable_memory_arena_shrinkage", "0")
-            ),
+            arena_shrinkage=_arena_shrinkage(params.get(ARENA_SHRINKAGE, "")),
             session_entries=entries,
             optimized_model_cache=_as_bool("optimized_model_cache", params.get("optimized_model_cache", "1")),
             # Samples in Triton's own `model_warmup` replace the backend's warm-up.
@@ -132,7 +152,7 @@ class SessionSettings:
     def run_options(self) -> ort.RunOptions:
         options = ort.RunOptions()
         if self.arena_shrinkage:
-            options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            options.add_run_config_entry(ARENA_SHRINKAGE, self.arena_shrinkage)
         return options
 
     def describe(self) -> str:

@@ -58,8 +58,21 @@ def test_memory_flags_and_session_entries_reach_onnxruntime():
 
 
 @pytest.mark.parametrize(
+    ("value", "devices"), [("cpu:0", "cpu:0"), ("cpu:0;cpu:1", "cpu:0;cpu:1"), ("1", "cpu:0"), ("0", "")]
+)
+def test_arena_shrinkage_takes_onnx_runtimes_string(value, devices):
+    settings = SessionSettings.from_model_config(config(memory__enable_memory_arena_shrinkage=value), cores=2)
+    options = settings.run_options()
+    assert settings.arena_shrinkage == devices
+    if devices:
+        assert options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == devices
+
+
+@pytest.mark.parametrize(
     ("params", "message"),
     [
+        ({"memory__enable_memory_arena_shrinkage": "gpu:0"}, "names a GPU arena; these instances run on CPU"),
+        ({"memory__enable_memory_arena_shrinkage": "yes please"}, "takes ONNX Runtime's devices, e.g. 'cpu:0'"),
         ({"intra_op_thread_count": "two"}, "must be an integer"),
         ({"execution_mode": "2"}, "0 (sequential) or 1 (parallel)"),
         ({"enable_mem_arena": "maybe"}, "0/1 or true/false"),
