@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -81,12 +81,33 @@ class GraphIO:
         """Inputs and outputs as served, batch dim removed when `batched`.
 
         A batched model cannot take an input with a default whose first dim is not a batch dim
-        (a weight that old exporters list among the inputs): it keeps its default.
+        (a weight that old exporters list among the inputs): it keeps its default. In a model that
+        does not batch, an output declared with a fixed first dim 1 while every input's first dim is
+        dynamic is served with a dynamic one: converters declare a classifier's `label` `[1]` and it
+        holds one row per input row (onnxmltools' LightGBM), so the advertised shape is the served one.
         """
         inputs = tuple(
             t.spec(batched, "input") for t in self.inputs if not (batched and t.has_default and not t.batchable)
         )
-        return inputs, tuple(t.spec(batched, "output") for t in self.outputs)
+        rows_follow = not batched and all(t.batchable or t.has_default for t in self.inputs)
+        outputs = []
+        for tensor in self.outputs:
+            if rows_follow and tensor.kind == "tensor" and tensor.shape and tensor.shape[0] == 1:
+                tensor = replace(tensor, shape=(None, *tensor.shape[1:]))
+            outputs.append(self._output_spec(tensor, batched))
+        return inputs, tuple(outputs)
+
+    def _output_spec(self, tensor: GraphTensor, batched: bool) -> TensorSpec:
+        try:
+            return tensor.spec(batched, "output")
+        except ModelConfigError as error:
+            if tensor.kind == "sequence" and "ZipMap" in self.op_types:
+                raise ModelConfigError(
+                    f"{error}. It is a ZipMap's list of per-class maps: export the classifier without it "
+                    "(skl2onnx: options={'zipmap': False}; onnxmltools' converters: zipmap=False) and its "
+                    "probabilities come out as a tensor"
+                ) from None
+            raise
 
     def cannot_batch(self) -> str | None:
         """Why Triton's batcher cannot stack requests of this graph, or None when it can.

@@ -147,3 +147,40 @@ def test_a_file_that_is_not_onnx_is_refused(tmp_path):
     (tmp_path / "empty.onnx").write_bytes(b"\x08\x07")  # a valid message without a graph
     with pytest.raises(ModelConfigError, match="has no graph"):
         read_graph_io(tmp_path / "empty.onnx")
+
+
+def test_a_zipmap_output_is_refused_with_the_export_that_avoids_it(tmp_path):
+    x = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["n", 3])
+    per_class = helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    zipped = helper.make_value_info("output_probability", helper.make_sequence_type_proto(per_class))
+    zipmap = helper.make_node(
+        "ZipMap", ["probabilities"], ["output_probability"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2]
+    )
+    graph = helper.make_graph([zipmap], "g", [x], [zipped])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "m.onnx")
+    with pytest.raises(
+        ModelConfigError, match=r"output 'output_probability' is a sequence.*options=\{'zipmap': False\}"
+    ):
+        read_graph_io(tmp_path / "m.onnx").specs(batched=False)
+
+
+def test_an_output_declared_one_row_long_that_follows_the_rows_is_served_with_a_dynamic_first_dim(tmp_path):
+    # onnxmltools' LightGBM classifier declares `label` [1] and returns one label per row.
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
+    label = helper.make_tensor_value_info("label", TensorProto.INT64, [1])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 3])
+    nodes = [
+        helper.make_node("ArgMax", ["x"], ["label"], axis=1, keepdims=0),
+        helper.make_node("Softmax", ["x"], ["scores"]),
+    ]
+    path = save(tmp_path, nodes, [x], [label, scores])
+    rows = np.zeros((2, 3), np.float32)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # ONNX Runtime warns that [2] is not the declared [1]
+    assert ort.InferenceSession(str(path), options).run(["label"], {"x": rows})[0].shape == (2,)
+    graph = read_graph_io(path)
+    assert graph.cannot_batch() == "output 'label' has a fixed first dim 1"
+    _, outputs = graph.specs(batched=False)
+    assert [o.as_config()["dims"] for o in outputs] == [[-1], [-1, 3]]
