@@ -49,14 +49,21 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
         else:
             max_batch_size = DEFAULT_MAX_BATCH_SIZE
             config.set_max_batch_size(max_batch_size)
-            scheduler = next((s for s in _SCHEDULERS if s in current), None)
             log(
                 f"model '{name}': every input and output has a dynamic first dim, so it batches: "
-                f"max_batch_size {max_batch_size}, {scheduler or 'dynamic_batching'} "
-                "(write max_batch_size in config.pbtxt to choose, 0 to turn batching off)"
+                f"max_batch_size {max_batch_size} (write max_batch_size in config.pbtxt to choose, 0 to turn "
+                "batching off)"
             )
+    coupling = graph.batch_coupling()
     if max_batch_size > 1 and not any(s in current for s in _SCHEDULERS):
-        config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one
+        if coupling and not writes_max_batch_size(config_file):
+            # Triton's default scheduler hands the model one request at a time: each gets what it would get alone.
+            log(
+                f"model '{name}': its rows are not independent ({coupling}): requests run one by one, no dynamic "
+                "batching (write max_batch_size in config.pbtxt to batch them anyway)"
+            )
+        else:
+            config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one
     inputs, outputs = graph.specs(max_batch_size > 0)
     for kind, specs, add in (("input", inputs, config.add_input), ("output", outputs, config.add_output)):
         written = {entry["name"]: entry for entry in current.get(kind, [])}

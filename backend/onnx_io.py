@@ -37,6 +37,10 @@ _SHAPE_DIM = 1
 _DIM_VALUE, _DIM_PARAM = 1, 2
 
 
+# Operators whose result for one row depends on the other rows of the batch.
+BATCH_COUPLED_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
+
+
 @dataclass(frozen=True)
 class GraphTensor:
     """A graph input or output as the file declares it.
@@ -108,6 +112,17 @@ class GraphIO:
                     "probabilities come out as a tensor"
                 ) from None
             raise
+
+    def batch_coupling(self) -> str | None:
+        """Why a row of this graph's batch may not get what it would get alone, or None.
+
+        ONNX Runtime's dynamic quantization (`quantize_dynamic`, as used for transformers) computes one scale over the
+        whole tensor it quantizes: rows stacked into one batch share it.
+        """
+        coupled = sorted(self.op_types & BATCH_COUPLED_OPS)
+        if coupled:
+            return f"{', '.join(coupled)} quantizes each tensor with one scale over the whole batch"
+        return None
 
     def cannot_batch(self) -> str | None:
         """Why Triton's batcher cannot stack requests of this graph, or None when it can.

@@ -20,8 +20,9 @@ from onnx import TensorProto, helper
 from backend.server.model_control import TritonControl
 from backend.server.stack import ServingStack
 from backend.server.versions import ModelFolder, publish
+from tests.graphs import LOUD_ID, quantized_encoder
 from tests.integration.any_models import _model, value
-from tests.kserve import make_inputs, reference_session
+from tests.kserve import infer_concurrently, make_inputs, reference_session
 from tests.serving import MODEL_REPOSITORY
 
 # model -> (config.pbtxt, or None for none at all; the graph's file name in the version folder)
@@ -33,6 +34,7 @@ REPOSITORY = {
     "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),
     "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
     "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
+    "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
 }
 
 
@@ -65,6 +67,9 @@ def served(tmp_path_factory):
         files[name] = repository / name / "1" / file_name
         if name == "mobilenet":
             files[name].symlink_to(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx")
+        elif name == "quantized":
+            quantized_encoder(files[name].parent)
+            (files[name].parent / "float.onnx").unlink()
         else:
             onnx.save(scaled_relu(float(index + 2)), files[name])
     assert not list(repository.rglob("*.py"))
@@ -95,6 +100,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "own_file_name": 4,
         "not_batched": 0,
         "mobilenet": 8,
+        "quantized": 4,
     }
     assert configs["not_batched"].input[0].dims == [-1, 3] and configs["platform"].input[0].dims == [3]
     # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
@@ -102,7 +108,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
 
 
-@pytest.mark.parametrize("model", [m for m in REPOSITORY if m != "mobilenet"])
+@pytest.mark.parametrize("model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized")])
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
     _, files = served
     x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
@@ -117,6 +123,18 @@ def test_a_real_network_answers_as_in_process(served, client):
     result = client.infer("mobilenet", make_inputs({"input": x}))
     expected = reference_session(files["mobilenet"]).run(["output"], {"input": x})[0]
     np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_concurrent_requests_to_a_batch_coupled_graph_each_get_what_they_would_get_alone(served, client):
+    _, files = served
+    assert not client.get_model_config("quantized").config.HasField("dynamic_batching")
+    rng = np.random.default_rng(3)
+    requests = [rng.integers(0, LOUD_ID, (1, 5)) if i % 2 else np.full((1, 5), LOUD_ID) for i in range(16)]
+    answers = infer_concurrently(client, "quantized", [{"ids": ids} for ids in requests], ["logits"])
+    session = reference_session(files["quantized"])
+    for ids, answer in zip(requests, answers, strict=True):
+        assert answer.error is None
+        np.testing.assert_array_equal(answer.outputs["logits"], session.run(["logits"], {"ids": ids})[0])
 
 
 def test_publish_writes_the_graph_under_the_configs_name_and_no_model_py(served, client, tmp_path):

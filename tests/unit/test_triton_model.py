@@ -6,9 +6,12 @@ import shutil
 import sys
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from backend.errors import ModelConfigError
+from backend.onnx_io import read_graph_io
+from tests.graphs import LOUD_ID, quantized_encoder
 
 
 def model_folder(onnx_file, config_text: str | None = None):
@@ -295,3 +298,33 @@ def test_a_missing_graph_fails_the_load_naming_the_file_it_looked_for(pb_utils, 
     config = {**empty_config("m", 8), "backend": "onnxruntime", "default_model_filename": "model.quant.onnx"}
     with pytest.raises(RuntimeError, match=r"model 'm': unable to find .*model\.quant\.onnx \(default_model_filename"):
         stock_model(pb_utils)().initialize(instance_args(config, folder))
+
+
+# --- graphs whose rows are not independent -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    return quantized_encoder(tmp_path_factory.mktemp("quantized"))
+
+
+def test_a_row_of_a_dynamically_quantized_graph_depends_on_its_batch_mates(quantized):
+    # Why the rule below exists: the same request, alone and beside a loud one, gets two answers.
+    session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    quiet, loud = np.array([[1, 2, 3, 4, 5]]), np.full((1, 5), LOUD_ID)
+    alone = session.run(None, {"ids": quiet})[0]
+    assert not np.array_equal(session.run(None, {"ids": np.concatenate([quiet, loud])})[0][:1], alone)
+    assert "DynamicQuantizeLinear" in read_graph_io(quantized).batch_coupling()
+
+
+def test_a_batch_coupled_graph_runs_its_requests_one_by_one_unless_the_config_says(pb_utils, quantized):
+    pb_utils.Logger.lines.clear()
+    config = pb_utils.ModelConfig(json.dumps(empty_config("encoder", 0)))
+    model_class(pb_utils, quantized).auto_complete_config(config)
+    completed = config.as_dict()
+    assert completed["max_batch_size"] == 4 and "dynamic_batching" not in completed
+    assert any("its rows are not independent (DynamicQuantizeLinear" in line for line in pb_utils.Logger.lines)
+    # A config that writes max_batch_size chose to batch: Triton's onnxruntime backend's rule applies.
+    config = pb_utils.ModelConfig(json.dumps(empty_config("encoder", 8)))
+    model_class(pb_utils, quantized, "max_batch_size: 8\n").auto_complete_config(config)
+    assert config.as_dict()["dynamic_batching"] == {}
