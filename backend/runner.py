@@ -16,21 +16,24 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from backend.batching import group_compatible, split, stack
+from backend.batching import Tensors, group_compatible, split, stack
 from backend.errors import InvalidInputError, ModelExecutionError, RequestError
 from backend.onnx_io import read_graph_io
 from backend.session_cache import create_session, default_cache_dir
 from backend.settings import SessionSettings
 from backend.validation import ModelSignature, PreparedRequest, prepare_request
-from backend.warmup import TRAPPING_OPS, crash_in_child, warm_up_feeds
+from backend.warmup import TRAPPING_OPS, crash_in_child, warm_up_candidates
 
-Tensors = Mapping[str, np.ndarray]
 Result = dict[str, np.ndarray] | RequestError
 
 # ONNX Runtime's messages name its own source files and C++ functions; a caller needs neither.
 _ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ (?:[^()]*\([^)]*\) )?")
 _WARM_UP_CHILD_SECONDS = 120.0
 _warn = logging.getLogger(__name__).warning  # where a runner logs when it is given no logger
+
+
+def _shapes(feeds: Tensors) -> str:
+    return ", ".join(f"{name} {list(array.shape)}" for name, array in feeds.items())
 
 
 def _caller_message(error: Exception) -> str:
@@ -83,27 +86,40 @@ class OnnxModelRunner:
         return runner
 
     def warm_up(self) -> None:
-        """Run the smallest request of ones once.
+        """Run requests of ones until one runs (backend.warmup says which shapes are tried).
 
-        ONNX Runtime allocates on its first run, which would otherwise land on the first caller. A failure is logged;
-        the model serves anyway.
+        ONNX Runtime allocates on its first run, which would otherwise land on the first caller. When no shape runs,
+        the log says so; the model serves anyway.
         """
-        try:
-            self._run(warm_up_feeds(self.signature.inputs, self.signature.batched))
-        except Exception as error:  # noqa: BLE001 - not every model takes ones
-            self._log(
-                f"model '{self.signature.name}': warm-up with ones failed ({_caller_message(error)}); serving anyway"
-            )
+        failures = []
+        for feeds in warm_up_candidates(self.signature.inputs, self.signature.batched):
+            try:
+                self._run(feeds)
+            except Exception as error:  # noqa: BLE001 - not every model takes ones of every shape
+                failures.append(f"{_shapes(feeds)}: {_caller_message(error)}")
+                continue
+            if failures:
+                self._log(f"model '{self.signature.name}': warmed up with {_shapes(feeds)} ({failures[0]})")
+            return
+        self._log(
+            f"model '{self.signature.name}': warm-up skipped, no input shape tried ran ({'; '.join(failures)}); "
+            "the first request pays ONNX Runtime's first-run allocation"
+        )
 
     def warm_up_in_child_first(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> None:
-        """Warm up only if a forked child survives the same run (see backend.warmup)."""
-        feeds = warm_up_feeds(self.signature.inputs, self.signature.batched)
+        """Warm up only if a forked child survives the same runs (see backend.warmup)."""
+        candidates = list(warm_up_candidates(self.signature.inputs, self.signature.batched))
         options = settings.session_options()
         options.intra_op_num_threads = options.inter_op_num_threads = 1  # a fork has none of our threads
 
         def run_in_child() -> None:
             session = create_session(onnx_file, options, cache_dir, lambda _: None)
-            session.run([spec.name for spec in self.signature.outputs], feeds)
+            for feeds in candidates:
+                try:
+                    session.run([spec.name for spec in self.signature.outputs], feeds)
+                    return
+                except Exception:  # noqa: BLE001 - the next shape, as warm_up tries them
+                    continue
 
         crash = crash_in_child(run_in_child, _WARM_UP_CHILD_SECONDS)
         if crash is None:

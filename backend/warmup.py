@@ -1,21 +1,28 @@
 """The first run of each instance, done at load so that no caller pays for it.
 
-ONNX Runtime allocates its buffers on a session's first run. Warm-up feeds ones (True, "1")
-shaped to the smallest request (every dynamic dim 1), because zeros are not valid input for
-every model: an integer division by zero raises SIGFPE, which kills the Python stub before any
-Python code can catch it, and the model never becomes ready. Where the graph divides at all
-(ops in `TRAPPING_OPS`), the warm-up first runs in a forked child process: if the child dies,
-the instance logs it and serves without warm-up.
+ONNX Runtime allocates its buffers on a session's first run. Warm-up feeds ones (True, "1"),
+because zeros are not valid input for every model: an integer division by zero raises SIGFPE,
+which kills the Python stub before any Python code can catch it, and the model never becomes
+ready. Where the graph divides at all (ops in `TRAPPING_OPS`), the warm-up first runs in a forked
+child process: if the child dies, the instance logs it and serves without warm-up.
+
+The shapes tried, in turn until one runs (`warm_up_candidates`): every dynamic dim of one size,
+first the smallest request (1), then longer (16, 512) for kernels and windows a single step does
+not fill (an audio model's first convolution). Dims of one name get one size, a dim named for past
+keys and values is 0 (an empty cache), and a dim named by an expression of such names
+(`past_sequence_length + sequence_length`, an attention mask) is that sum.
 """
 
 from __future__ import annotations
 
+import ast
 import faulthandler
+import math
 import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -27,16 +34,52 @@ TRAPPING_OPS = frozenset({"Div", "Mod"})
 _CHILD_POLL_SECONDS = 0.01
 
 
-def warm_up_feeds(inputs: tuple[TensorSpec, ...], batched: bool) -> dict[str, np.ndarray]:
-    """Ones of the smallest shape for every required input; optional inputs keep their defaults."""
-    batch = (1,) if batched else ()
-    feeds = {}
-    for spec in inputs:
-        if spec.optional:
-            continue
-        shape = batch + tuple(1 if d < 0 else d for d in spec.dims)
-        feeds[spec.name] = np.full(shape, "1", dtype=np.object_) if spec.is_string else np.ones(shape, spec.dtype)
-    return feeds
+WARM_UP_LENGTHS = (1, 16, 512)
+_MOST_ELEMENTS = 1 << 22  # per input: a try that would need more is skipped
+
+
+def warm_up_candidates(inputs: tuple[TensorSpec, ...], batched: bool) -> Iterator[dict[str, np.ndarray]]:
+    """Feeds of ones to try in turn, one per length of WARM_UP_LENGTHS; optional inputs keep their defaults."""
+    for length in WARM_UP_LENGTHS:
+        feeds = {}
+        for spec in inputs:
+            if spec.optional:
+                continue
+            names = spec.dim_names or (None,) * len(spec.dims)
+            shape = (1,) * batched + tuple(
+                d if d >= 0 else _dynamic_size(name, length) for d, name in zip(spec.dims, names, strict=True)
+            )
+            if math.prod(shape) > _MOST_ELEMENTS:
+                break
+            feeds[spec.name] = np.full(shape, "1", dtype=np.object_) if spec.is_string else np.ones(shape, spec.dtype)
+        else:
+            yield feeds
+
+
+def _dynamic_size(name: str | None, length: int) -> int:
+    if name is None:
+        return length
+    try:
+        size = _evaluate(ast.parse(name, mode="eval").body, length)
+    except SyntaxError:
+        return length
+    return length if size is None or size < 0 else size
+
+
+def _evaluate(node: ast.expr, length: int) -> int | None:
+    """A dim name's size: a past-keys name 0, any other name `length`, + - * of them; None for anything else."""
+    if isinstance(node, ast.Name):
+        return 0 if "past" in node.id.lower() else length
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        left, right = _evaluate(node.left, length), _evaluate(node.right, length)
+        if left is None or right is None:
+            return None
+        if isinstance(node.op, ast.Add):
+            return left + right
+        return left - right if isinstance(node.op, ast.Sub) else left * right
+    return None
 
 
 def crash_in_child(run: Callable[[], object], timeout: float) -> str | None:

@@ -202,8 +202,8 @@ def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
     np.testing.assert_array_equal(runner.infer([{"x": np.array([3, 5], np.int64)}])[0]["y"], [1, 1])
 
 
-def test_a_failing_warm_up_is_a_log_line(tmp_path):
-    # Reshape to a shape the warm-up's one element cannot take: ONNX Runtime raises, nothing dies.
+def test_a_warm_up_no_shape_fits_is_skipped_with_a_log_line(tmp_path):
+    # Reshape to [2, 2]: only 4 elements fit, no warm-up length gives 4. ONNX Runtime raises, nothing dies.
     shape = numpy_helper.from_array(np.array([2, 2], np.int64), "shape")
     path = save_graph(
         tmp_path / "square.onnx",
@@ -214,8 +214,54 @@ def test_a_failing_warm_up_is_a_log_line(tmp_path):
     )
     lines = []
     runner = OnnxModelRunner.load(path, "square", SETTINGS, max_batch_size=0, log=lines.append)
-    assert len(lines) == 1 and lines[0].startswith("model 'square': warm-up with ones failed (")
+    assert len(lines) == 1 and lines[0].startswith("model 'square': warm-up skipped, no input shape tried ran (x [1]: ")
+    assert "x [16]: " in lines[0] and "x [512]: " in lines[0] and lines[0].endswith("first-run allocation")
     assert runner.infer([{"x": np.arange(4, dtype=np.float32)}])[0]["y"].shape == (2, 2)
+
+
+def test_an_audio_model_whose_first_convolution_needs_more_samples_warms_up_longer(tmp_path):
+    # wav2vec2's feature encoder in small: three strided convolutions, which one sample (or 16) cannot pass.
+    weights = [numpy_helper.from_array(np.ones((1, 1, k), np.float32), f"w{k}") for k in (10, 3)]
+    path = save_graph(
+        tmp_path / "audio.onnx",
+        [
+            helper.make_node("Unsqueeze", ["samples", "axes"], ["wave"]),
+            helper.make_node("Conv", ["wave", "w10"], ["c1"], strides=[5]),
+            helper.make_node("Conv", ["c1", "w3"], ["c2"], strides=[2]),
+            helper.make_node("Conv", ["c2", "w3"], ["features"], strides=[2]),
+        ],
+        [value("samples", TensorProto.FLOAT, ["batch", "sequence"])],
+        [value("features", TensorProto.FLOAT, ["batch", 1, "frames"])],
+        [*weights, numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )
+    lines = []
+    OnnxModelRunner.load(path, "audio", SETTINGS, max_batch_size=4, log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("model 'audio': warmed up with samples [1, 512] (samples [1, 1]: ")
+
+
+def test_a_decoder_with_past_warms_up_with_an_empty_past_and_a_mask_as_long_as_both(tmp_path):
+    # GPT-2 exported with past keys and values: the mask spans past + new tokens, and ones everywhere do not fit.
+    embedding = numpy_helper.from_array(np.ones((100, 4), np.float32), "embedding")
+    path = save_graph(
+        tmp_path / "decoder.onnx",
+        [
+            helper.make_node("Gather", ["embedding", "input_ids"], ["new"]),
+            helper.make_node("Concat", ["past", "new"], ["keys"], axis=1),
+            helper.make_node("Cast", ["attention_mask"], ["weights"], to=TensorProto.FLOAT),
+            helper.make_node("Unsqueeze", ["weights", "axes"], ["row"]),
+            helper.make_node("MatMul", ["row", "keys"], ["attended"]),
+        ],
+        [
+            value("input_ids", TensorProto.INT64, ["batch", "sequence_length"]),
+            value("attention_mask", TensorProto.INT64, ["batch", "past_sequence_length + sequence_length"]),
+            value("past", TensorProto.FLOAT, ["batch", "past_sequence_length", 4]),
+        ],
+        [value("attended", TensorProto.FLOAT, ["batch", 1, 4])],
+        [embedding, numpy_helper.from_array(np.array([1], np.int64), "axes")],
+    )
+    lines = []
+    OnnxModelRunner.load(path, "decoder", SETTINGS, max_batch_size=4, log=lines.append)
+    assert lines == []  # the first shape tried ran: past 0, sequence 1, mask 1
 
 
 def test_strings_booleans_and_empty_tensors_run_as_in_process(tmp_path):
