@@ -3,7 +3,8 @@
 The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written for it keeps
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
 `enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage` (ONNX Runtime's
-own string, e.g. "cpu:0") and `optimization { graph { level } }`. tritonnx adds any `session.*`
+own string, e.g. "cpu:0"), `optimization { graph { level } }` and the custom operator libraries of
+`model_operations { op_library_filename }` (registered with every session). tritonnx adds any `session.*`
 ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`
 and `warm_up` (off, or replaced by Triton's own `model_warmup`). When the instances' threads add
 up to more than the cores, intra-op threads do not spin-wait unless the config says so.
@@ -73,6 +74,17 @@ def _arena_shrinkage(value: str) -> str:
     return value
 
 
+def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
+    libraries = tuple((model_config.get("model_operations") or {}).get("op_library_filename") or ())
+    for library in libraries:
+        if not os.path.isfile(library):
+            raise ModelConfigError(
+                f"model_operations: op_library_filename '{library}' is not a file (a relative path is taken from "
+                f"tritonserver's working directory, {os.getcwd()})"
+            )
+    return libraries
+
+
 def _as_bool(key: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "on", "yes"):
@@ -96,6 +108,7 @@ class SessionSettings:
     session_entries: dict[str, str] = field(default_factory=dict)
     optimized_model_cache: bool = True
     warm_up: bool = True
+    custom_op_libraries: tuple[str, ...] = ()  # as written: a relative path is the server's working directory's
 
     @classmethod
     def from_model_config(cls, model_config: dict, cores: int | None = None) -> SessionSettings:
@@ -133,6 +146,7 @@ class SessionSettings:
             optimized_model_cache=_as_bool("optimized_model_cache", params.get("optimized_model_cache", "1")),
             # Samples in Triton's own `model_warmup` replace the backend's warm-up.
             warm_up=_as_bool("warm_up", params.get("warm_up", "1")) and not model_config.get("model_warmup"),
+            custom_op_libraries=_custom_op_libraries(model_config),
         )
 
     def session_options(self) -> ort.SessionOptions:
@@ -147,6 +161,8 @@ class SessionSettings:
         options.enable_mem_pattern = self.enable_mem_pattern
         for key, value in self.session_entries.items():
             options.add_session_config_entry(key, value)
+        for library in self.custom_op_libraries:
+            options.register_custom_ops_library(library)
         return options
 
     def run_options(self) -> ort.RunOptions:
@@ -161,4 +177,5 @@ class SessionSettings:
             f"execution_mode={'parallel' if self.parallel_execution else 'sequential'} "
             f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)} "
             f"spinning={self.session_entries.get(SPINNING, '1')} warm_up={int(self.warm_up)}"
+            + (f" custom_op_libraries={','.join(self.custom_op_libraries)}" if self.custom_op_libraries else "")
         )

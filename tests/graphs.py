@@ -1,4 +1,5 @@
-"""ONNX graphs more than one tier builds: a dynamically quantized encoder, whose rows are not independent."""
+"""ONNX graphs more than one tier builds: a dynamically quantized encoder, whose rows are not independent, and a
+graph of a custom operator library's string op."""
 
 from __future__ import annotations
 
@@ -48,3 +49,21 @@ def quantized_encoder(directory: Path) -> Path:
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic suggests pre-processing on the root logger
     quantize_dynamic(directory / "float.onnx", directory / "model.onnx", weight_type=QuantType.QInt8)
     return directory / "model.onnx"
+
+
+def string_upper(path: Path) -> Path:
+    """text BYTES [n] -> upper BYTES [n] with onnxruntime-extensions' StringUpper: a custom operator library's op, which
+    ONNX Runtime runs only with the library registered (its path: onnxruntime_extensions.get_library_path())."""
+    node = helper.make_node("StringUpper", ["text"], ["upper"], domain="ai.onnx.contrib")
+    graph = helper.make_graph(
+        [node],
+        "upper",
+        [helper.make_tensor_value_info("text", TensorProto.STRING, ["n"])],
+        [helper.make_tensor_value_info("upper", TensorProto.STRING, ["n"])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 9
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path

@@ -16,11 +16,12 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
+from onnxruntime_extensions import get_library_path
 
 from backend.server.model_control import TritonControl
 from backend.server.stack import ServingStack
 from backend.server.versions import ModelFolder, publish
-from tests.graphs import LOUD_ID, quantized_encoder
+from tests.graphs import LOUD_ID, quantized_encoder, string_upper
 from tests.integration.any_models import _model, value
 from tests.kserve import infer_concurrently, make_inputs, reference_session
 from tests.serving import MODEL_REPOSITORY
@@ -35,6 +36,11 @@ REPOSITORY = {
     "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
     "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
     "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
+    # Strings through a custom operator library's op (onnxruntime-extensions' StringUpper).
+    "custom_op": (
+        f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\nmodel_operations {{ op_library_filename: "{get_library_path()}" }}\n',
+        "model.onnx",
+    ),
 }
 
 
@@ -67,6 +73,8 @@ def served(tmp_path_factory):
         files[name] = repository / name / "1" / file_name
         if name == "mobilenet":
             files[name].symlink_to(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx")
+        elif name == "custom_op":
+            string_upper(files[name])
         elif name == "quantized":
             quantized_encoder(files[name].parent)
             (files[name].parent / "float.onnx").unlink()
@@ -101,6 +109,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "not_batched": 0,
         "mobilenet": 8,
         "quantized": 4,
+        "custom_op": 8,
     }
     assert configs["not_batched"].input[0].dims == [-1, 3] and configs["platform"].input[0].dims == [3]
     # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
@@ -108,13 +117,19 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
 
 
-@pytest.mark.parametrize("model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized")])
+@pytest.mark.parametrize("model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized", "custom_op")])
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
     _, files = served
     x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
     result = client.infer(model, make_inputs({"x": x}))
     expected = reference_session(files[model]).run(["y"], {"x": x})[0]
     np.testing.assert_array_equal(result.as_numpy("y"), expected)
+
+
+def test_a_custom_operator_library_named_in_the_config_serves_its_ops(client):
+    text = np.array([["tritonnx"], ["wörld"]], dtype=object)  # two requests' worth in one: [n, 1] as served
+    result = client.infer("custom_op", make_inputs({"text": text}))
+    assert [v.decode() for v in result.as_numpy("upper").ravel()] == ["TRITONNX", "WöRLD"]
 
 
 def test_a_real_network_answers_as_in_process(served, client):

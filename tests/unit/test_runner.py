@@ -2,7 +2,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from backend.errors import InvalidInputError, ModelExecutionError
+from backend.errors import InvalidInputError, ModelConfigError, ModelExecutionError
 from backend.onnx_io import read_file_io
 from backend.runner import OnnxModelRunner
 from backend.settings import SessionSettings
@@ -130,6 +130,7 @@ def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
 # Shapes that only a model which does not batch (or a graph unlike the demo models) has.
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from tests.graphs import string_upper  # noqa: E402
 from tests.unit.conftest import save_graph  # noqa: E402
 
 
@@ -289,3 +290,16 @@ def test_strings_booleans_and_empty_tensors_run_as_in_process(tmp_path):
     assert result["text_out"].tolist() == ["", "\u00e9t\u00e9", "a\x00b"]
     assert result["flag_out"].tolist() == [False, True]
     assert result["values_out"].shape == (0,)
+
+
+def test_a_custom_operator_library_of_the_config_is_registered_with_the_session(tmp_path):
+    from onnxruntime_extensions import get_library_path
+
+    path = string_upper(tmp_path / "upper.onnx")
+    config = {"model_operations": {"op_library_filename": [get_library_path()]}}
+    settings = SessionSettings.from_model_config(config, cores=1)
+    runner = OnnxModelRunner.load(path, "upper", settings, max_batch_size=0)
+    [result] = runner.infer([{"text": np.array(["tritonnx", "wörld"], dtype=object)}])
+    assert result["upper"].tolist() == ["TRITONNX", "WöRLD"]
+    with pytest.raises(ModelConfigError, match="model_operations: op_library_filename 'missing.so' is not a file"):
+        SessionSettings.from_model_config({"model_operations": {"op_library_filename": ["missing.so"]}}, cores=1)
