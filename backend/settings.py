@@ -4,7 +4,10 @@ The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written 
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
 `enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage` (ONNX Runtime's
 own string, e.g. "cpu:0"), `optimization { graph { level } }` and the custom operator libraries of
-`model_operations { op_library_filename }` (registered with every session). tritonnx adds any `session.*`
+`model_operations { op_library_filename }` (registered with every session). A CPU execution
+accelerator (`optimization { execution_accelerators { cpu_execution_accelerator } }`) is refused at
+load with the reason: this ONNX Runtime build has no OpenVINO provider; GPU accelerators, as with
+the onnxruntime backend on CPU instances, do not apply. tritonnx adds any `session.*`
 ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`
 and `warm_up` (off, or replaced by Triton's own `model_warmup`). When the instances' threads add
 up to more than the cores, intra-op threads do not spin-wait unless the config says so.
@@ -74,6 +77,21 @@ def _arena_shrinkage(value: str) -> str:
     return value
 
 
+def _refuse_cpu_accelerators(model_config: dict) -> None:
+    accelerators = ((model_config.get("optimization") or {}).get("execution_accelerators") or {}).get(
+        "cpu_execution_accelerator"
+    ) or []
+    for accelerator in accelerators:
+        name = accelerator.get("name", "")
+        if name != "openvino":
+            raise ModelConfigError(f"execution_accelerators: unknown Execution Accelerator '{name}' is requested")
+        raise ModelConfigError(
+            "execution_accelerators: cpu_execution_accelerator 'openvino' needs ONNX Runtime's OpenVINO execution "
+            f"provider, which this build (onnxruntime {ort.__version__}: {', '.join(ort.get_available_providers())}) "
+            "does not have: remove it to serve with the CPU provider"
+        )
+
+
 def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
     libraries = tuple((model_config.get("model_operations") or {}).get("op_library_filename") or ())
     for library in libraries:
@@ -118,6 +136,7 @@ class SessionSettings:
         take all cores (ONNX Runtime's default) oversubscribes the machine as soon as two
         instances run at once.
         """
+        _refuse_cpu_accelerators(model_config)
         params = _parameters(model_config)
         cores = cores or available_cores()
         instances = cpu_instance_count(model_config)

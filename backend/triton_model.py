@@ -59,9 +59,9 @@ class OnnxRuntimeModel:
         config = json.loads(args["model_config"])
         name = config["name"]
         version_folder = Path(args["model_repository"]) / args["model_version"]
-        settings = SessionSettings.from_model_config(config)
         ragged = frozenset(i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch"))
         try:
+            settings = SessionSettings.from_model_config(config)
             files = self._files(lambda: ModelFiles.of_version(version_folder, config))
             self.runner = OnnxModelRunner.load(
                 files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn

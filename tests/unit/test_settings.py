@@ -98,3 +98,15 @@ def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
         config(2, intra_op_thread_count="2", session__intra_op__allow_spinning="1"), cores=2
     )
     assert explicit.session_entries["session.intra_op.allow_spinning"] == "1"
+
+
+def test_a_cpu_execution_accelerator_is_refused_by_name_and_gpu_ones_do_not_apply():
+    def accelerating(**accelerators: list) -> dict:
+        return {**config(), "optimization": {"execution_accelerators": accelerators}}
+
+    with pytest.raises(ModelConfigError, match="'openvino' needs ONNX Runtime's OpenVINO execution provider"):
+        SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "openvino"}]), cores=2)
+    with pytest.raises(ModelConfigError, match="unknown Execution Accelerator 'dnnl' is requested"):
+        SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "dnnl"}]), cores=2)
+    gpu_only = accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}])
+    assert SessionSettings.from_model_config(gpu_only, cores=2).intra_op_threads == 2
