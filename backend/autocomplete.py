@@ -40,6 +40,7 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
     """Fill `config` (a pb_utils.ModelConfig) from the graph in `onnx_file`."""
     current = config.as_dict()
     name = current.get("name", onnx_file.parent.parent.name)
+    refuse_unsupported(name, current)
     graph = read_graph_io(onnx_file)
     max_batch_size = int(current.get("max_batch_size", 0))
     if max_batch_size == 0 and not writes_max_batch_size(config_file):
@@ -78,6 +79,21 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
             if "optional" in mine:
                 entry.pop("optional", None)
             add(entry)
+
+
+def refuse_unsupported(model: str, config: dict) -> None:
+    """Refuse, by name and with the reason, what Triton's onnxruntime backend reads and this backend does not do."""
+    for key in ("batch_input", "batch_output"):
+        if config.get(key):
+            raise ModelConfigError(
+                f"model '{model}': {key} is not supported: tritonnx's backend does not compute Triton's batch inputs "
+                "and outputs; remove it and let each request carry what the graph needs"
+            )
+    if (config.get("sequence_batching") or {}).get("state"):
+        raise ModelConfigError(
+            f"model '{model}': sequence_batching state (implicit state) is not supported: Triton's Python backend, "
+            "which runs this model, has no state API"
+        )
 
 
 def _writes_type_and_dims(entry: dict) -> bool:

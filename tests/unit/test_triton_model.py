@@ -328,3 +328,23 @@ def test_a_batch_coupled_graph_runs_its_requests_one_by_one_unless_the_config_sa
     config = pb_utils.ModelConfig(json.dumps(empty_config("encoder", 8)))
     model_class(pb_utils, quantized, "max_batch_size: 8\n").auto_complete_config(config)
     assert config.as_dict()["dynamic_batching"] == {}
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            {"batch_input": [{"kind": "BATCH_ELEMENT_COUNT", "target_name": ["n"], "source_input": ["x"]}]},
+            "batch_input is not supported",
+        ),
+        (
+            {"batch_output": [{"kind": "BATCH_SCATTER_WITH_INPUT_SHAPE", "target_name": ["y"], "source_input": ["x"]}]},
+            "batch_output is not supported",
+        ),
+        ({"sequence_batching": {"state": [{"input_name": "past_in", "output_name": "past_out"}]}}, "has no state API"),
+    ],
+)
+def test_settings_this_backend_does_not_do_are_refused_by_name(pb_utils, double_onnx, setting, message):
+    config = pb_utils.ModelConfig(json.dumps({**empty_config("double", 8), **setting}))
+    with pytest.raises(ModelConfigError, match=message):
+        model_class(pb_utils, double_onnx).auto_complete_config(config)
