@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from backend.errors import ModelConfigError
+from backend.model_files import backend_config
 from backend.onnx_io import read_graph_io
 
-# Triton's `default-max-batch-size` (its backends' default), which the Python model cannot read.
+# Triton's `default-max-batch-size` when the server's command line gives none (backend_config).
 DEFAULT_MAX_BATCH_SIZE = 4
 _WRITTEN_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:", re.MULTILINE)
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
@@ -48,7 +49,7 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
         if reason:
             log(f"model '{name}': max_batch_size 0, the model cannot batch: {reason}")
         else:
-            max_batch_size = DEFAULT_MAX_BATCH_SIZE
+            max_batch_size = default_max_batch_size(current.get("backend", ""))
             config.set_max_batch_size(max_batch_size)
             log(
                 f"model '{name}': every input and output has a dynamic first dim, so it batches: "
@@ -79,6 +80,12 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
             if "optional" in mine:
                 entry.pop("optional", None)
             add(entry)
+
+
+def default_max_batch_size(backend: str) -> int:
+    """`--backend-config=<backend>,default-max-batch-size=N` (or the global one), else Triton's default, 4."""
+    value = backend_config(backend).get("default-max-batch-size", "")
+    return int(value) if value.isdigit() else DEFAULT_MAX_BATCH_SIZE
 
 
 def refuse_unsupported(model: str, config: dict) -> None:

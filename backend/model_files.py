@@ -25,6 +25,7 @@ ONNX_BACKENDS = ("onnxruntime", "tritonnx")  # the Python-based backends that se
 DEFAULT_ONNX_FILE = "model.onnx"
 PYTHON_MODEL_FILE = "model.py"
 CONFIG_FILE = "config.pbtxt"
+STUB_EXECUTABLE = "triton_python_backend_stub"
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,33 @@ def _served_file(config: dict) -> str:
     return "" if is_python_model(config) else str(config.get("default_model_filename") or "")
 
 
+def backend_config(backend: str, stub_command_line: list[str] | None = None) -> dict[str, str]:
+    """Tritonserver's `--backend-config` settings for `backend`: its own over the global ones (`--backend-config=k=v`).
+
+    Triton hands a Python-based backend the `python` backend's settings, not its own, so they are read from the
+    server's command line: the stub's sixth argument is the server's process id.
+    """
+    args = _own_command_line() if stub_command_line is None else stub_command_line
+    if not args or not args[0].endswith(STUB_EXECUTABLE):
+        return {}  # not in a stub (a test, a tool): no server to ask
+    try:
+        server = _command_line(f"/proc/{int(args[5])}/cmdline")
+    except (IndexError, ValueError, OSError):
+        return {}
+    settings: dict[str, dict[str, str]] = {}
+    for arg in server:
+        if not arg.startswith("--backend-config="):
+            continue
+        name, _, setting = arg.removeprefix("--backend-config=").rpartition(",")
+        key, _, value = setting.partition("=")
+        settings.setdefault(name, {})[key] = value
+    return {**settings.get("", {}), **settings.get(backend, {})}
+
+
 def _own_command_line() -> list[str]:
-    with open("/proc/self/cmdline", "rb") as handle:
+    return _command_line("/proc/self/cmdline")
+
+
+def _command_line(path: str) -> list[str]:
+    with open(path, "rb") as handle:
         return [part.decode(errors="replace") for part in handle.read().split(b"\0") if part]

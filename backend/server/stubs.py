@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-STUB_EXECUTABLE = "triton_python_backend_stub"
+from backend.model_files import STUB_EXECUTABLE
 
 Version = tuple[str, str]  # (model, version), as a stub's command line names them
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from backend.errors import ModelConfigError
-from backend.model_files import ModelFiles, is_python_model, onnx_file_name
+from backend.model_files import ModelFiles, backend_config, is_python_model, onnx_file_name
+from tests.helpers import wait_until
 
 STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 
@@ -48,3 +53,26 @@ def test_the_file_name_for_publishing_follows_the_config():
     assert onnx_file_name({"platform": "onnxruntime_onnx"}) == "model.onnx"
     assert onnx_file_name({"backend": "onnxruntime", "default_model_filename": "int8.onnx"}) == "int8.onnx"
     assert not is_python_model({"platform": "onnxruntime_onnx"}) and not is_python_model({})
+
+
+def test_the_servers_backend_config_is_read_from_its_command_line():
+    # A process standing in for tritonserver, with the flags a deployment gives it; the stub names its pid.
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(30)",
+            "--backend-config=python,shm-default-byte-size=16777216",
+            "--backend-config=default-max-batch-size=8",
+            "--backend-config=onnxruntime,default-max-batch-size=16",
+        ]
+    )
+    try:
+        stub = [STUB, "/repo/m/1/model.onnx", "region", "16777216", "16777216", str(server.pid), "/backends/python"]
+        wait_until(lambda: "--backend-config" in Path(f"/proc/{server.pid}/cmdline").read_text(), 10, "the stand-in")
+        assert backend_config("onnxruntime", stub) == {"default-max-batch-size": "16"}
+        assert backend_config("tritonnx", stub) == {"default-max-batch-size": "8"}  # the global setting
+        assert backend_config("onnxruntime", ["/usr/bin/python3", "-m", "pytest"]) == {}  # not in a stub
+    finally:
+        server.kill()
+        server.wait()
