@@ -116,7 +116,8 @@ def repository_paths(page: Path) -> set[str]:
         for match in BLOCK_PATH.finditer(block)
         if looks_like_a_file_path(match.group(0))
     }
-    return {path.rstrip(".,;:)").removeprefix("./") for path in paths}
+    # `tests/x.py::test_y` names a test: its path is the file's (test_every_test_it_names_exists checks the test).
+    return {path.split("::")[0].rstrip(".,;:)").removeprefix("./") for path in paths}
 
 
 def table_row_names(page: Path) -> set[tuple[str, str]]:
@@ -267,6 +268,17 @@ def test_it_states_a_linked_reports_conclusion_without_copying_its_figures(page:
     reports = "\n".join(path.read_text() for folder in linked_reports(page) for path in folder.glob("*.md"))
     copied = sorted({f for f in FIGURE.findall(prose(page.read_text())) if f in reports} - GOALS)
     assert not copied, f"{page_id(page)} repeats figures of the reports it links (state the conclusion): {copied}"
+
+
+TEST_NAME = re.compile(r"^(tests/[\w/]+\.py)::(test_\w+)$")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_test_it_names_exists(page: Path):
+    """A parity row names the test that shows it: `tests/<file>.py::test_<name>`."""
+    named = [TEST_NAME.match(span) for span in code_spans(page.read_text())]
+    missing = [m.group(0) for m in named if m and f"def {m.group(2)}(" not in (CHECKOUT / m.group(1)).read_text()]
+    assert not missing, f"{page_id(page)} names tests that do not exist: {missing}"
 
 
 def test_the_checks_see_what_they_should():

@@ -110,3 +110,10 @@ def test_a_cpu_execution_accelerator_is_refused_by_name_and_gpu_ones_do_not_appl
         SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "dnnl"}]), cores=2)
     gpu_only = accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}])
     assert SessionSettings.from_model_config(gpu_only, cores=2).intra_op_threads == 2
+
+
+def test_model_warmup_replaces_the_backends_own_warm_up():
+    assert SessionSettings.from_model_config(config(), cores=2).warm_up
+    samples = {**config(), "model_warmup": [{"name": "ones", "batch_size": 1, "inputs": {}}]}
+    assert not SessionSettings.from_model_config(samples, cores=2).warm_up
+    assert not SessionSettings.from_model_config(config(warm_up="0"), cores=2).warm_up
