@@ -96,15 +96,15 @@ class Signature:
         )
 
 
-def auto_completed_max_batch_size(graph: GraphIO, written: int | None) -> int:
+def auto_completed_max_batch_size(graph: GraphIO, written: int | None, default: int = DEFAULT_MAX_BATCH_SIZE) -> int:
     """The max_batch_size auto-complete will give the graph.
 
-    One written in config.pbtxt stays; otherwise Triton's default when every input and output has a dynamic first dim,
-    else 0.
+    One written in config.pbtxt stays; otherwise the server's default (`default`: the served version's, which the same
+    server gave it) when every input and output has a dynamic first dim, else 0.
     """
     if written is not None:
         return written
-    return 0 if graph.cannot_batch() else DEFAULT_MAX_BATCH_SIZE
+    return 0 if graph.cannot_batch() else default
 
 
 def _batching(max_batch_size: int) -> str:
@@ -191,7 +191,9 @@ def check_signature(
     written = (
         int(read_config(config_file.parent).get("max_batch_size", 0)) if writes_max_batch_size(config_file) else None
     )
-    max_batch_size = auto_completed_max_batch_size(graph, written)
+    # An unwritten max_batch_size is the server's --backend-config default, which the served version got too.
+    server_default = int((served or {}).get("max_batch_size", 0)) or DEFAULT_MAX_BATCH_SIZE
+    max_batch_size = auto_completed_max_batch_size(graph, written, server_default)
     try:
         new = Signature.from_graph(graph, max_batch_size)
     except ModelConfigError as error:

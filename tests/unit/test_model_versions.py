@@ -137,6 +137,7 @@ def test_batching_is_predicted_as_auto_complete_decides_it(tmp_path):
     dynamic = read_graph_io(identity_graph(tmp_path / "d.onnx"))
     fixed = read_graph_io(identity_graph(tmp_path / "f.onnx", inputs=(("x", TensorProto.FLOAT, [3, 4]),)))
     assert auto_completed_max_batch_size(dynamic, written=None) == 4  # Triton's default
+    assert auto_completed_max_batch_size(dynamic, written=None, default=8) == 8  # the server's --backend-config
     assert auto_completed_max_batch_size(fixed, written=None) == 0
     assert auto_completed_max_batch_size(dynamic, written=16) == 16
     assert auto_completed_max_batch_size(dynamic, written=0) == 0
