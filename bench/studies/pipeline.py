@@ -274,8 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     for model in args.models:
         models |= {model: REPOSITORY / model, f"{model}_image": REPOSITORY / f"{model}_image"}
     repository = link_models(out / "repository", models)
-    for model in args.models:  # the ensembles' labels, which link_models leaves out
-        (repository / f"{model}_image" / "labels.txt").symlink_to(REPOSITORY / f"{model}_image" / "labels.txt")
     results = []
     with ServingStack(repository, out, with_facade=False) as stack:
         for model in args.models:
