@@ -41,10 +41,11 @@ apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's l
 
 venv: apt $(STAMP) ## Create .venv with the pinned Python dependencies and tritonserver 2.51
 
-$(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt requirements-triton.txt bench/requirements-bench.txt pyproject.toml
+$(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt requirements-triton.txt bench/requirements-bench.txt deploy/docker/requirements-image.txt deploy/docker/requirements-models.txt pyproject.toml
 	@echo ">> creating $(VENV) with pinned dependencies (first run: a few minutes)"
 	@[ -x $(PY) ] || $(PYTHON_SYSTEM) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -r bench/requirements-bench.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
+	@# The image's pins hold the transitive dependencies too (packaging, attrs, ...): the venv runs what the images run.
+	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -r bench/requirements-bench.txt -c deploy/docker/requirements-image.txt -c deploy/docker/requirements-models.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used (see the file).
 	$(PY) -m pip install --quiet --no-deps -r requirements-triton.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# This checkout, editable: the Python stub finds `backend` in the venv wherever tritonserver starts.
