@@ -34,6 +34,13 @@ REPOSITORY = {
     "named_tritonnx": ('backend: "tritonnx"\nmax_batch_size: 4\n', "model.onnx"),
     "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),
     "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
+    # As Triton's tutorials write a classifier: inputs and outputs spelled out, a reshape, labels.
+    "labelled": (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [{ name: "x", data_type: TYPE_FP32, dims: [1, 3], reshape: { shape: [3] } }]\n'
+        'output [{ name: "y", data_type: TYPE_FP32, dims: [3], label_filename: "labels.txt" }]\n',
+        "model.onnx",
+    ),
     "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
     "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
     # Strings through a custom operator library's op (onnxruntime-extensions' StringUpper).
@@ -80,6 +87,8 @@ def served(tmp_path_factory):
             (files[name].parent / "float.onnx").unlink()
         else:
             onnx.save(scaled_relu(float(index + 2)), files[name])
+        if name == "labelled":
+            (repository / name / "labels.txt").write_text("cat\ndog\nbird\n")
     assert not list(repository.rglob("*.py"))
     # The onnxruntime backend's own setting, which Triton hands a Python-based backend no copy of.
     triton_args = ["--backend-config=onnxruntime,default-max-batch-size=8"]
@@ -109,6 +118,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "named_tritonnx": 4,  # written
         "own_file_name": 8,
         "not_batched": 0,
+        "labelled": 8,
         "mobilenet": 8,
         "quantized": 8,
         "custom_op": 8,
@@ -123,9 +133,22 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
     _, files = served
     x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
-    result = client.infer(model, make_inputs({"x": x}))
+    sent = x[:, None, :] if model == "labelled" else x  # its config's dims: [1, 3], reshaped to the graph's [3]
+    result = client.infer(model, make_inputs({"x": sent}))
     expected = reference_session(files[model]).run(["y"], {"x": x})[0]
     np.testing.assert_array_equal(result.as_numpy("y"), expected)
+
+
+def test_labels_of_the_config_name_the_top_classes_as_tritons_classification_extension_does(served, client):
+    _, files = served
+    x = np.array([[0.5, 2.0, 1.0], [3.0, -1.0, 0.25]], dtype=np.float32)
+    result = client.infer(
+        "labelled", make_inputs({"x": x[:, None, :]}), outputs=[grpcclient.InferRequestedOutput("y", class_count=2)]
+    )
+    scores = reference_session(files["labelled"]).run(["y"], {"x": x})[0]
+    labels = ["cat", "dog", "bird"]
+    expected = [[f"{row[i]:f}:{i}:{labels[i]}" for i in np.argsort(-row)[:2]] for row in scores]
+    assert [[v.decode() for v in row] for row in result.as_numpy("y")] == expected
 
 
 def test_a_custom_operator_library_named_in_the_config_serves_its_ops(client):
