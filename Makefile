@@ -90,7 +90,7 @@ test: setup ## Run the tests: unit, then integration against real tritonservers 
 test-slow: setup ## The slow tier: faults, overload, replicas, versions under load, monitoring, benchmark smoke runs
 	$(PY) -m pytest $(PYTEST_ARGS) tests/slow
 
-test-containers: setup ## Build both images (the engine installed and started if needed) and test them in real containers
+test-containers: setup ## Build the images (the engine installed and started if needed) and test them in real containers
 	$(PY) -m pytest $(PYTEST_ARGS) tests/containers
 
 unit: venv proto ## Run the unit tests only (no server, seconds)
@@ -125,7 +125,7 @@ docker-engine: ## Install (Debian's docker.io) and start the Docker engine when 
 wheelhouse: venv ## Every package the images install, as wheels in build/wheelhouse/py$(WHEEL_PYTHON) (WHEEL_PYTHON=3.10 for NGC)
 	WHEEL_PYTHON=$(WHEEL_PYTHON) deploy/docker/images.sh wheelhouse
 
-images: venv ## Build tritonnx:cpu (slim) and tritonnx:ngc (on BASE_IMAGE, else a stand-in with NGC's layout)
+images: venv ## Build tritonnx:cpu (slim, no models), tritonnx:demo (with the demo models) and tritonnx:ngc (on BASE_IMAGE, else a stand-in with NGC's layout)
 	WHEEL_PYTHON=$(WHEEL_PYTHON) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) deploy/docker/images.sh all
 
 clean: ## Remove the venv, build outputs and generated models

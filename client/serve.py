@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         stack.start_triton()
         print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
-        print(format_model_states(triton.model_states()), flush=True)
+        print(format_model_states(triton.model_states(), repository), flush=True)
         if args.facade:
             print(f"starting the facade (log: {'here' if to_terminal else log_dir / 'facade.log'}) ...", flush=True)
             stack.start_facade()

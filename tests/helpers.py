@@ -1,16 +1,18 @@
-"""What tests of every tier share: waiting for a condition, and reading a server's /metrics page."""
+"""What tests of every tier share: waiting for a condition, reading a server's /metrics page, a study's verdict."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 from backend.server.prometheus import MetricsPage, scrape
 
 T = TypeVar("T")
 
-__all__ = ["MetricsPage", "metrics", "time_of", "wait_until"]
+__all__ = ["MetricsPage", "judged", "metrics", "time_of", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
@@ -34,3 +36,18 @@ def time_of(condition: Callable[[], object], timeout: float, what: str, interval
 def metrics(http_url: str) -> MetricsPage:
     """The /metrics page of a server at `http_url` (http://host:port): the facade, Triton's metrics port, the supervisor."""
     return scrape(f"{http_url.rstrip('/')}/metrics")
+
+
+def judged(out: Path, code: int, sections: list[str]) -> dict[str, bool]:
+    """A study's gates by name, once its exit code says it was judged and its report has every section.
+
+    What a study measures is its own business: its gates judge the figures (exit 1 when one fails). A test checks
+    that the run was judged and reported, and asserts only the gates a short run on a busy machine cannot miss.
+    """
+    assert code in (0, 1), f"exit code {code}: the run was not judged"
+    report = (out / "report.md").read_text()
+    for section in [*sections, "## Gates"]:
+        assert section in report, f"no {section!r} in the report:\n{report}"
+    gates = {gate["name"]: gate["passed"] for gate in json.loads((out / "results.json").read_text())["gates"]}
+    assert (code == 0) == all(gates.values()), gates
+    return gates

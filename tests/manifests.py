@@ -38,7 +38,8 @@ MODEL_REPOSITORY = ROOT / "model_repository"
 KUBERNETES_VERSIONS = ("1.31", "1.37")
 KSERVE_SCHEMAS = ROOT / "tests" / "unit" / "data" / "kserve-v0.20.0"
 KSERVE_GROUP = "serving.kserve.io"
-IMAGE = "tritonnx:cpu"
+IMAGE = "tritonnx:cpu"  # the runtime: KServe's ServingRuntime serves the models its storage brings
+DEMO_IMAGE = "tritonnx:demo"  # the same with the demo models: the Kubernetes example and the KServe copy job
 UID = 1000
 # tritonserver's --exit-timeout-secs (backend/server/triton.py): the longest Triton takes to stop.
 TRITON_EXIT_TIMEOUT = 10

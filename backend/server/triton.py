@@ -255,7 +255,14 @@ class TritonServer(ManagedProcess):
         self.stop()
 
 
-def format_model_states(states: list[dict]) -> str:
+def format_model_states(states: list[dict], repository: Path | None = None) -> str:
+    """The models' table; with none, what to do (tritonnx:cpu ships no models: a repository is mounted)."""
+    if not states:
+        where = f" in {repository}" if repository else ""
+        return (
+            f"no models{where}: mount a model repository there (docker run -v $PWD/models:/models:ro) "
+            "or give --model-repository"
+        )
     rows = [(s.get("name", ""), s.get("version", ""), s.get("state", ""), s.get("reason", "")) for s in states]
     width = max([len("model")] + [len(r[0]) for r in rows])
     lines = [f"{'model':<{width}}  version  state"]

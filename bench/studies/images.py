@@ -1,28 +1,37 @@
 """python -m bench.studies.images: size, start-up and idle memory of the images, beside seed 003's table.
 
-For each image: its size; `docker run` to READY (the server's HTTP readiness) in a new container,
+tritonnx:demo and tritonnx:ngc serving every demo model they carry, and tritonnx:cpu (no models of its
+own) serving one model mounted from the checkout's repository, as a deployment of it does. For each:
+its size; `docker run` to READY (the server's HTTP readiness) in a new container,
 whose optimized-model cache is empty, and again in one that reuses the first's cache through a
 named volume (what a deployment with a cache volume gets); and the idle memory of the container's
-processes (PSS: tritonserver and its stubs share pages). Writes report.md and results.json to
-bench/results/<UTC time>-images/. The images come from `make images`.
+processes (PSS: tritonserver and its stubs share pages). Gates: tritonnx:cpu under 400 MB, and one
+model READY within 3 s of `docker run` on its first start. Writes report.md and results.json to
+bench/results/<UTC time>-images/ and exits 1 when a gate fails. The images come from `make images`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
 from backend.server.process import free_ports
-from bench import RESULTS
-from bench.output import say
+from bench import REPOSITORY, RESULTS
+from bench.output import Gate, gates_section, say, verdict
 
-IMAGES = ("tritonnx:cpu", "tritonnx:ngc")
+IMAGES = ("tritonnx:demo", "tritonnx:ngc")  # each serving every model it carries
+SLIM = "tritonnx:cpu"  # no models of its own: serving one, mounted
+SIZE_GOAL_MB = 400
+ONE_MODEL_READY_GOAL_S = 3.0
 # Seed 003's deployment table: image size and application start time of the servers it compares.
 SEED_003 = {"torch-serving": (650, 4.342), "onnx-serving": (296, 1.396), "rust-onnx-serving": (48.3, 0.348)}
 NGC_LISTED_GB = 15  # nvcr.io/nvidia/tritonserver:24.10-py3, as NVIDIA lists it (not pullable here)
@@ -44,10 +53,12 @@ def image_mb(image: str) -> float:
     return int(docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6
 
 
-def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: float = 120) -> tuple[float, float]:
+def run_to_ready(
+    image: str, cache_volume: str, models: str = "*", repository: Path | None = None, timeout: float = 120
+) -> tuple[float, float]:
     """Seconds from `docker run` to READY in a new container, and its idle PSS in MiB.
 
-    The container serves `models` (comma-separated; "*" for all of the image's repository).
+    The container serves `models` (comma-separated; "*" for all) of its /models, or of `repository` mounted there.
     """
     http, grpc, metrics, supervisor = free_ports(4)
     name = f"tritonnx-startup-{http}"
@@ -64,6 +75,7 @@ def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: floa
     docker(
         "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
         "-v", f"{cache_volume}:/tmp/tritonnx/ort-cache",
+        *(["-v", f"{repository}:/models:ro"] if repository else []),
         *(f"--env={k}={v}" for k, v in env.items()), image,
     )  # fmt: skip
     try:
@@ -84,13 +96,21 @@ def run_to_ready(image: str, cache_volume: str, models: str = "*", timeout: floa
         docker("rm", "-f", name)
 
 
-def measure(image: str, runs: int, models: str = "*") -> dict:
+def mounted(model: str, folder: Path) -> Path:
+    """A repository of the checkout's `model` in `folder`, readable by the containers' user (uid 1000)."""
+    shutil.copytree(REPOSITORY / model, folder / model, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return folder
+
+
+def measure(image: str, runs: int, models: str = "*", repository: Path | None = None) -> dict:
     """Size; first start (empty cache) and `runs` warm starts (the cache volume kept) to READY."""
     volume = f"tritonnx-ort-cache-{free_ports(1)[0]}"
     docker("volume", "create", volume)
     try:
-        first, memory = run_to_ready(image, volume, models)
-        warm = [run_to_ready(image, volume, models)[0] for _ in range(runs)]
+        first, memory = run_to_ready(image, volume, models, repository)
+        warm = [run_to_ready(image, volume, models, repository)[0] for _ in range(runs)]
     finally:
         docker("volume", "rm", "-f", volume)
     return {
@@ -103,13 +123,13 @@ def measure(image: str, runs: int, models: str = "*") -> dict:
     }
 
 
-def write_report(out: Path, results: list[dict]) -> Path:
+def write_report(out: Path, results: list[dict], judged: list[Gate]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.json").write_text(json.dumps({"results": results, "gates": [asdict(g) for g in judged]}, indent=2))
     lines = [
         f"# Images: size, docker run to READY, idle memory ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
         "",
-        "Start-up is `docker run` until Triton's HTTP readiness (every demo model loaded), on this machine. "
+        "Start-up is `docker run` until Triton's HTTP readiness (every model it serves loaded), on this machine. "
         "First: a new container, its optimized-model cache empty. Warm: a new container reusing that cache "
         "through a named volume. Memory: the container's processes' PSS, idle after start-up.",
         "",
@@ -118,7 +138,7 @@ def write_report(out: Path, results: list[dict]) -> Path:
     ]
     for r in results:
         warm = ", ".join(f"{s:.2f}" for s in r["ready_warm_s"])
-        serving = "every model in the repository" if r["models"] == "*" else r["models"]
+        serving = "every demo model it carries" if r["models"] == "*" else f"{r['models']}, mounted"
         lines.append(
             f"| `{r['image']}` | {serving} | {r['size_mb']:.0f} | {r['ready_first_s']:.2f} | {warm} "
             f"| {r['idle_pss_mib']:.0f} |"
@@ -133,8 +153,24 @@ def write_report(out: Path, results: list[dict]) -> Path:
         *(f"| {name} | {size} | {start} |" for name, (size, start) in SEED_003.items()),
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines))
+    (out / "report.md").write_text("\n".join(lines) + "\n" + gates_section(judged))
     return out / "report.md"
+
+
+def gates(results: list[dict]) -> list[Gate]:
+    """The slim image's size and one model's start-up against their goals; missing rows fail their gate."""
+    slim = [r for r in results if r["image"] == SLIM]
+    size = slim[0]["size_mb"] if slim else None
+    first = slim[0]["ready_first_s"] if slim else None
+    warm = statistics.median(slim[0]["ready_warm_s"]) if slim and slim[0]["ready_warm_s"] else None
+    return [
+        Gate(f"{SLIM} under {SIZE_GOAL_MB} MB", size is not None and size < SIZE_GOAL_MB, f"{size} MB"),
+        Gate(
+            f"{SLIM} serving one model READY within {ONE_MODEL_READY_GOAL_S:g} s of docker run (first start)",
+            first is not None and first <= ONE_MODEL_READY_GOAL_S,
+            f"first {first} s, warm median {warm} s",
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,27 +178,33 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.studies.images",
         description="Measure the images of `make images`: size, docker run to READY (first and warm) and idle memory.",
     )
-    parser.add_argument("--images", nargs="+", default=list(IMAGES), help="default: %(default)s")
+    parser.add_argument(
+        "--images", nargs="+", default=list(IMAGES), help="serving every model they carry; default: %(default)s"
+    )
     parser.add_argument("--warm-runs", type=int, default=3, help="warm starts per image; default: %(default)s")
     parser.add_argument(
         "--one-model",
         default="mobilenet_v3_small",
-        help="also start the first image serving only this model, as seed 003's servers do ('' to skip); "
-        "default: %(default)s",
+        help=f"also start {SLIM} serving only this model of the checkout's repository, mounted, as seed 003's "
+        "servers do ('' to skip); default: %(default)s",
     )
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-images")
     args = parser.parse_args(argv)
     out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-images"
     results = []
-    runs = [(image, "*") for image in args.images] + ([(args.images[0], args.one_model)] if args.one_model else [])
-    for image, models in runs:
+    runs: list[tuple[str, str, Path | None]] = [(image, "*", None) for image in args.images]
+    if args.one_model:
+        runs.append((SLIM, args.one_model, mounted(args.one_model, out / "repository")))
+    for image, models, repository in runs:
         say(f"{image} serving {models}: size, first start, {args.warm_runs} warm start(s) ...")
-        results.append(measure(image, args.warm_runs, models))
+        results.append(measure(image, args.warm_runs, models, repository))
         r = results[-1]
         say(f"  {r['size_mb']:.0f} MB, READY after {r['ready_first_s']:.2f} s first, {r['ready_warm_s']} warm, "
             f"idle PSS {r['idle_pss_mib']:.0f} MiB")  # fmt: skip
-    say(f"report: {write_report(out, results)}")
-    return 0
+    shutil.rmtree(out / "repository", ignore_errors=True)  # the mounted copy
+    judged = gates(results)
+    say(f"report: {write_report(out, results, judged)}")
+    return verdict(judged)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 #   deploy/docker/images.sh wheelhouse  every Python package the images install, as wheels in build/wheelhouse/
 #   deploy/docker/images.sh base        tritonnx/debian:bookworm, a minimal Debian with Python 3.11, from debootstrap
 #   deploy/docker/images.sh standin     tritonnx/tritonserver:24.10-py3-standin, the NGC image's layout
-#   deploy/docker/images.sh cpu         tritonnx:cpu, the slim image (deploy/docker/Dockerfile.cpu)
+#   deploy/docker/images.sh cpu         tritonnx:cpu, the slim image without models, and tritonnx:demo, the same with
+#                                       the demo models (deploy/docker/Dockerfile.cpu)
 #   deploy/docker/images.sh ngc         tritonnx:ngc, the Dockerfile on BASE_IMAGE (default: the stand-in)
 #   deploy/docker/images.sh all         all of the above, in that order
 #
@@ -160,7 +161,8 @@ case "${1:-all}" in
         engine
         base
         wheelhouse
-        build tritonnx:cpu deploy/docker/Dockerfile.cpu --build-arg "WHEELHOUSE=$WHEELHOUSE"
+        build tritonnx:cpu deploy/docker/Dockerfile.cpu --target cpu --build-arg "WHEELHOUSE=$WHEELHOUSE"
+        build tritonnx:demo deploy/docker/Dockerfile.cpu --target demo --build-arg "WHEELHOUSE=$WHEELHOUSE"
         ;;
     ngc)
         engine
@@ -173,7 +175,7 @@ case "${1:-all}" in
         "$0" ngc
         ;;
     *)
-        sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac

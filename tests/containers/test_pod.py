@@ -54,7 +54,7 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
     pod = deployment_pod(objects)
     triton_spec, facade_spec = container(pod, "triton"), container(pod, "facade")
     assert "args" not in triton_spec and facade_spec["args"] == ["tritonnx-facade"]
-    assert {triton_spec["image"], facade_spec["image"]} == {images["cpu"]}
+    assert {triton_spec["image"], facade_spec["image"]} == {images["demo"]}
 
     # The pod's emptyDirs: memory-backed for /dev/shm, a folder for /tmp; writable by the pod's user.
     volumes = {"dshm": Path("/dev/shm") / f"tritonnx-pod-{uuid.uuid4().hex[:8]}", "tmp": tmp_path / "tmp"}

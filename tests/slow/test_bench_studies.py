@@ -10,18 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-
-def judged(out: Path, code: int, sections: list[str]) -> dict[str, bool]:
-    """The run's gates by name, once its exit code says it was judged and its report has every section."""
-    assert code in (0, 1), f"exit code {code}: the run was not judged"
-    report = (out / "report.md").read_text()
-    for section in [*sections, "## Gates"]:
-        assert section in report, f"no {section!r} in the report:\n{report}"
-    gates = {gate["name"]: gate["passed"] for gate in json.loads((out / "results.json").read_text())["gates"]}
-    assert (code == 0) == all(gates.values()), gates
-    return gates
+from tests.helpers import judged
 
 
 def test_the_priority_study_runs_with_and_without_priorities_and_reports(tmp_path):

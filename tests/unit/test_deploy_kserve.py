@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.manifests import (
+    DEMO_IMAGE,
     DEPLOY,
     IMAGE,
     UID,
@@ -31,6 +32,7 @@ def test_kserve_runtime_runs_the_supervisor_on_the_models_kserve_mounts(monkeypa
     assert {"v2", "grpc-v2"} <= set(spec["protocolVersions"])
     assert spec.get("multiModel") is False
     main = container({"containers": spec["containers"]}, "kserve-container")
+    assert main["image"] == IMAGE  # no demo models baked in: the runtime serves what KServe mounts
     assert "transformer-container" not in [c["name"] for c in spec["containers"]], "KServe would append flags to it"
     pod, _ = kserve_pod(objects)
     args = container(pod, "kserve-container")["args"]  # the runtime's, then the model's
@@ -87,7 +89,7 @@ def test_inference_service_uses_the_runtime_and_a_model_repository_pvc():
     copy_pod = job["spec"]["template"]["spec"]
     assert copy_pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == match[1]
     assert f"/pvc/{match[2]}" in " ".join(copy_pod["containers"][0]["args"])
-    assert copy_pod["containers"][0]["image"] == IMAGE
+    assert copy_pod["containers"][0]["image"] == DEMO_IMAGE
     assert copy_pod["securityContext"]["runAsUser"] == UID
 
 

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 from backend.server.repository import STOCK_MODEL_PY
-from backend.server.triton import Ports, TritonInstall, TritonServer, assemble_backend_dir
+from backend.server.triton import Ports, TritonInstall, TritonServer, assemble_backend_dir, format_model_states
 
 
 def test_a_triton_in_the_ngc_layout_is_used_as_it_is(tmp_path, monkeypatch):
@@ -61,3 +61,12 @@ def test_the_command_carries_the_settings_a_deployment_gives(tmp_path):
         "--model-control-mode=explicit",
     } <= set(command)
     assert not any(arg.startswith("--load-model") for arg in command)
+
+
+def test_the_model_table_lists_each_model_or_says_what_to_mount_when_there_is_none():
+    states = [{"name": "resnet50", "version": "1", "state": "READY"},
+              {"name": "broken", "version": "1", "state": "UNAVAILABLE", "reason": "no model.onnx"}]  # fmt: skip
+    table = format_model_states(states).splitlines()
+    assert table[1].split() == ["resnet50", "1", "READY"] and table[2].endswith("UNAVAILABLE  (no model.onnx)")
+    empty = format_model_states([], Path("/models"))
+    assert empty.startswith("no models in /models: mount a model repository there") and "-v" in empty
