@@ -25,6 +25,12 @@ from backend.onnx_io import read_graph_io
 DEFAULT_MAX_BATCH_SIZE = 4
 _WRITTEN_MAX_BATCH = re.compile(r"^\s*max_batch_size\s*:", re.MULTILINE)
 _SCHEDULERS = ("dynamic_batching", "sequence_batching", "ensemble_scheduling")
+# The type of a sequence control's tensor, by the field its false/true values are written in.
+_CONTROL_VALUE_TYPES = {
+    "int32_false_true": "TYPE_INT32",
+    "fp32_false_true": "TYPE_FP32",
+    "bool_false_true": "TYPE_BOOL",
+}
 
 
 def writes_max_batch_size(config_file: Path) -> bool:
@@ -67,9 +73,13 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
         else:
             config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one
     inputs, outputs = graph.specs(max_batch_size > 0)
+    controls = control_inputs(current)
+    _check_controls(name, controls, {spec.name: spec.as_config() for spec in inputs})
     for kind, specs, add in (("input", inputs, config.add_input), ("output", outputs, config.add_output)):
         written = {entry["name"]: entry for entry in current.get(kind, [])}
         for spec in specs:
+            if kind == "input" and spec.name in controls:
+                continue  # the sequence batcher fills it in every request
             entry = spec.as_config()
             mine = written.get(spec.name, {})
             if _writes_type_and_dims(mine):
@@ -86,6 +96,32 @@ def default_max_batch_size(backend: str) -> int:
     """`--backend-config=<backend>,default-max-batch-size=N` (or the global one), else Triton's default, 4."""
     value = backend_config(backend).get("default-max-batch-size", "")
     return int(value) if value.isdigit() else DEFAULT_MAX_BATCH_SIZE
+
+
+def control_inputs(config: dict) -> dict[str, str]:
+    """The sequence batcher's control inputs (START, END, READY, CORRID, as the config names them) and their types.
+
+    A control's type is the one its values are written in (`fp32_false_true` and so on), or CORRID's `data_type`.
+    """
+    controls = {}
+    for entry in (config.get("sequence_batching") or {}).get("control_input", []):
+        for control in entry.get("control", []):
+            written = [t for key, t in _CONTROL_VALUE_TYPES.items() if control.get(key)]
+            controls[entry["name"]] = written[0] if written else control.get("data_type", "TYPE_INVALID")
+    return controls
+
+
+def _check_controls(model: str, controls: dict[str, str], inputs: dict[str, dict[str, Any]]) -> None:
+    """Refuse a control input the graph does not take, or takes as another type or shape than Triton sends it."""
+    for control, data_type in controls.items():
+        where = f"model '{model}', sequence_batching control_input '{control}'"
+        graph = inputs.get(control)
+        if graph is None:
+            raise ModelConfigError(f"{where}: the graph has no such input (its inputs: {', '.join(inputs)})")
+        if graph["data_type"] != data_type:
+            raise ModelConfigError(f"{where}: Triton sends it as {data_type}, the graph takes {graph['data_type']}")
+        if [int(d) for d in graph["dims"]] not in ([1], [-1]):
+            raise ModelConfigError(f"{where}: Triton sends one value per request, the graph's dims are {graph['dims']}")
 
 
 def refuse_unsupported(model: str, config: dict) -> None:

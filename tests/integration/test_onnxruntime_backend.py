@@ -43,12 +43,32 @@ REPOSITORY = {
     ),
     "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
     "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
+    # A stateful model's way in Triton: the sequence batcher fills START and CORRID in every request.
+    "sequence": (
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 4\nsequence_batching {\n  control_input [\n'
+        '    { name: "START" control [{ kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] }] },\n'
+        '    { name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }] }\n  ]\n}\n',
+        "model.onnx",
+    ),
     # Strings through a custom operator library's op (onnxruntime-extensions' StringUpper).
     "custom_op": (
         f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\nmodel_operations {{ op_library_filename: "{get_library_path()}" }}\n',
         "model.onnx",
     ),
 }
+
+
+def sequence_step() -> onnx.ModelProto:
+    """y = x + 10 * START, and the sequence's id: x FP32 [n, 3], START FP32 [n, 1], CORRID UINT64 [n, 1]."""
+    nodes = [
+        helper.make_node("Mul", ["START", "ten"], ["started"]),
+        helper.make_node("Add", ["x", "started"], ["y"]),
+        helper.make_node("Identity", ["CORRID"], ["sequence"]),
+    ]
+    inputs = [value("x", TensorProto.FLOAT, ["n", 3]), value("START", TensorProto.FLOAT, ["n", 1]),
+              value("CORRID", TensorProto.UINT64, ["n", 1])]  # fmt: skip
+    outputs = [value("y", TensorProto.FLOAT, ["n", 3]), value("sequence", TensorProto.UINT64, ["n", 1])]
+    return _model(nodes, inputs, outputs, [helper.make_tensor("ten", TensorProto.FLOAT, [], [10.0])])
 
 
 def scaled_relu(scale: float) -> onnx.ModelProto:
@@ -82,6 +102,8 @@ def served(tmp_path_factory):
             files[name].symlink_to(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx")
         elif name == "custom_op":
             string_upper(files[name])
+        elif name == "sequence":
+            onnx.save(sequence_step(), files[name])
         elif name == "quantized":
             quantized_encoder(files[name].parent)
             (files[name].parent / "float.onnx").unlink()
@@ -119,6 +141,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "own_file_name": 8,
         "not_batched": 0,
         "labelled": 8,
+        "sequence": 4,
         "mobilenet": 8,
         "quantized": 8,
         "custom_op": 8,
@@ -129,7 +152,9 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
 
 
-@pytest.mark.parametrize("model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized", "custom_op")])
+@pytest.mark.parametrize(
+    "model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized", "custom_op", "sequence")]
+)
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
     _, files = served
     x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
@@ -149,6 +174,22 @@ def test_labels_of_the_config_name_the_top_classes_as_tritons_classification_ext
     labels = ["cat", "dog", "bird"]
     expected = [[f"{row[i]:f}:{i}:{labels[i]}" for i in np.argsort(-row)[:2]] for row in scores]
     assert [[v.decode() for v in row] for row in result.as_numpy("y")] == expected
+
+
+def test_sequence_control_inputs_are_filled_by_tritons_sequence_batcher(served, client):
+    _, files = served
+    config = client.get_model_config("sequence").config
+    assert [i.name for i in config.input] == ["x"]  # START and CORRID are the batcher's, not the client's
+    session = reference_session(files["sequence"])
+    steps = [(7, True, False), (8, True, False), (7, False, False), (8, False, True), (7, False, True)]
+    for step, (sequence, start, end) in enumerate(steps):
+        x = np.full((1, 3), step, np.float32)
+        result = client.infer("sequence", make_inputs({"x": x}), sequence_id=sequence, sequence_start=start,
+                              sequence_end=end)  # fmt: skip
+        controls = {"START": np.full((1, 1), float(start), np.float32), "CORRID": np.full((1, 1), sequence, np.uint64)}
+        expected = session.run(["y", "sequence"], {"x": x, **controls})
+        np.testing.assert_array_equal(result.as_numpy("y"), expected[0])
+        np.testing.assert_array_equal(result.as_numpy("sequence"), expected[1])
 
 
 def test_a_custom_operator_library_named_in_the_config_serves_its_ops(client):

@@ -126,3 +126,13 @@ def ort_cache_dir(tmp_path, monkeypatch) -> Path:
 def save_graph(path: Path, nodes, inputs, outputs, initializers=(), opset: int = 17) -> Path:
     """Write a one-graph model built with onnx.helper (checked first) to `path`."""
     return _save(helper.make_graph(nodes, path.stem, inputs, outputs, list(initializers)), path, opset)
+
+
+@pytest.fixture(scope="session")
+def sequence_onnx(tmp_path_factory) -> Path:
+    """y = x + START, x FP32 [batch, 4], START FP32 [batch, 1]: a graph that takes a sequence control input."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    start = helper.make_tensor_value_info("START", TensorProto.FLOAT, ["batch", 1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "START"], ["y"])], "sequence", [x, start], [y])
+    return _save(graph, tmp_path_factory.mktemp("sequence") / "model.onnx")

@@ -348,3 +348,36 @@ def test_settings_this_backend_does_not_do_are_refused_by_name(pb_utils, double_
     config = pb_utils.ModelConfig(json.dumps({**empty_config("double", 8), **setting}))
     with pytest.raises(ModelConfigError, match=message):
         model_class(pb_utils, double_onnx).auto_complete_config(config)
+
+
+def sequence_config(control: dict) -> dict:
+    return {
+        **empty_config("sequence", 4),
+        "sequence_batching": {"control_input": [{"name": "START", "control": [control]}]},
+    }
+
+
+def test_a_sequence_control_input_is_left_to_the_sequence_batcher(pb_utils, sequence_onnx):
+    config = pb_utils.ModelConfig(
+        json.dumps(sequence_config({"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}))
+    )
+    model_class(pb_utils, sequence_onnx).auto_complete_config(config)
+    completed = config.as_dict()
+    assert [i["name"] for i in completed["input"]] == ["x"]  # Triton fills START in every request; clients do not
+    assert "dynamic_batching" not in completed  # the sequence batcher is the scheduler
+
+
+@pytest.mark.parametrize(
+    ("name", "control", "message"),
+    [
+        ("START", {"int32_false_true": [0, 1]}, "Triton sends it as TYPE_INT32, the graph takes TYPE_FP32"),
+        ("READY", {"kind": "CONTROL_SEQUENCE_READY", "fp32_false_true": [0, 1]}, "the graph has no such input"),
+    ],
+)
+def test_a_sequence_control_input_the_graph_does_not_take_is_refused_by_name(
+    pb_utils, sequence_onnx, name, control, message
+):
+    raw = sequence_config(control)
+    raw["sequence_batching"]["control_input"][0]["name"] = name
+    with pytest.raises(ModelConfigError, match=f"control_input '{name}': {message}"):
+        model_class(pb_utils, sequence_onnx).auto_complete_config(pb_utils.ModelConfig(json.dumps(raw)))
