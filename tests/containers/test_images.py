@@ -30,6 +30,7 @@ from tests.containers.docker import Container, docker, run, run_triton, wait_htt
 from tests.helpers import judged
 from tests.images import image_file, reference_pixels
 from tests.kserve import assert_close
+from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, write_repository
 from tests.serving import CHECKOUT, IMAGE_CLASSIFIERS, MODEL_REPOSITORY, MODELS
 from tests.unit.test_image_requirements import pins
 
@@ -199,29 +200,25 @@ def test_a_mounted_model_repository_is_served(images, tmp_path):
         container.remove()
 
 
-# The config a repository written for Triton's onnxruntime backend has, per image: tritonnx:cpu serves it under the
-# name `onnxruntime`; on NGC that name is NVIDIA's native backend, and `tritonnx` picks ours.
-ONNX_BACKEND_CONFIGS = {"cpu": 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "ngc": 'backend: "tritonnx"\n'}
-
-
 @pytest.mark.parametrize("image", ["cpu", "ngc"])
-def test_a_repository_without_model_py_is_served_by_the_named_backend(images, image, tmp_path):
+def test_a_repository_written_for_the_onnxruntime_backend_is_served_unchanged(images, image, tmp_path):
+    """tritonnx:cpu serves it under the name `onnxruntime`; on NGC that name is NVIDIA's native backend, and the same
+    repository names `tritonnx` to pick ours. Every model but the custom-op one (its library is the host venv's)."""
     repository = tmp_path / "models"
-    (repository / "text_classifier" / "1").mkdir(parents=True)
-    shutil.copyfile(MODEL_REPOSITORY / "text_classifier/1/model.onnx", repository / "text_classifier/1/model.onnx")
-    (repository / "text_classifier" / "config.pbtxt").write_text(ONNX_BACKEND_CONFIGS[image])
+    names = [name for name in REPOSITORY if name != "custom_op"]
+    files = write_repository(repository, names, backend="tritonnx" if image == "ngc" else None)
+    assert not list(repository.rglob("*.py"))
     for path in [tmp_path, *repository.rglob("*")]:  # the container's user is uid 1000
         path.chmod(0o755 if path.is_dir() else 0o644)
     container = run_triton(images[image], ADMIN_KEY, options=("-v", f"{repository}:/models:ro"))
     try:
         wait_http(f"http://127.0.0.1:{container.ports['http']}/v2/health/ready", container)
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{container.ports['grpc']}")
-        assert client.get_model_config("text_classifier").config.backend == (
-            "onnxruntime" if image == "cpu" else "tritonnx"
-        )
-        inputs = demo_inputs("text_classifier", 6)
-        expected = ort.InferenceSession(str(repository / "text_classifier/1/model.onnx")).run(["logits"], inputs)[0]
-        assert_close(infer("grpc", container, "text_classifier", inputs)["logits"], expected)
+        backends = {name: client.get_model_config(name).config.backend for name in names}
+        expected = {name: "tritonnx" if image == "ngc" or name == "named_tritonnx" else "onnxruntime" for name in names}
+        assert backends == expected
+        for name in names:
+            assert_served_as_in_process(client, name, files[name])
     finally:
         container.remove()
 

@@ -1,10 +1,8 @@
 """A repository written for Triton's onnxruntime backend, served unchanged: no model.py anywhere in it.
 
-The models' configs are as Triton's documentation writes them (`platform: "onnxruntime_onnx"`, `backend:
-"onnxruntime"`, none at all, `default_model_filename`), plus `backend: "tritonnx"`, the name that picks tritonnx
-where NVIDIA's native onnxruntime backend is installed. tritonserver takes them through the Python-based backends
-the backend directory holds (backend/server/triton.py's assemble_backend_dir). Every answer is compared with
-in-process ONNX Runtime on the same file, element for element.
+The repository is tests/onnxruntime_style.py's, served as `make serve` serves one: tritonserver takes its models
+through the Python-based backends the backend directory holds (backend/server/triton.py's assemble_backend_dir).
+Every answer is compared with in-process ONNX Runtime on the same file.
 """
 
 from __future__ import annotations
@@ -15,76 +13,13 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.grpc as grpcclient
-from onnx import TensorProto, helper
-from onnxruntime_extensions import get_library_path
 
 from backend.server.model_control import TritonControl
 from backend.server.stack import ServingStack
 from backend.server.versions import ModelFolder, publish
-from tests.graphs import LOUD_ID, quantized_encoder, string_upper
-from tests.integration.any_models import _model, value
+from tests.graphs import LOUD_ID
 from tests.kserve import infer_concurrently, make_inputs, reference_session
-from tests.serving import MODEL_REPOSITORY
-
-# model -> (config.pbtxt, or None for none at all; the graph's file name in the version folder)
-REPOSITORY = {
-    "platform": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),
-    "backend": ('backend: "onnxruntime"\n', "model.onnx"),  # batching decided from the graph
-    "no_config": (None, "model.onnx"),
-    "named_tritonnx": ('backend: "tritonnx"\nmax_batch_size: 4\n', "model.onnx"),
-    "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),
-    "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
-    # As Triton's tutorials write a classifier: inputs and outputs spelled out, a reshape, labels.
-    "labelled": (
-        'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        'input [{ name: "x", data_type: TYPE_FP32, dims: [1, 3], reshape: { shape: [3] } }]\n'
-        'output [{ name: "y", data_type: TYPE_FP32, dims: [3], label_filename: "labels.txt" }]\n',
-        "model.onnx",
-    ),
-    "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
-    "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
-    # A stateful model's way in Triton: the sequence batcher fills START and CORRID in every request.
-    "sequence": (
-        'platform: "onnxruntime_onnx"\nmax_batch_size: 4\nsequence_batching {\n  control_input [\n'
-        '    { name: "START" control [{ kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] }] },\n'
-        '    { name: "CORRID" control [{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }] }\n  ]\n}\n',
-        "model.onnx",
-    ),
-    # Strings through a custom operator library's op (onnxruntime-extensions' StringUpper).
-    "custom_op": (
-        f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\nmodel_operations {{ op_library_filename: "{get_library_path()}" }}\n',
-        "model.onnx",
-    ),
-}
-
-
-def sequence_step() -> onnx.ModelProto:
-    """y = x + 10 * START, and the sequence's id: x FP32 [n, 3], START FP32 [n, 1], CORRID UINT64 [n, 1]."""
-    nodes = [
-        helper.make_node("Mul", ["START", "ten"], ["started"]),
-        helper.make_node("Add", ["x", "started"], ["y"]),
-        helper.make_node("Identity", ["CORRID"], ["sequence"]),
-    ]
-    inputs = [value("x", TensorProto.FLOAT, ["n", 3]), value("START", TensorProto.FLOAT, ["n", 1]),
-              value("CORRID", TensorProto.UINT64, ["n", 1])]  # fmt: skip
-    outputs = [value("y", TensorProto.FLOAT, ["n", 3]), value("sequence", TensorProto.UINT64, ["n", 1])]
-    return _model(nodes, inputs, outputs, [helper.make_tensor("ten", TensorProto.FLOAT, [], [10.0])])
-
-
-def scaled_relu(scale: float) -> onnx.ModelProto:
-    """y = relu(x * scale) + 1, x FP32 [n, 3]: exact in any batch."""
-    nodes = [
-        helper.make_node("Mul", ["x", "scale"], ["scaled"]),
-        helper.make_node("Relu", ["scaled"], ["relu"]),
-        helper.make_node("Add", ["relu", "one"], ["y"]),
-    ]
-    initializers = [
-        helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]),
-        helper.make_tensor("one", TensorProto.FLOAT, [], [1.0]),
-    ]
-    return _model(
-        nodes, [value("x", TensorProto.FLOAT, ["n", 3])], [value("y", TensorProto.FLOAT, ["n", 3])], initializers
-    )
+from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, scaled_relu, write_repository
 
 
 @pytest.fixture(scope="module")
@@ -92,25 +27,7 @@ def served(tmp_path_factory):
     """(stack, {model: the graph it serves}), the repository loaded at start-up."""
     workdir = tmp_path_factory.mktemp("onnxruntime-backend")
     repository = workdir / "repository"
-    files = {}
-    for index, (name, (config, file_name)) in enumerate(REPOSITORY.items()):
-        (repository / name / "1").mkdir(parents=True)
-        if config is not None:
-            (repository / name / "config.pbtxt").write_text(config)
-        files[name] = repository / name / "1" / file_name
-        if name == "mobilenet":
-            files[name].symlink_to(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx")
-        elif name == "custom_op":
-            string_upper(files[name])
-        elif name == "sequence":
-            onnx.save(sequence_step(), files[name])
-        elif name == "quantized":
-            quantized_encoder(files[name].parent)
-            (files[name].parent / "float.onnx").unlink()
-        else:
-            onnx.save(scaled_relu(float(index + 2)), files[name])
-        if name == "labelled":
-            (repository / name / "labels.txt").write_text("cat\ndog\nbird\n")
+    files = write_repository(repository)
     assert not list(repository.rglob("*.py"))
     # The onnxruntime backend's own setting, which Triton hands a Python-based backend no copy of.
     triton_args = ["--backend-config=onnxruntime,default-max-batch-size=8"]
@@ -152,16 +69,9 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
 
 
-@pytest.mark.parametrize(
-    "model", [m for m in REPOSITORY if m not in ("mobilenet", "quantized", "custom_op", "sequence")]
-)
+@pytest.mark.parametrize("model", [m for m in REPOSITORY if m != "custom_op"])
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
-    _, files = served
-    x = np.random.default_rng(1).standard_normal((2, 3), dtype=np.float32)
-    sent = x[:, None, :] if model == "labelled" else x  # its config's dims: [1, 3], reshaped to the graph's [3]
-    result = client.infer(model, make_inputs({"x": sent}))
-    expected = reference_session(files[model]).run(["y"], {"x": x})[0]
-    np.testing.assert_array_equal(result.as_numpy("y"), expected)
+    assert_served_as_in_process(client, model, served[1][model])
 
 
 def test_labels_of_the_config_name_the_top_classes_as_tritons_classification_extension_does(served, client):
@@ -196,14 +106,6 @@ def test_a_custom_operator_library_named_in_the_config_serves_its_ops(client):
     text = np.array([["tritonnx"], ["wörld"]], dtype=object)  # two requests' worth in one: [n, 1] as served
     result = client.infer("custom_op", make_inputs({"text": text}))
     assert [v.decode() for v in result.as_numpy("upper").ravel()] == ["TRITONNX", "WöRLD"]
-
-
-def test_a_real_network_answers_as_in_process(served, client):
-    _, files = served
-    x = np.random.default_rng(2).standard_normal((2, 3, 224, 224), dtype=np.float32)
-    result = client.infer("mobilenet", make_inputs({"input": x}))
-    expected = reference_session(files["mobilenet"]).run(["output"], {"input": x})[0]
-    np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_concurrent_requests_to_a_batch_coupled_graph_each_get_what_they_would_get_alone(served, client):
