@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from backend.server.paths import Paths, checkout_root
+from backend.server.ports import FACADE_HTTP, SUPERVISOR_METRICS, TRITON_METRICS, local
 from backend.server.process import ServerError, StopRequest
 from backend.server.prometheus import PrometheusServer
 
@@ -28,11 +29,11 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Example, three replicas behind one facade: python -m client.monitor --triton 127.0.0.1:8002 "
         "127.0.0.1:9002 127.0.0.1:10002 --supervisor 127.0.0.1:8003 127.0.0.1:9003 127.0.0.1:10003",
     )
-    parser.add_argument("--triton", nargs="+", default=["127.0.0.1:8002"], help="Triton metrics host:port; "
+    parser.add_argument("--triton", nargs="+", default=[local(TRITON_METRICS)], help="Triton metrics host:port; "
                         "default: %(default)s")  # fmt: skip
-    parser.add_argument("--facade", nargs="*", default=["127.0.0.1:3000"], help="facade HTTP host:port (none: "
+    parser.add_argument("--facade", nargs="*", default=[local(FACADE_HTTP)], help="facade HTTP host:port (none: "
                         "no facade); default: %(default)s")  # fmt: skip
-    parser.add_argument("--supervisor", nargs="*", default=["127.0.0.1:8003"], help="supervisor metrics "
+    parser.add_argument("--supervisor", nargs="*", default=[local(SUPERVISOR_METRICS)], help="supervisor metrics "
                         "host:port (none: not scraped); default: %(default)s")  # fmt: skip
     parser.add_argument("--port", type=int, default=9090, help="Prometheus' port on 127.0.0.1; default: %(default)s")
     parser.add_argument("--interval", default="5s", help="scrape and rule interval; default: %(default)s")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from backend.server.admin import GRPC_ADMIN_HEADER, share_admin_key
 from backend.server.paths import REPOSITORY_ENV, Paths
+from backend.server.ports import SUPERVISOR_METRICS, TRITON_GRPC, TRITON_HTTP, TRITON_METRICS
 from backend.server.process import ServerError, StopRequest
 from backend.server.shm import check_shared_memory
 from backend.server.stack import ServingStack
@@ -48,14 +49,14 @@ class ServeSettings:
         "127.0.0.1", "where Triton listens; 0.0.0.0 in a container with port mappings", env="TRITONNX_TRITON_HOST"
     )
     http_port: int = setting(
-        8000, "Triton's HTTP port", env="TRITONNX_TRITON_HTTP_PORT", flags=("--http-port", "--http_port")
+        TRITON_HTTP, "Triton's HTTP port", env="TRITONNX_TRITON_HTTP_PORT", flags=("--http-port", "--http_port")
     )
     grpc_port: int = setting(
-        8001, "Triton's gRPC port", env="TRITONNX_TRITON_GRPC_PORT", flags=("--grpc-port", "--grpc_port")
+        TRITON_GRPC, "Triton's gRPC port", env="TRITONNX_TRITON_GRPC_PORT", flags=("--grpc-port", "--grpc_port")
     )
-    metrics_port: int = setting(8002, "Triton's metrics port", env="TRITONNX_TRITON_METRICS_PORT")
+    metrics_port: int = setting(TRITON_METRICS, "Triton's metrics port", env="TRITONNX_TRITON_METRICS_PORT")
     supervisor_metrics_port: int = setting(
-        8003,
+        SUPERVISOR_METRICS,
         "the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --host; -1 turns "
         "them off",
     )

@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, known_admin_key
+from backend.server.ports import TRITON_HTTP, local
 from client.facade.settings import FacadeSettings, env_name
 
 PROTOCOLS = ("grpc", "http")
@@ -28,12 +29,12 @@ TRITON_URL_ENV = env_name("triton_url")
 TRITON_HTTP_URL_ENV = env_name("triton_http_url")
 _URL_DEFAULTS = {
     "grpc": (TRITON_URL_ENV, FacadeSettings.triton_url),
-    "http": (TRITON_HTTP_URL_ENV, "127.0.0.1:8000"),
+    "http": (TRITON_HTTP_URL_ENV, local(TRITON_HTTP)),
 }
 
 URL_HELP_EPILOG = (
     f"Without --url the address comes from ${TRITON_URL_ENV} (gRPC, default {FacadeSettings.triton_url}) or\n"
-    f"${TRITON_HTTP_URL_ENV} (HTTP, default 127.0.0.1:8000). The repository index is a restricted API:\n"
+    f"${TRITON_HTTP_URL_ENV} (HTTP, default {local(TRITON_HTTP)}). The repository index is a restricted API:\n"
     "its key comes from $TRITONNX_ADMIN_KEY, else from build/admin-key (written by make serve)."
 )
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.server.admin import ADMIN_KEY_ENV
+from backend.server.ports import TRITON_GRPC, local
 from backend.server.process import ManagedProcess
 
 
@@ -30,7 +31,7 @@ class FacadeProcess(ManagedProcess):
 
     grpc_port: int = 0
     http_port: int = 0
-    triton_url: str = "127.0.0.1:8001"
+    triton_url: str = local(TRITON_GRPC)
     host: str = "127.0.0.1"
     extra_args: list[str] = field(default_factory=list)
     admin_key: str = ""  # Triton's restricted-API key, handed over in the environment (flags show in `ps`)

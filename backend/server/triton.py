@@ -24,6 +24,7 @@ import tritonclient.grpc as grpcclient
 from backend.model_files import ONNX_BACKENDS, PYTHON_MODEL_FILE
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, RESTRICTED_PROTOCOLS, new_admin_key
 from backend.server.model_control import TritonControl
+from backend.server.ports import TRITON_GRPC, TRITON_HTTP, TRITON_METRICS
 from backend.server.process import ManagedProcess, ServerError
 from backend.server.repository import STOCK_MODEL_PY
 from backend.server.shm import STUB_REGION_BYTES
@@ -123,9 +124,9 @@ def _copy_if_changed(source: Path, target: Path) -> None:
 
 @dataclass(frozen=True)
 class Ports:
-    http: int = 8000
-    grpc: int = 8001
-    metrics: int = 8002
+    http: int = TRITON_HTTP
+    grpc: int = TRITON_GRPC
+    metrics: int = TRITON_METRICS
 
 
 def _get(url: str, timeout: float = 1.0) -> int:

@@ -15,6 +15,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from backend.server.ports import FACADE_GRPC, FACADE_HTTP, TRITON_GRPC, local
+
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
@@ -142,16 +144,19 @@ def settings_from(namespace: argparse.Namespace, settings: type[S]) -> S:
 class FacadeSettings:
     host: str = setting("127.0.0.1", "address to bind the gRPC and HTTP servers to")
     port: int = setting(
-        50051, "gRPC port of inference.InferenceService, grpc.health.v1 and reflection (0: a free one, see --port-file)"
+        FACADE_GRPC,
+        "gRPC port of inference.InferenceService, grpc.health.v1 and reflection (0: a free one, see --port-file)",
     )
-    http_port: int = setting(3000, "HTTP port of /metrics (Prometheus) and /health (0: a free one, see --port-file)")
+    http_port: int = setting(
+        FACADE_HTTP, "HTTP port of /metrics (Prometheus) and /health (0: a free one, see --port-file)"
+    )
     port_file: str = setting(
         "",
         'once both ports listen, write the ports bound to this file as JSON {"grpc": N, "http": M} (written whole: '
         "a new file renamed into place); empty: none",
     )
     triton_url: str = setting(
-        "127.0.0.1:8001",
+        local(TRITON_GRPC),
         "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), or a name "
         "resolving to several (a headless Service); a call whose replica went away goes once to another",
     )

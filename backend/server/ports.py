@@ -1,0 +1,19 @@
+"""The ports users rely on, in one place: tritonserver's, the supervisor's metrics and the facade's.
+
+Every default elsewhere (tritonnx-serve's flags, the facade's settings, the client scripts, the monitor, the serving
+stack) is one of these; the manifests and docs say the same numbers and tests/unit/test_docs.py keeps the README's.
+"""
+
+from __future__ import annotations
+
+TRITON_HTTP = 8000
+TRITON_GRPC = 8001
+TRITON_METRICS = 8002
+SUPERVISOR_METRICS = 8003
+FACADE_GRPC = 50051
+FACADE_HTTP = 3000  # /metrics and /health
+
+
+def local(port: int) -> str:
+    """host:port of `port` on the loopback address, where every default listens."""
+    return f"127.0.0.1:{port}"
