@@ -1,7 +1,7 @@
 """The ports users rely on, in one place: tritonserver's, the supervisor's metrics and the facade's.
 
 Every default elsewhere (tritonnx-serve's flags, the facade's settings, the client scripts, the monitor, the serving
-stack) is one of these; the manifests and docs say the same numbers and tests/unit/test_docs.py keeps the README's.
+stack) is one of these; tests/unit/test_docs.py checks that the README's table of addresses says them.
 """
 
 from __future__ import annotations

@@ -299,3 +299,19 @@ def test_the_checks_see_what_they_should():
     figures = "p99 2.9-3.3 s, 0.82x of it, +1.7%, 77-80% refused; 64 MiB, 3x overload, 640 x 480, v1.2 s"
     assert FIGURE.findall(figures) == ["2.9-3.3 s", "0.82x", "1.7%", "77-80%"]
     assert REPORTS / "2026-11-24-cache" in linked_reports(CHECKOUT / "docs" / "facade.md")
+
+
+def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
+    from backend.server import ports
+
+    table = {line.split("|")[1].strip(): line.split("|")[2] for line in README.read_text().splitlines()
+             if line.startswith("| ") and "127.0.0.1:" in line}  # fmt: skip
+    said = {row: re.findall(r"127\.0\.0\.1:(\d+)", addresses) for row, addresses in table.items()}
+    assert said == {
+        "Triton HTTP, gRPC (KServe v2), metrics": [
+            str(p) for p in (ports.TRITON_HTTP, ports.TRITON_GRPC, ports.TRITON_METRICS)
+        ],
+        "facade gRPC (`inference.InferenceService`, `grpc.health.v1`, reflection)": [str(ports.FACADE_GRPC)],
+        "facade HTTP": [str(ports.FACADE_HTTP)] * 2,
+        "supervisor metrics": [str(ports.SUPERVISOR_METRICS)],
+    }
