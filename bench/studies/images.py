@@ -75,7 +75,7 @@ def run_to_ready(
     docker(
         "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
         "-v", f"{cache_volume}:/tmp/tritonnx/ort-cache",
-        *(["-v", f"{repository}:/models:ro"] if repository else []),
+        *(["-v", f"{repository.resolve()}:/models:ro"] if repository else []),  # docker takes absolute paths only
         *(f"--env={k}={v}" for k, v in env.items()), image,
     )  # fmt: skip
     try:
