@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,10 +76,11 @@ class OnnxModelRunner:
         graph = read_graph_io(onnx_file)
         inputs, outputs = graph.specs(max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
-        # An optimized copy would need the custom operator libraries to load too: such sessions build from the file.
-        cache = settings.optimized_model_cache and not settings.custom_op_libraries
+        # An optimized copy would need the custom operator libraries to load too, and it is the CPU provider's graph:
+        # sessions with either build from the file.
+        cache = settings.optimized_model_cache and not settings.custom_op_libraries and not settings.accelerators
         cache_dir = default_cache_dir() if cache else None
-        session = create_session(onnx_file, settings.session_options(), cache_dir, log)
+        session = create_session(onnx_file, settings.session_options(), cache_dir, log, settings.providers())
         runner = cls(session, signature, settings.run_options(), log)
         if settings.warm_up:
             if graph.op_types & TRAPPING_OPS:
@@ -113,9 +115,10 @@ class OnnxModelRunner:
         candidates = list(warm_up_candidates(self.signature.inputs, self.signature.batched))
         options = settings.session_options()
         options.intra_op_num_threads = options.inter_op_num_threads = 1  # a fork has none of our threads
+        providers = replace(settings, intra_op_threads=1).providers()
 
         def run_in_child() -> None:
-            session = create_session(onnx_file, options, cache_dir, lambda _: None)
+            session = create_session(onnx_file, options, cache_dir, lambda _: None, providers)
             for feeds in candidates:
                 try:
                     session.run([spec.name for spec in self.signature.outputs], feeds)

@@ -9,6 +9,11 @@ reads a stale copy. Instances write their own temporary file and rename it into 
 instances starting together do not trip over each other. Only the most recently used copies of
 each model name are kept.
 
+Only sessions of the CPU provider alone use it: the copy is the graph as the CPU provider
+optimizes it (its fused kernels, its layouts), which another provider such as OpenVINO would get
+as nodes it does not know and hand back to the CPU provider piece by piece. A session with other
+providers is built from the model file every time.
+
 The cache lives in $TRITONNX_ORT_CACHE_DIR, else ~/.cache/tritonnx/ort; an unwritable
 directory or a model too large to save in one file just means no cache.
 """
@@ -19,7 +24,7 @@ import contextlib
 import hashlib
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import onnxruntime as ort
@@ -30,6 +35,9 @@ CACHE_DIR_ENV = "TRITONNX_ORT_CACHE_DIR"
 _LARGEST_MODEL_BYTES = 1 << 30
 _QUIET = 3  # ONNX Runtime log severity ERROR: saving warns that the copy is CPU-specific, which the key covers
 COPIES_KEPT_PER_MODEL = 2
+CPU_PROVIDER = "CPUExecutionProvider"
+CPU_ONLY = (CPU_PROVIDER,)
+Providers = Sequence[str | tuple[str, dict[str, str]]]  # as InferenceSession takes them
 
 
 def default_cache_dir() -> Path:
@@ -67,12 +75,17 @@ def create_session(
     options: ort.SessionOptions,
     cache_dir: Path | None,
     log: Callable[[str], None],
+    providers: Providers = CPU_ONLY,
 ) -> ort.InferenceSession:
-    """A CPU session for `onnx_file`, from the optimized copy when there is one (and making it when not)."""
-    providers = ["CPUExecutionProvider"]
+    """A session for `onnx_file` with `providers`.
+
+    With the CPU provider alone, it is built from the optimized copy when there is one (and makes it when not).
+    """
+    providers = list(providers)
     level = options.graph_optimization_level
     if (
         cache_dir is None
+        or tuple(providers) != CPU_ONLY
         or level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         or (onnx_file.stat().st_size > _LARGEST_MODEL_BYTES)
     ):

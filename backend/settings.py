@@ -4,10 +4,13 @@ The keys are those of Triton's onnxruntime backend, so a `config.pbtxt` written 
 its meaning here: `intra_op_thread_count`, `inter_op_thread_count`, `execution_mode`,
 `enable_mem_arena`, `enable_mem_pattern`, `memory.enable_memory_arena_shrinkage` (ONNX Runtime's
 own string, e.g. "cpu:0"), `optimization { graph { level } }` and the custom operator libraries of
-`model_operations { op_library_filename }` (registered with every session). A CPU execution
-accelerator (`optimization { execution_accelerators { cpu_execution_accelerator } }`) is refused at
-load with the reason: this ONNX Runtime build has no OpenVINO provider; GPU accelerators, as with
-the onnxruntime backend on CPU instances, do not apply. tritonnx adds any `session.*`
+`model_operations { op_library_filename }` (registered with every session). The CPU execution
+accelerator `openvino` (`optimization { execution_accelerators { cpu_execution_accelerator } }`)
+puts ONNX Runtime's OpenVINO execution provider first, on CPU with the instance's intra-op threads,
+and the CPU provider after it for what OpenVINO does not take, where the installed ONNX Runtime has
+that provider (the `onnxruntime-openvino` wheel); elsewhere it is refused at load, naming what to
+install. Any other name is refused, as by the onnxruntime backend; GPU accelerators, as with the
+onnxruntime backend on CPU instances, do not apply. tritonnx adds any `session.*`
 ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`
 and `warm_up` (off, or replaced by Triton's own `model_warmup`). When the instances' threads add
 up to more than the cores, intra-op threads do not spin-wait unless the config says so.
@@ -15,6 +18,7 @@ up to more than the cores, intra-op threads do not spin-wait unless the config s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 import onnxruntime as ort
 
 from backend.errors import ModelConfigError
+from backend.session_cache import CPU_PROVIDER, Providers
 
 # Triton's onnxruntime backend levels: -1 basic, 1 basic + extended, 2 none, anything else all.
 _GRAPH_LEVELS = {
@@ -33,6 +38,10 @@ _GRAPH_LEVELS = {
 
 SPINNING = "session.intra_op.allow_spinning"
 ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+# Triton's name for the accelerator, ONNX Runtime's for its provider, and the wheel that has it.
+OPENVINO = "openvino"
+OPENVINO_PROVIDER = "OpenVINOExecutionProvider"
+OPENVINO_WHEEL = "onnxruntime-openvino"
 # ONNX Runtime's value for it: the devices whose arenas shrink after each run, "cpu:0" (";"-separated).
 _SHRINKAGE = re.compile(r"^cpu:\d+(;cpu:\d+)*$")
 
@@ -77,19 +86,27 @@ def _arena_shrinkage(value: str) -> str:
     return value
 
 
-def _refuse_cpu_accelerators(model_config: dict) -> None:
+def _cpu_accelerators(model_config: dict) -> tuple[str, ...]:
+    """The execution providers the config's CPU accelerators ask for, in order; refused by name when not here."""
     accelerators = ((model_config.get("optimization") or {}).get("execution_accelerators") or {}).get(
         "cpu_execution_accelerator"
     ) or []
+    providers: list[str] = []
     for accelerator in accelerators:
         name = accelerator.get("name", "")
-        if name != "openvino":
+        if name != OPENVINO:
             raise ModelConfigError(f"execution_accelerators: unknown Execution Accelerator '{name}' is requested")
-        raise ModelConfigError(
-            "execution_accelerators: cpu_execution_accelerator 'openvino' needs ONNX Runtime's OpenVINO execution "
-            f"provider, which this build (onnxruntime {ort.__version__}: {', '.join(ort.get_available_providers())}) "
-            "does not have: remove it to serve with the CPU provider"
-        )
+        available = ort.get_available_providers()
+        if OPENVINO_PROVIDER not in available:
+            raise ModelConfigError(
+                f"execution_accelerators: cpu_execution_accelerator '{OPENVINO}' needs ONNX Runtime's OpenVINO "
+                f"execution provider, which this build (onnxruntime {ort.__version__}: {', '.join(available)}) does "
+                f"not have: install {OPENVINO_WHEEL} in place of onnxruntime where tritonserver's Python stub runs, "
+                "or remove the accelerator to serve with the CPU provider"
+            )
+        if OPENVINO_PROVIDER not in providers:
+            providers.append(OPENVINO_PROVIDER)
+    return tuple(providers)
 
 
 def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
@@ -127,6 +144,7 @@ class SessionSettings:
     optimized_model_cache: bool = True
     warm_up: bool = True
     custom_op_libraries: tuple[str, ...] = ()  # as written: a relative path is the server's working directory's
+    accelerators: tuple[str, ...] = ()  # execution providers put before the CPU provider, e.g. OpenVINO's
 
     @classmethod
     def from_model_config(cls, model_config: dict, cores: int | None = None) -> SessionSettings:
@@ -136,7 +154,7 @@ class SessionSettings:
         take all cores (ONNX Runtime's default) oversubscribes the machine as soon as two
         instances run at once.
         """
-        _refuse_cpu_accelerators(model_config)
+        accelerators = _cpu_accelerators(model_config)
         params = _parameters(model_config)
         cores = cores or available_cores()
         instances = cpu_instance_count(model_config)
@@ -166,6 +184,7 @@ class SessionSettings:
             # Samples in Triton's own `model_warmup` replace the backend's warm-up.
             warm_up=_as_bool("warm_up", params.get("warm_up", "1")) and not model_config.get("model_warmup"),
             custom_op_libraries=_custom_op_libraries(model_config),
+            accelerators=accelerators,
         )
 
     def session_options(self) -> ort.SessionOptions:
@@ -184,6 +203,20 @@ class SessionSettings:
             options.register_custom_ops_library(library)
         return options
 
+    def providers(self) -> Providers:
+        """The session's execution providers, each with its options: the accelerators first, the CPU provider last.
+
+        OpenVINO runs on CPU with the instance's intra-op threads (the share of the cores set above), as the CPU
+        provider would; its own default takes every core in every instance. `load_config` is how ONNX Runtime
+        1.23 and later take OpenVINO's properties (its `num_of_threads` option is deprecated there).
+        """
+        providers: list[str | tuple[str, dict[str, str]]] = []
+        for provider in self.accelerators:
+            if provider == OPENVINO_PROVIDER:
+                threads = json.dumps({"CPU": {"INFERENCE_NUM_THREADS": str(self.intra_op_threads)}})
+                providers.append((OPENVINO_PROVIDER, {"device_type": "CPU", "load_config": threads}))
+        return [*providers, CPU_PROVIDER]
+
     def run_options(self) -> ort.RunOptions:
         options = ort.RunOptions()
         if self.arena_shrinkage:
@@ -197,4 +230,5 @@ class SessionSettings:
             f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)} "
             f"spinning={self.session_entries.get(SPINNING, '1')} warm_up={int(self.warm_up)}"
             + (f" custom_op_libraries={','.join(self.custom_op_libraries)}" if self.custom_op_libraries else "")
+            + (f" accelerators={','.join(self.accelerators)}" if self.accelerators else "")
         )

@@ -52,6 +52,8 @@ class OnnxRuntimeModel:
     def initialize(self, args: dict) -> None:
         # Imported here, not at the top: auto-complete runs in a stub process of its own that
         # needs none of ONNX Runtime, and loading it there (and tearing it down) slows start-up.
+        import onnxruntime as ort
+
         from backend.runner import OnnxModelRunner
         from backend.settings import SessionSettings, cpu_instance_count
 
@@ -71,7 +73,8 @@ class OnnxRuntimeModel:
         pb_utils.Logger.log_info(
             f"{name} instance {args['model_instance_name']} ready in {time.perf_counter() - started:.2f}s: "
             f"{settings.describe()} ({cpu_instance_count(config)} CPU instance(s)), "
-            f"max_batch_size={config.get('max_batch_size', 0)}, ragged={sorted(ragged) or 'none'}"
+            f"max_batch_size={config.get('max_batch_size', 0)}, ragged={sorted(ragged) or 'none'}, "
+            f"providers={','.join(self.runner.session.get_providers())} (onnxruntime {ort.__version__})"
         )
 
     def execute(self, requests: list) -> list:

@@ -46,6 +46,7 @@ class ServingStack:
     triton_cwd: Path | None = None
     triton_env: dict[str, str] = field(default_factory=dict)
     triton_args: list[str] = field(default_factory=list)  # more tritonserver flags
+    stub_venv: Path | None = None  # the venv the Python stub runs with; None: this interpreter's
     ready_timeout: float = 180.0
     log_files: bool = True  # False: the servers write to this process's stdout and stderr (a container's log)
     host: str = "127.0.0.1"  # where Triton listens (0.0.0.0 in a container, for port mappings)
@@ -81,6 +82,7 @@ class ServingStack:
             cwd=self.triton_cwd,
             extra_env=self.triton_env,
             extra_args=self.triton_args,
+            stub_venv=self.stub_venv,
         )
         if self.supervised:
             self.supervisor = TritonSupervisor(self.triton, self.supervisor_interval, self.ready_timeout)

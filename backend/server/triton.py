@@ -3,9 +3,9 @@
 The wheel carries the server binary, the Python backend and one stub per Python minor version;
 the server wants them assembled as `<backend dir>/python/`. The stub embeds the system
 libpython, which finds this venv's site-packages when the venv's `bin/` comes first on PATH
-(`environment()` puts it there); it ignores PYTHONPATH. So the `backend` package is found
-because it is installed in the venv (`make venv` installs this checkout editable), wherever the
-server is started from.
+(`environment()` puts it there, or another venv's: `stub_venv`); it ignores PYTHONPATH. So the
+`backend` package is found because it is installed in the venv (`make venv` installs this checkout
+editable), wherever the server is started from.
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ class TritonServer(ManagedProcess):
     extra_env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
     log_verbose: int = 0  # tritonserver's --log-verbose
     admin_key: str = field(default_factory=new_admin_key)
+    # The venv whose packages the Python stub runs with (its bin/ goes first on PATH); None: this interpreter's.
+    stub_venv: Path | None = None
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -214,7 +216,8 @@ class TritonServer(ManagedProcess):
     def environment(self, install: TritonInstall) -> dict[str, str]:
         env = {**os.environ, **self.extra_env}
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(install.library_dir), env.get("LD_LIBRARY_PATH")]))
-        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        stub_bin = self.stub_venv / "bin" if self.stub_venv is not None else Path(sys.executable).parent
+        env["PATH"] = os.pathsep.join([str(stub_bin), env.get("PATH", "")])
         return env
 
     def start(self) -> None:

@@ -73,3 +73,21 @@ def test_the_split_cores_study_places_the_processes_and_reports(tmp_path):
     assert (tmp_path / "report.md").exists(), done.stdout[-3000:] + done.stderr[-3000:]
     gates = judged(tmp_path, done.returncode, ["| Triton direct |", "| facade |", "facade / Triton direct:"])
     assert all(gates.values()), (gates, done.stdout[-3000:], done.stderr[-3000:])  # placement and failures only
+
+
+def test_the_openvino_study_serves_with_and_without_the_accelerator_from_its_venv_and_reports(tmp_path):
+    from bench.studies.openvino import main
+
+    # The stubs run build/openvino-venv, made on first use (onnxruntime-openvino and the serving requirements).
+    code = main(["--models", "mobilenet_v3_small", "--concurrency", "1", "--seconds", "1", "--warmup", "0.5",
+                 "--rounds", "1", "--out", str(tmp_path)])  # fmt: skip
+    rows = ["| mobilenet_v3_small | 1 | 1 | cpu |", "| mobilenet_v3_small | 1 | 1 | openvino |"]
+    gates = judged(tmp_path, code, [*rows, "## OpenVINO against the CPU provider", "## What ran in the stubs"])
+    stubs = next(passed for name, passed in gates.items() if name.startswith("the stubs ran onnxruntime"))
+    answers = next(passed for name, passed in gates.items() if name.startswith("every answer agrees"))
+    assert stubs and answers and gates["no call failed"], gates  # what ran where, and right: none is a figure
+    instances = json.loads((tmp_path / "results.json").read_text())["instances"]
+    assert {i["arm"]: i["providers"][0] for i in instances} == {
+        "cpu": "CPUExecutionProvider",
+        "openvino": "OpenVINOExecutionProvider",
+    }

@@ -303,3 +303,28 @@ def test_a_custom_operator_library_of_the_config_is_registered_with_the_session(
     assert result["upper"].tolist() == ["TRITONNX", "WöRLD"]
     with pytest.raises(ModelConfigError, match="model_operations: op_library_filename 'missing.so' is not a file"):
         SessionSettings.from_model_config({"model_operations": {"op_library_filename": ["missing.so"]}}, cores=1)
+
+
+def test_an_openvino_session_gets_its_providers_and_never_the_optimized_copy(double_onnx, ort_cache_dir, monkeypatch):
+    import backend.session_cache
+
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", "CPUExecutionProvider"])
+    built = []
+    real = ort.InferenceSession
+
+    def recording(path, options, providers):
+        built.append((path, providers))
+        return real(path, options, providers=["CPUExecutionProvider"])  # this venv has no OpenVINO to run
+
+    monkeypatch.setattr(backend.session_cache.ort, "InferenceSession", recording)
+    config = {"optimization": {"execution_accelerators": {"cpu_execution_accelerator": [{"name": "openvino"}]}}}
+    settings = SessionSettings.from_model_config(config, cores=1)
+    runner = OnnxModelRunner.load(double_onnx, "double", settings, max_batch_size=8)
+    np.testing.assert_array_equal(runner.infer([{"x": np.ones((1, 4), np.float32)}])[0]["y"], [[2, 2, 2, 2]])
+    [(path, providers)] = built
+    assert path == str(double_onnx)  # the model file itself
+    assert providers == [
+        ("OpenVINOExecutionProvider", {"device_type": "CPU", "load_config": '{"CPU": {"INFERENCE_NUM_THREADS": "1"}}'}),
+        "CPUExecutionProvider",
+    ]
+    assert not ort_cache_dir.exists() or not any(ort_cache_dir.iterdir())  # no copy written for either provider

@@ -1,3 +1,5 @@
+import os
+import sys
 from pathlib import Path
 
 from backend.server.repository import STOCK_MODEL_PY
@@ -61,6 +63,16 @@ def test_the_command_carries_the_settings_a_deployment_gives(tmp_path):
         "--model-control-mode=explicit",
     } <= set(command)
     assert not any(arg.startswith("--load-model") for arg in command)
+
+
+def test_the_stub_runs_with_this_venv_unless_another_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin")
+    install = TritonInstall.ngc_layout(Path("/opt/tritonserver"))
+    own = TritonServer(model_repository=tmp_path).environment(install)["PATH"].split(os.pathsep)
+    assert own == [str(Path(sys.executable).parent), "/usr/bin"]
+    other = TritonServer(model_repository=tmp_path, stub_venv=tmp_path / "venv").environment(install)
+    assert other["PATH"].split(os.pathsep) == [str(tmp_path / "venv" / "bin"), "/usr/bin"]
+    assert other["LD_LIBRARY_PATH"].split(os.pathsep)[0] == "/opt/tritonserver/lib"
 
 
 def test_the_model_table_lists_each_model_or_says_what_to_mount_when_there_is_none():

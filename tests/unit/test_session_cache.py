@@ -85,3 +85,25 @@ def test_a_cache_that_cannot_be_written_means_no_cache_not_a_failed_model(double
     lines.clear()
     assert create_session(double_onnx, ort.SessionOptions(), not_a_dir, lines.append) is not None
     assert any("no optimized-model cache" in line for line in lines)
+
+
+def test_a_session_with_another_provider_first_neither_reads_nor_writes_the_copy(
+    double_onnx, ort_cache_dir, monkeypatch
+):
+    import backend.session_cache
+
+    create_session(double_onnx, options(), ort_cache_dir, print)  # the CPU provider's copy, made
+    [copy] = ort_cache_dir.iterdir()
+    before = copy.stat().st_mtime_ns
+    built = []
+    real = ort.InferenceSession
+
+    def recording(path, session_options, providers):
+        built.append((path, providers, session_options.optimized_model_filepath))
+        return real(path, session_options, providers=["CPUExecutionProvider"])
+
+    monkeypatch.setattr(backend.session_cache.ort, "InferenceSession", recording)
+    accelerated = [("OpenVINOExecutionProvider", {"device_type": "CPU"}), "CPUExecutionProvider"]
+    create_session(double_onnx, options(), ort_cache_dir, print, accelerated)
+    assert built == [(str(double_onnx), accelerated, "")]  # from the model file, nothing saved
+    assert list(ort_cache_dir.iterdir()) == [copy] and copy.stat().st_mtime_ns == before

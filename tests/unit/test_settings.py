@@ -1,3 +1,5 @@
+import json
+
 import onnxruntime as ort
 import pytest
 
@@ -100,16 +102,54 @@ def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
     assert explicit.session_entries["session.intra_op.allow_spinning"] == "1"
 
 
-def test_a_cpu_execution_accelerator_is_refused_by_name_and_gpu_ones_do_not_apply():
-    def accelerating(**accelerators: list) -> dict:
-        return {**config(), "optimization": {"execution_accelerators": accelerators}}
+def accelerating(instances: int = 1, **accelerators: list) -> dict:
+    return {**config(instances), "optimization": {"execution_accelerators": accelerators}}
 
-    with pytest.raises(ModelConfigError, match="'openvino' needs ONNX Runtime's OpenVINO execution provider"):
-        SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "openvino"}]), cores=2)
+
+OPENVINO = accelerating(cpu_execution_accelerator=[{"name": "openvino"}])
+
+
+def test_openvino_is_refused_naming_the_wheel_where_onnx_runtime_has_no_such_provider(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(
+        ModelConfigError, match="'openvino' needs ONNX Runtime's OpenVINO execution provider"
+    ) as refused:
+        SessionSettings.from_model_config(OPENVINO, cores=2)
+    assert "install onnxruntime-openvino in place of onnxruntime" in str(refused.value)
+    assert "CPUExecutionProvider" in str(refused.value)  # what this build has
+
+
+def test_openvino_goes_first_on_cpu_with_the_instances_threads_and_the_cpu_provider_after_it(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", "CPUExecutionProvider"])
+    two_instances = accelerating(2, cpu_execution_accelerator=[{"name": "openvino"}])
+    settings = SessionSettings.from_model_config(two_instances, cores=4)
+    assert settings.accelerators == ("OpenVINOExecutionProvider",)
+    assert "accelerators=OpenVINOExecutionProvider" in settings.describe()
+    [(provider, options), cpu] = settings.providers()
+    assert (provider, cpu) == ("OpenVINOExecutionProvider", "CPUExecutionProvider")
+    assert options["device_type"] == "CPU"
+    assert json.loads(options["load_config"]) == {"CPU": {"INFERENCE_NUM_THREADS": "2"}}  # 4 cores, 2 instances
+    explicit = SessionSettings.from_model_config(
+        {**two_instances, "parameters": {"intra_op_thread_count": {"string_value": "3"}}}, cores=4
+    )
+    assert json.loads(explicit.providers()[0][1]["load_config"]) == {"CPU": {"INFERENCE_NUM_THREADS": "3"}}
+
+
+def test_without_an_accelerator_the_session_has_the_cpu_provider_alone(monkeypatch):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", "CPUExecutionProvider"])
+    settings = SessionSettings.from_model_config(config(), cores=2)
+    assert settings.accelerators == () and settings.providers() == ["CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("providers", [["CPUExecutionProvider"], ["OpenVINOExecutionProvider", "CPUExecutionProvider"]])
+def test_other_cpu_accelerators_are_refused_by_name_and_gpu_ones_do_not_apply(monkeypatch, providers):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: providers)
     with pytest.raises(ModelConfigError, match="unknown Execution Accelerator 'dnnl' is requested"):
         SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "dnnl"}]), cores=2)
-    gpu_only = accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}])
-    assert SessionSettings.from_model_config(gpu_only, cores=2).intra_op_threads == 2
+    gpu_only = SessionSettings.from_model_config(
+        accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}]), cores=2
+    )
+    assert gpu_only.intra_op_threads == 2 and gpu_only.providers() == ["CPUExecutionProvider"]
 
 
 def test_model_warmup_replaces_the_backends_own_warm_up():

@@ -183,6 +183,9 @@ def test_execute_answers_every_request_and_maps_errors_to_invalid_arg(pb_utils, 
 
     threads = max(1, available_cores() // 2)
     assert any(f"intra_op_threads={threads} " in line for line in pb_utils.Logger.lines)
+    assert any(
+        f"providers=CPUExecutionProvider (onnxruntime {ort.__version__})" in line for line in pb_utils.Logger.lines
+    )
     model.finalize()
 
 
