@@ -102,7 +102,8 @@ def _cpu_accelerators(model_config: dict) -> tuple[str, ...]:
                 f"execution_accelerators: cpu_execution_accelerator '{OPENVINO}' needs ONNX Runtime's OpenVINO "
                 f"execution provider, which this build (onnxruntime {ort.__version__}: {', '.join(available)}) does "
                 f"not have: install {OPENVINO_WHEEL} in place of onnxruntime where tritonserver's Python stub runs, "
-                "or remove the accelerator to serve with the CPU provider"
+                "or remove the accelerator to serve with the CPU provider (served on this project's CPU it did not beat "
+                "the CPU provider: bench/reports/2026-11-25-openvino)"
             )
         if OPENVINO_PROVIDER not in providers:
             providers.append(OPENVINO_PROVIDER)
