@@ -62,3 +62,11 @@ def verdict(gates: list[Gate]) -> int:
         if not gate.passed:
             say(f"GATE FAILED: {gate.name} ({gate.detail})")
     return 0 if all(g.passed for g in gates) else 1
+
+
+def finish(out: Path, text: str, judged: list[Gate]) -> int:
+    """Write `text`, the report with its Gates section, to out/report.md and print it; the gates' exit code."""
+    (out / "report.md").write_text(text)
+    print(text)
+    print(f"report: {out / 'report.md'}")
+    return verdict(judged)

@@ -28,6 +28,7 @@ from bench.peers import servers, venvs
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.table import servers_table
 from bench.usage import tree_memory
+from bench.venvs import VenvError
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
@@ -52,7 +53,7 @@ def measure(server: servers.Server, onnx_file: Path, args: argparse.Namespace) -
     started = time.monotonic()
     try:
         server.start()
-    except (ServerError, venvs.VenvError) as error:
+    except (ServerError, VenvError) as error:
         return {"error": f"did not start: {error}"}
     record: dict = {"ready_seconds": round(time.monotonic() - started, 2), "points": []}
     try:

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 from pathlib import Path
+
+from bench.venvs import new_venv, pip_install
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = Path(__file__).resolve().parent
 BUILD = ROOT / "build" / "peers"
 # The interpreter the venvs are made with (PEERS_PYTHON to change it); a peer may need its own.
 DEFAULT_PYTHON = os.environ.get("PEERS_PYTHON", "python3.11")
-
-
-class VenvError(RuntimeError):
-    """A peer's venv could not be made."""
 
 
 def requirements(peer: str) -> Path:
@@ -47,35 +44,11 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say=print) -> Path:
     if is_current(peer, interpreter):
         return python_of(peer)
     venv = BUILD / peer
-    if venv.exists():
-        shutil.rmtree(venv)
-    found = shutil.which(interpreter)
-    if found is None:
-        raise VenvError(f"{peer}: no {interpreter} on PATH to make its venv with")
-    say(f"{peer}: making {venv} with {found} from {requirements(peer).relative_to(ROOT)} (downloads on first use)")
-    made = subprocess.run([found, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
-    if made.returncode != 0:
-        raise VenvError(f"{peer}: {found} -m venv failed: {made.stderr.strip()[-500:]}")
-    log = venv / "pip.log"
-    with open(log, "wb") as output:
-        done = subprocess.run(
-            [
-                str(python_of(peer)),
-                "-m",
-                "pip",
-                "install",
-                "--disable-pip-version-check",
-                "-r",
-                str(requirements(peer)),
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            timeout=1800,
-            check=False,
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise VenvError(f"{peer}: pip install failed (exit {done.returncode}); end of {log}:\n{tail}")
+    say(
+        f"{peer}: making {venv} with {interpreter} from {requirements(peer).relative_to(ROOT)} (downloads on first use)"
+    )
+    new_venv(venv, interpreter)
+    pip_install(venv, ["-r", str(requirements(peer))], venv / "pip.log")
     (venv / ".installed").write_text(stamp(peer, interpreter))
     return python_of(peer)
 

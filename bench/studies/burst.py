@@ -23,7 +23,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.burst import REFUSED, BurstResult, burst
 from bench.load.stats import OK
-from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
+from bench.output import Gate, finish, gates_section, run_folder, say, settings, write_json
 from bench.overload import checked_images, path_target
 
 
@@ -94,10 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "results.json", {"settings": settings(args), "bursts": [asdict(r) for r in results],
                                       "gates": [asdict(g) for g in judged]})  # fmt: skip
     text = report(results, args, judged)
-    (out / "report.md").write_text(text)
-    print(text)
-    print(f"report: {out / 'report.md'}")
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":

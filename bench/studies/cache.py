@@ -26,7 +26,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import FacadeTarget
-from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
+from bench.output import Gate, finish, gates_section, run_folder, say, settings, write_json
 
 
 @dataclass
@@ -134,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         ),  # fmt: skip
     ]
     text = "\n".join(lines) + "\n\n" + gates_section(judged)
-    (out / "report.md").write_text(text)
-    print(text)
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,8 +55,9 @@ from backend.settings import OPENVINO, OPENVINO_PROVIDER, OPENVINO_WHEEL, cpu_in
 from bench import REPOSITORY
 from bench.load.loops import LoadResult, run_load
 from bench.load.targets import KServeTarget
-from bench.output import Gate, gates_section, machine, run_folder, say, settings, verdict, write_json
+from bench.output import Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from bench.overload import checked_images
+from bench.venvs import VenvError, new_venv, pip_install
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "openvino-venv"
@@ -72,10 +74,6 @@ TOLERANCE = "rtol 1e-4, atol 1e-4 x the largest expected magnitude"
 _ONNXRUNTIME = re.compile(r"^onnxruntime\s*(==|>=|<=|~=|$)")
 # backend/triton_model.py's line, once per instance: "<model> instance <name> ready in ... providers=A,B (onnxruntime V)"
 _READY = re.compile(r'([^\s"]+) instance (\S+) ready in .* providers=(\S+) \(onnxruntime ([^\s)]+)\)')
-
-
-class VenvError(RuntimeError):
-    """The OpenVINO venv could not be made, or its onnxruntime has no OpenVINO execution provider."""
 
 
 # The venv ------------------------------------------------------------------------------------------------------------
@@ -96,43 +94,22 @@ def venv_stamp(interpreter: str) -> str:
     return hashlib.sha256(b"\0".join(made_from)).hexdigest()
 
 
-def _pip(venv: Path, args: list[str], log: Path) -> None:
-    with open(log, "ab") as output:
-        done = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", *args],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            timeout=1800,
-            check=False,
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise VenvError(f"pip install {' '.join(args)} failed (exit {done.returncode}); end of {log}:\n{tail}")
-
-
 def ensure_venv(venv: Path = VENV, interpreter: str = DEFAULT_PYTHON, log: Callable[[str], None] = say) -> str:
     """Make the venv when it is missing or out of date; its onnxruntime's version, checked to have OpenVINO."""
     stamp_file = venv / ".installed"
     if not (stamp_file.exists() and stamp_file.read_text() == venv_stamp(interpreter)):
-        if venv.exists():
-            if venv != VENV and not stamp_file.exists():
-                raise VenvError(f"{venv} exists and was not made by this study: name a new folder or remove it")
-            shutil.rmtree(venv)
-        found = shutil.which(interpreter)
-        if found is None:
-            raise VenvError(f"no {interpreter} on PATH to make {venv} with (OPENVINO_PYTHON names another)")
-        log(f"making {venv} with {found} (first run: about 150 MB of downloads)")
-        made = subprocess.run([found, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
-        if made.returncode != 0:
-            raise VenvError(f"{found} -m venv {venv} failed: {made.stderr.strip()[-500:]}")
+        if venv.exists() and venv != VENV and not stamp_file.exists():
+            raise VenvError(f"{venv} exists and was not made by this study: name a new folder or remove it")
+        log(f"making {venv} with {interpreter} (OPENVINO_PYTHON names another; first run: about 150 MB of downloads)")
+        new_venv(venv, interpreter)
         pip_log, wanted = venv / "pip.log", venv / "requirements.txt"
         wanted.write_text(venv_requirements())
         log(f"installing {SERVING.name} with {OPENVINO_PIN} in place of onnxruntime (pip's log: {pip_log})")
-        _pip(venv, ["-r", str(wanted), "-c", str(CONSTRAINTS)], pip_log)
+        pip_install(venv, ["-r", str(wanted), "-c", str(CONSTRAINTS)], pip_log)
         log(f"installing tritonserver's wheel ({TRITON.name}) without its requirements")
-        _pip(venv, ["--no-deps", "-r", str(TRITON)], pip_log)
+        pip_install(venv, ["--no-deps", "-r", str(TRITON)], pip_log)
         log(f"installing this checkout ({ROOT}) editable, without its requirements")
-        _pip(venv, ["--no-deps", "-e", str(ROOT)], pip_log)
+        pip_install(venv, ["--no-deps", "-e", str(ROOT)], pip_log)
         stamp_file.write_text(venv_stamp(interpreter))
     asked = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
@@ -205,16 +182,19 @@ async def _measure(
 
 
 def one_stack(
-    arm: str, round_: int, references: dict, venv: Path, out: Path, args: argparse.Namespace
+    arm: str, round_: int, references: dict, venv: Path, scratch: Path, out: Path, args: argparse.Namespace
 ) -> tuple[list[Instance], list[Run]]:
-    """One tritonserver serving the models with (or without) the accelerator: its instances and runs."""
-    workdir = out / f"round{round_}-{arm}"
+    """One tritonserver serving the models with (or without) the accelerator: its instances and runs.
+
+    The server's repository, backends and cache live in `scratch`; its log is kept in `out`.
+    """
+    workdir = scratch / f"round{round_}-{arm}"
     configs = {m: config_text(REPOSITORY / m, arm == OPENVINO) for m in args.models}
     repository = link_models(workdir / "repository", {m: REPOSITORY / m for m in args.models}, configs)
     runs: list[Run] = []
     say(f"round {round_}, {arm}: starting tritonserver, its stubs in {venv}")
     stack = ServingStack(repository, workdir, with_facade=False, stub_venv=venv,
-                         triton_env={CACHE_DIR_ENV: str(out / "ort-cache")})  # fmt: skip
+                         triton_env={CACHE_DIR_ENV: str(scratch / "ort-cache")})  # fmt: skip
     with stack:
         assert stack.triton.log_file is not None
         instances = ready_instances(stack.triton.log_file.read_text(errors="replace"), arm, round_)
@@ -229,6 +209,7 @@ def one_stack(
                     f"p50 {run.p50_ms:.1f} ms, p99 {run.p99_ms:.1f} ms, {wrong} of {checked} answers unlike "
                     f"in-process, errors {run.errors or 'none'}")  # fmt: skip
                 runs.append(run)
+    shutil.copyfile(workdir / "tritonserver.log", out / f"round{round_}-{arm}-tritonserver.log")
     return instances, runs
 
 
@@ -335,11 +316,12 @@ def main(argv: list[str] | None = None) -> int:
     references = {m: checked_images(m, count=8) for m in args.models}
     instances: list[Instance] = []
     runs: list[Run] = []
-    for round_ in range(1, args.rounds + 1):
-        for arm in ARMS if round_ % 2 else tuple(reversed(ARMS)):
-            found_instances, found_runs = one_stack(arm, round_, references, args.venv, out, args)
-            instances += found_instances
-            runs += found_runs
+    with tempfile.TemporaryDirectory(prefix="tritonnx-openvino-") as scratch:
+        for round_ in range(1, args.rounds + 1):
+            for arm in ARMS if round_ % 2 else tuple(reversed(ARMS)):
+                found_instances, found_runs = one_stack(arm, round_, references, args.venv, Path(scratch), out, args)
+                instances += found_instances
+                runs += found_runs
     found = ratios(runs)
     expected_instances = {m: cpu_instance_count(read_config(REPOSITORY / m)) for m in args.models}
     judged = gates(instances, runs, expected_instances, version, found)
@@ -350,10 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         "instances": [asdict(i) for i in instances], "gates": [asdict(g) for g in judged],
     })  # fmt: skip
     text = report(runs, found, instances, version, args) + "\n" + gates_section(judged)
-    (out / "report.md").write_text(text)
-    print(text)
-    print(f"report: {out / 'report.md'}")
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":

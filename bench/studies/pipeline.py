@@ -43,7 +43,7 @@ from backend.server.supervisor import live_stubs
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import KServeTarget
-from bench.output import CORES, Gate, gates_section, machine, run_folder, say, settings, verdict, write_json
+from bench.output import CORES, Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from bench.usage import cpu_seconds
 
 CLASSIFIERS = ("resnet50", "mobilenet_v3_small")
@@ -282,9 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "results.json", {"settings": settings(args), "machine": machine(), "results": results,
                                       "gates": [asdict(g) for g in judged]})  # fmt: skip
     text = report(results, args, started) + "\n" + gates_section(judged)
-    (out / "report.md").write_text(text)
-    print(text)
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":

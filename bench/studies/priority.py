@@ -33,7 +33,7 @@ from bench import REPOSITORY
 from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, Tally, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget
-from bench.output import Gate, gates_section, run_folder, say, settings, verdict, write_json
+from bench.output import Gate, finish, gates_section, run_folder, say, settings, write_json
 from bench.overload import checked_images, path_target
 from client.proto import inference_pb2
 
@@ -225,10 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "results.json", {"settings": settings(args), "results": [asdict(r) for r in results],
                                       "gates": [asdict(g) for g in judged]})  # fmt: skip
     text = f"# Priorities under {args.factor:.0f}x overload, {args.model}\n\n{report(results)}\n{gates_section(judged)}"
-    (out / "report.md").write_text(text)
-    print(text)
-    print(f"report: {out / 'report.md'}")
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":

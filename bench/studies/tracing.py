@@ -24,7 +24,7 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import FacadeTarget
-from bench.output import Gate, gates_section, machine, run_folder, say, settings, verdict, write_json
+from bench.output import Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from client.traces import OtlpReceiver
 
 
@@ -136,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "results.json", {"settings": settings(args), "runs": [asdict(r) for r in runs],
                                       "gates": [asdict(g) for g in judged]})  # fmt: skip
     text = report(runs, args) + "\n" + gates_section(judged)
-    (out / "report.md").write_text(text)
-    print(text)
-    return verdict(judged)
+    return finish(out, text, judged)
 
 
 if __name__ == "__main__":
