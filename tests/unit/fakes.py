@@ -34,6 +34,7 @@ class FakeGateway:
         self.last_failure: tuple[float, str] | None = None
         self.down = False  # every call fails as when Triton is unreachable
         self.hold: asyncio.Event | None = None  # when set, inferences (not health probes) wait for it
+        self.held = 0  # inferences waiting for `hold` now: their requests were read and reached "Triton"
         self.closed = False
         # Requests that reached "Triton", health probes left out: they come every 50 ms, and a
         # test counting calls across a cache hit would fail when one lands in between.
@@ -57,7 +58,11 @@ class FakeGateway:
         if self.down:
             raise Unavailable("model 'double' cannot take the request now: retry later")
         if self.hold is not None and call.header.id != PROBE_ID:
-            await self.hold.wait()
+            self.held += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.held -= 1
         if call.header.id != PROBE_ID:
             self.inferences += 1
             self.metadata.append(metadata)

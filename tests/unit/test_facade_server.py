@@ -188,9 +188,13 @@ def test_a_cancelled_call_is_counted_cancelled_and_frees_its_slot():
         async with serving(gateway) as (facade, channel):
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
             call = stub.Predict(request("r1", [1, 2, 3, 4]))
-            await until(lambda: facade.servicer.admission.in_flight == 1)
+            # Its slot is taken when the call starts, before its body is read: wait until the request reached the
+            # gateway, so the cancelled call is one whose model is known.
+            await until(lambda: gateway.held == 1)
+            assert facade.servicer.admission.in_flight == 1
             call.cancel()
             await until(lambda: count(facade, "tritonnx_facade_requests_total", model="double", code="CANCELLED") == 1)
+            assert gateway.held == 0
             await until(lambda: facade.servicer.admission.in_flight == 0)
             assert count(facade, "tritonnx_facade_requests_total", model="double", code="INTERNAL") == 0
 
