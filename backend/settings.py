@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import onnxruntime as ort
@@ -37,6 +38,7 @@ _GRAPH_LEVELS = {
 
 
 SPINNING = "session.intra_op.allow_spinning"
+_THREAD_COUNTS = ("intra_op_thread_count", "inter_op_thread_count")
 ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 # Triton's name for the accelerator, ONNX Runtime's for its provider, and the wheel that has it.
 OPENVINO = "openvino"
@@ -148,15 +150,23 @@ class SessionSettings:
     accelerators: tuple[str, ...] = ()  # execution providers put before the CPU provider, e.g. OpenVINO's
 
     @classmethod
-    def from_model_config(cls, model_config: dict, cores: int | None = None) -> SessionSettings:
+    def from_model_config(
+        cls, model_config: dict, cores: int | None = None, server: Mapping[str, str] | None = None
+    ) -> SessionSettings:
         """Read the settings; unset thread counts share the cores evenly between instances.
 
         Each Triton CPU instance is its own process with its own session: letting every session
         take all cores (ONNX Runtime's default) oversubscribes the machine as soon as two
-        instances run at once.
+        instances run at once. `server` is tritonserver's `--backend-config` for the model's backend:
+        with `enable-global-threadpool=1` its `intra_op_thread_count` and `inter_op_thread_count` replace
+        the model's, as the onnxruntime backend documents. (Its one pool per server process is here one
+        pool per instance process, which holds one session: the same counts, no sharing to gain.)
         """
         accelerators = _cpu_accelerators(model_config)
         params = _parameters(model_config)
+        if _as_bool("enable-global-threadpool", (server or {}).get("enable-global-threadpool", "0")):
+            params = {k: v for k, v in params.items() if k not in _THREAD_COUNTS}
+            params |= {k: v for k, v in (server or {}).items() if k in _THREAD_COUNTS}
         cores = cores or available_cores()
         instances = cpu_instance_count(model_config)
         fair_share = max(1, cores // instances)

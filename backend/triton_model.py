@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from backend.autocomplete import complete_config
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
-from backend.model_files import ModelFiles
+from backend.model_files import ModelFiles, backend_config
 
 
 def _triton_error(error: RequestError) -> pb_utils.TritonError:
@@ -63,7 +63,7 @@ class OnnxRuntimeModel:
         version_folder = Path(args["model_repository"]) / args["model_version"]
         ragged = frozenset(i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch"))
         try:
-            settings = SessionSettings.from_model_config(config)
+            settings = SessionSettings.from_model_config(config, server=backend_config(config.get("backend", "")))
             files = self._files(lambda: ModelFiles.of_version(version_folder, config))
             self.runner = OnnxModelRunner.load(
                 files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn

@@ -7,6 +7,7 @@ Every answer is compared with in-process ONNX Runtime on the same file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,10 @@ def served(tmp_path_factory):
     repository = workdir / "repository"
     files = write_repository(repository)
     assert not list(repository.rglob("*.py"))
-    # The onnxruntime backend's own setting, which Triton hands a Python-based backend no copy of.
-    triton_args = ["--backend-config=onnxruntime,default-max-batch-size=8"]
+    # The onnxruntime backend's own settings, of which Triton hands a Python-based backend no copy.
+    triton_args = ["--backend-config=onnxruntime,default-max-batch-size=8",
+                   "--backend-config=onnxruntime,enable-global-threadpool=1",
+                   "--backend-config=onnxruntime,intra_op_thread_count=3"]  # fmt: skip
     with ServingStack(repository, workdir, with_facade=False, triton_http=False, triton_args=triton_args) as stack:
         yield stack, files
 
@@ -67,6 +70,17 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
     assert sum(g.count for g in configs["platform"].instance_group) == 2
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
+
+
+def test_the_servers_global_threadpool_thread_counts_reach_the_onnxruntime_models(served):
+    stack, _ = served
+    log = stack.triton.log_file.read_text(errors="replace")
+
+    def threads(model: str) -> set[str]:
+        return set(re.findall(rf"{model} instance \S+ ready in .*?intra_op_threads=(\d+)", log))
+
+    assert threads("platform") == {"3"}  # the server's, not the model's share of the cores (1 of 2 for 2 instances)
+    assert threads("named_tritonnx") == {"2"}  # another backend's name: the cores of its one instance
 
 
 @pytest.mark.parametrize("model", [m for m in REPOSITORY if m != "custom_op"])

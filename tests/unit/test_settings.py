@@ -35,6 +35,17 @@ def test_explicit_thread_counts_win():
     assert options.execution_mode == ort.ExecutionMode.ORT_PARALLEL
 
 
+def test_the_servers_global_threadpool_thread_counts_replace_the_models_as_the_onnxruntime_backend_documents():
+    model = config(2, intra_op_thread_count="3", inter_op_thread_count="2")
+    server = {"enable-global-threadpool": "1", "intra_op_thread_count": "1", "default-max-batch-size": "8"}
+    settings = SessionSettings.from_model_config(model, cores=2, server=server)
+    assert (settings.intra_op_threads, settings.inter_op_threads) == (1, 1)  # unset inter: the default, 1
+    off = SessionSettings.from_model_config(model, cores=2, server={**server, "enable-global-threadpool": "0"})
+    assert (off.intra_op_threads, off.inter_op_threads) == (3, 2)  # without the global pool the model's own
+    with pytest.raises(ModelConfigError, match="enable-global-threadpool"):
+        SessionSettings.from_model_config(model, cores=2, server={"enable-global-threadpool": "maybe"})
+
+
 @pytest.mark.parametrize(
     ("level", "expected"),
     [
@@ -51,12 +62,16 @@ def test_graph_level_follows_the_onnxruntime_backend(level, expected):
 
 def test_memory_flags_and_session_entries_reach_onnxruntime():
     settings = SessionSettings.from_model_config(
-        config(enable_mem_arena="0", enable_mem_pattern="false", session__intra_op__allow_spinning="0"), cores=2
-    )
+        config(enable_mem_arena="0", enable_mem_pattern="false", session__intra_op__allow_spinning="0",
+               session__use_device_allocator_for_initializers="1"),
+        cores=2,
+    )  # fmt: skip
     options = settings.session_options()
     assert options.enable_cpu_mem_arena is False
     assert options.enable_mem_pattern is False
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # The one session entry the onnxruntime backend's README names.
+    assert options.get_session_config_entry("session.use_device_allocator_for_initializers") == "1"
 
 
 @pytest.mark.parametrize(
