@@ -15,6 +15,7 @@ import pytest
 
 from backend.server.supervisor import Stub, live_stubs
 from bench.usage import Watcher, mapped_shm_files, shm_usage, tree_memory
+from tests.helpers import wait_until
 
 # A stub's command line as tritonserver 2.51 starts it (seen with `ps`).
 STUB = [
@@ -118,12 +119,11 @@ def test_the_watcher_names_stubs_by_instance_samples_them_and_sees_one_go(tmp_pa
 
         [gone] = [pid for pid, stub in live_stubs(parent.pid).items() if stub.instance == "my_group_3"]
         psutil.Process(gone).kill()  # left a zombie: the stand-in never reaps it
-        deadline = time.monotonic() + 5
-        while "my_group_3" in watcher.processes():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(lambda: "my_group_3" not in watcher.processes(), 5, "the killed stub no longer listed")
         assert watcher.missing == {"my_group_3"} and watcher.stub_pids["my_group_3"] == [gone]
-        assert gone not in watcher.alive_pids() and parent.pid in watcher.alive_pids()
+        # An exiting process loses its command line before it turns zombie: wait for the second too.
+        wait_until(lambda: gone not in watcher.alive_pids(), 5, "the killed stub no longer alive")
+        assert parent.pid in watcher.alive_pids()
     finally:
         stop(parent)
 
