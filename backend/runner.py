@@ -76,9 +76,9 @@ class OnnxModelRunner:
         graph = read_graph_io(onnx_file)
         inputs, outputs = graph.specs(max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
-        # An optimized copy would need the custom operator libraries to load too, and it is the CPU provider's graph:
-        # sessions with either build from the file.
-        cache = settings.optimized_model_cache and not settings.custom_op_libraries and not settings.accelerators
+        # An optimized copy would need the custom operator libraries to load too: such sessions build from the file
+        # (create_session decides the same for providers other than the CPU's).
+        cache = settings.optimized_model_cache and not settings.custom_op_libraries
         cache_dir = default_cache_dir() if cache else None
         session = create_session(onnx_file, settings.session_options(), cache_dir, log, settings.providers())
         runner = cls(session, signature, settings.run_options(), log)
