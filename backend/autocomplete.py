@@ -1,10 +1,11 @@
 """Triton's auto-complete for a tritonnx model: the config's inputs, outputs and batching from the graph.
 
 Batching is decided the way Triton's onnxruntime backend decides it: a `max_batch_size` written
-in `config.pbtxt` wins (0 included: a graph whose first dims are all dynamic may still mix rows,
-a sum over the first axis say); otherwise the model batches when every input and output has a
+in `config.pbtxt` wins (0 included); otherwise the model batches when every input and output has a
 dynamic first dim, with Triton's default maximum of 4 and the dynamic batcher on, and does not
-batch otherwise. Either way a log line says what was decided and why.
+batch otherwise. A graph whose rows are not independent (`GraphIO.batch_coupling`: dynamic
+quantization, a reduction over the batch axis) gets no dynamic batcher unless its config writes
+max_batch_size. Either way a log line says what was decided and why.
 
 `config` is the `pb_utils.ModelConfig` that Triton hands to `auto_complete_config`; its class
 is plain Python, so this module runs (and is tested) without Triton.
@@ -62,7 +63,12 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
                 f"max_batch_size {max_batch_size} (write max_batch_size in config.pbtxt to choose, 0 to turn "
                 "batching off)"
             )
-    coupling = graph.batch_coupling()
+    coupling = graph.batch_coupling() if max_batch_size > 1 else None
+    if coupling and writes_max_batch_size(config_file):
+        log(
+            f"model '{name}': its rows are not independent ({coupling}), yet config.pbtxt writes max_batch_size "
+            f"{max_batch_size}: requests batched together may change each other's answers"
+        )
     if max_batch_size > 1 and not any(s in current for s in _SCHEDULERS):
         if coupling and not writes_max_batch_size(config_file):
             # Triton's default scheduler hands the model one request at a time: each gets what it would get alone.

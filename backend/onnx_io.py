@@ -9,24 +9,27 @@ weight by its length.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import NamedTuple
 
+from backend.batch_axis import Ints, Node, coupled_nodes
 from backend.errors import ModelConfigError
+from backend.onnx_wire import LENGTH_DELIMITED, Buffer, Span, fields, messages, repeated_ints, small_int_tensor, text
 from backend.tensors import TensorSpec, tensor_spec
-
-Span = tuple[int, int]  # a message's (start, end) in the file
-Buffer = mmap.mmap  # the file, mapped: never read whole
-
 
 # Field numbers of onnx.proto3.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
 _FUNCTION_NODE = 7
-_NODE_OP_TYPE, _NODE_ATTRIBUTE = 4, 5
-_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS = 6, 11
+_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
+_ATTRIBUTE_NAME, _ATTRIBUTE_INT, _ATTRIBUTE_TENSOR, _ATTRIBUTE_GRAPH, _ATTRIBUTE_INTS, _ATTRIBUTE_GRAPHS = (
+    1,
+    3,
+    5,
+    6,
+    8,
+    11,
+)
 _TENSOR_NAME = 8
 _VALUE_NAME, _VALUE_TYPE = 1, 2
 # TypeProto's `value` oneof: what a graph input or output holds.
@@ -35,7 +38,6 @@ _TYPE_KINDS = {1: "tensor", 4: "sequence", 5: "map", 8: "sparse tensor", 9: "opt
 _TENSOR_TYPE_ELEM, _TENSOR_TYPE_SHAPE = 1, 2
 _SHAPE_DIM = 1
 _DIM_VALUE, _DIM_PARAM = 1, 2
-
 
 # Operators whose result for one row depends on the other rows of the batch.
 BATCH_COUPLED_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
@@ -75,11 +77,16 @@ class GraphTensor:
 
 @dataclass(frozen=True)
 class GraphIO:
-    """A graph's inputs and outputs, and the operator types it uses (subgraphs included)."""
+    """A graph's inputs and outputs, the operator types it uses (subgraphs included), and its nodes that mix rows.
+
+    `row_mixers` says, node by node, where the main graph reduces, normalises or picks over the batch axis
+    (`backend.batch_axis`).
+    """
 
     inputs: tuple[GraphTensor, ...]
     outputs: tuple[GraphTensor, ...]
     op_types: frozenset[str]
+    row_mixers: tuple[str, ...] = ()
 
     def specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         """Inputs and outputs as served, batch dim removed when `batched`.
@@ -117,12 +124,14 @@ class GraphIO:
         """Why a row of this graph's batch may not get what it would get alone, or None.
 
         ONNX Runtime's dynamic quantization (`quantize_dynamic`, as used for transformers) computes one scale over the
-        whole tensor it quantizes: rows stacked into one batch share it.
+        whole tensor it quantizes: rows stacked into one batch share it. Other nodes mix rows by what they do over
+        the batch axis.
         """
-        coupled = sorted(self.op_types & BATCH_COUPLED_OPS)
-        if coupled:
-            return f"{', '.join(coupled)} quantizes each tensor with one scale over the whole batch"
-        return None
+        reasons = list(self.row_mixers)
+        quantizers = sorted(self.op_types & BATCH_COUPLED_OPS)
+        if quantizers:
+            reasons.insert(0, f"{', '.join(quantizers)} quantizes each tensor with one scale over the whole batch")
+        return "; ".join(reasons) or None
 
     def cannot_batch(self) -> str | None:
         """Why Triton's batcher cannot stack requests of this graph, or None when it can.
@@ -144,107 +153,91 @@ class GraphIO:
         return None
 
 
-def _varint(data: Buffer, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ModelConfigError("the ONNX file is truncated or not an ONNX model")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-class _Field(NamedTuple):
-    """One top-level field of a protobuf message.
-
-    A varint's `value`, or a length-delimited field's `span` (start, end) in the file, never a copy.
-    """
-
-    number: int
-    wire: int
-    value: int = 0
-    span: Span = (0, 0)
-
-
-_LENGTH_DELIMITED = 2
-
-
-def _fields(data: Buffer, start: int = 0, end: int | None = None) -> Iterator[_Field]:
-    pos, end = start, len(data) if end is None else end
-    while pos < end:
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            field = _Field(number, wire, value=value)
-        elif wire == _LENGTH_DELIMITED:
-            length, pos = _varint(data, pos)
-            field, pos = _Field(number, wire, span=(pos, pos + length)), pos + length
-        elif wire in (1, 5):
-            field, pos = _Field(number, wire), pos + (8 if wire == 1 else 4)
-        else:
-            raise ModelConfigError(f"unexpected protobuf wire type {wire} in the ONNX file")
-        if pos > end:
-            raise ModelConfigError("the ONNX file is truncated or not an ONNX model")
-        yield field
-
-
-def _messages(data: Buffer, span: Span, number: int) -> Iterator[Span]:
-    """The spans of the length-delimited fields `number` (sub-messages, strings) in the message at `span`."""
-    return (f.span for f in _fields(data, *span) if f.number == number and f.wire == _LENGTH_DELIMITED)
-
-
-def _text(data: Buffer, span: Span) -> str:
-    return bytes(data[span[0] : span[1]]).decode()
-
-
 def _value_info(data: Buffer, span: Span, defaults: frozenset[str] = frozenset()) -> GraphTensor:
     name, kind, elem, dims, has_shape = "", "unknown", 0, [], False
-    for name_span in _messages(data, span, _VALUE_NAME):
-        name = _text(data, name_span)
-    for type_span in _messages(data, span, _VALUE_TYPE):
-        for field in _fields(data, *type_span):
-            if field.wire != _LENGTH_DELIMITED or field.number not in _TYPE_KINDS:
+    for name_span in messages(data, span, _VALUE_NAME):
+        name = text(data, name_span)
+    for type_span in messages(data, span, _VALUE_TYPE):
+        for field in fields(data, *type_span):
+            if field.wire != LENGTH_DELIMITED or field.number not in _TYPE_KINDS:
                 continue
             kind = _TYPE_KINDS[field.number]
             if field.number != _TYPE_TENSOR:
                 continue
-            for tensor_field in _fields(data, *field.span):
+            for tensor_field in fields(data, *field.span):
                 if tensor_field.number == _TENSOR_TYPE_ELEM:
                     elem = tensor_field.value
                 elif tensor_field.number == _TENSOR_TYPE_SHAPE:
                     has_shape = True
-                    dims += [_dim(data, dim_span) for dim_span in _messages(data, tensor_field.span, _SHAPE_DIM)]
+                    dims += [_dim(data, dim_span) for dim_span in messages(data, tensor_field.span, _SHAPE_DIM)]
     return GraphTensor(name, kind, elem, tuple(dims) if has_shape else None, name in defaults)
 
 
 def _dim(data: Buffer, span: Span) -> int | str | None:
-    for field in _fields(data, *span):
+    for field in fields(data, *span):
         if field.number == _DIM_VALUE:
             return field.value
         if field.number == _DIM_PARAM:
-            return _text(data, field.span)
+            return text(data, field.span)
     return None
 
 
 def _op_types(data: Buffer, graph: Span, found: set[str]) -> None:
-    for node in _messages(data, graph, _GRAPH_NODE):
+    for node in messages(data, graph, _GRAPH_NODE):
         _node_op_types(data, node, found)
 
 
 def _node_op_types(data: Buffer, node: Span, found: set[str]) -> None:
-    found.update(_text(data, op) for op in _messages(data, node, _NODE_OP_TYPE))
-    for attribute in _messages(data, node, _NODE_ATTRIBUTE):
+    found.update(text(data, op) for op in messages(data, node, _NODE_OP_TYPE))
+    for attribute in messages(data, node, _NODE_ATTRIBUTE):
         for number in (_ATTRIBUTE_GRAPH, _ATTRIBUTE_GRAPHS):
-            for subgraph in _messages(data, attribute, number):
+            for subgraph in messages(data, attribute, number):
                 _op_types(data, subgraph, found)  # If, Loop, Scan bodies
 
 
+def _node(data: Buffer, span: Span) -> Node:
+    """A node's op type, name, inputs, outputs and integer attributes (an int, ints, or a small int tensor)."""
+    strings: dict[int, list[str]] = {_NODE_INPUT: [], _NODE_OUTPUT: [], _NODE_NAME: [], _NODE_OP_TYPE: []}
+    ints: dict[str, Ints] = {}
+    for field in fields(data, *span):
+        if field.number in strings and field.wire == LENGTH_DELIMITED:
+            strings[field.number].append(text(data, field.span))
+        elif field.number == _NODE_ATTRIBUTE and field.wire == LENGTH_DELIMITED:
+            name, values = "", []
+            for part in fields(data, *field.span):
+                if part.number == _ATTRIBUTE_NAME:
+                    name = text(data, part.span)
+                elif part.number in (_ATTRIBUTE_INT, _ATTRIBUTE_INTS):
+                    values += repeated_ints(data, part)
+                elif part.number == _ATTRIBUTE_TENSOR:
+                    values += small_int_tensor(data, part.span) or ()
+            if values:
+                ints[name] = tuple(values)
+    return Node(
+        op_type="".join(strings[_NODE_OP_TYPE]),
+        name="".join(strings[_NODE_NAME]),
+        inputs=tuple(strings[_NODE_INPUT]),
+        outputs=tuple(strings[_NODE_OUTPUT]),
+        ints=ints,
+    )
+
+
+def _row_mixers(data: Buffer, graph: Span, inputs: tuple[GraphTensor, ...]) -> tuple[str, ...]:
+    constants: dict[str, Ints] = {}
+    for initializer in messages(data, graph, _GRAPH_INITIALIZER):
+        values = small_int_tensor(data, initializer)
+        if values is not None:
+            constants.update(dict.fromkeys((text(data, n) for n in messages(data, initializer, _TENSOR_NAME)), values))
+    nodes = [_node(data, span) for span in messages(data, graph, _GRAPH_NODE)]
+    for node in nodes:
+        if node.op_type == "Constant" and len(node.ints) == 1 and node.outputs:
+            constants[node.outputs[0]] = next(iter(node.ints.values()))
+    batched = (t.name for t in inputs if t.batchable and not t.has_default)
+    return tuple(coupled_nodes(nodes, batched, constants))
+
+
 def read_graph_io(onnx_file: Path) -> GraphIO:
-    """The graph's inputs and outputs, and the operator types it uses.
+    """The graph's inputs and outputs, the operator types it uses, and the nodes that mix the rows of a batch.
 
     An input that is also an initializer is marked as having a default; the operator types
     include those of subgraphs and local functions.
@@ -253,23 +246,25 @@ def read_graph_io(onnx_file: Path) -> GraphIO:
         raise ModelConfigError(f"{onnx_file.name} is empty")
     with open(onnx_file, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
         whole = (0, len(data))
-        graph = next(_messages(data, whole, _MODEL_GRAPH), None)
+        graph = next(messages(data, whole, _MODEL_GRAPH), None)
         if graph is None:
             raise ModelConfigError(f"{onnx_file.name} has no graph: is it an ONNX model?")
         initializers = frozenset(
-            _text(data, name)
-            for initializer in _messages(data, graph, _GRAPH_INITIALIZER)
-            for name in _messages(data, initializer, _TENSOR_NAME)
+            text(data, name)
+            for initializer in messages(data, graph, _GRAPH_INITIALIZER)
+            for name in messages(data, initializer, _TENSOR_NAME)
         )
         op_types: set[str] = set()
         _op_types(data, graph, op_types)
-        for function in _messages(data, whole, _MODEL_FUNCTIONS):
-            for node in _messages(data, function, _FUNCTION_NODE):
+        for function in messages(data, whole, _MODEL_FUNCTIONS):
+            for node in messages(data, function, _FUNCTION_NODE):
                 _node_op_types(data, node, op_types)
+        inputs = tuple(_value_info(data, span, initializers) for span in messages(data, graph, _GRAPH_INPUT))
         return GraphIO(
-            tuple(_value_info(data, span, initializers) for span in _messages(data, graph, _GRAPH_INPUT)),
-            tuple(_value_info(data, span) for span in _messages(data, graph, _GRAPH_OUTPUT)),
+            inputs,
+            tuple(_value_info(data, span) for span in messages(data, graph, _GRAPH_OUTPUT)),
             frozenset(op_types),
+            _row_mixers(data, graph, inputs),
         )
 
 

@@ -1,5 +1,5 @@
-"""ONNX graphs more than one tier builds: a dynamically quantized encoder, whose rows are not independent, and a
-graph of a custom operator library's string op."""
+"""ONNX graphs more than one tier builds: a dynamically quantized encoder and a batch-centring graph, whose rows are
+not independent, and a graph of a custom operator library's string op."""
 
 from __future__ import annotations
 
@@ -67,3 +67,21 @@ def string_upper(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, path)
     return path
+
+
+def batch_centred() -> onnx.ModelProto:
+    """y = x - mean of x over axis 0: x FP32 [n, 3] -> y FP32 [n, 3]. Every dim is dynamic, as a batching model's are,
+    yet each row's answer depends on the rows batched with it."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mean"], axes=[0], keepdims=1),
+        helper.make_node("Sub", ["x", "mean"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "centred",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 9
+    return model

@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 from onnxruntime_extensions import get_library_path
 
-from tests.graphs import LOUD_ID, quantized_encoder, string_upper
+from tests.graphs import LOUD_ID, batch_centred, quantized_encoder, string_upper
 from tests.integration.any_models import _model, value
 from tests.kserve import assert_close, make_inputs, reference_session
 from tests.serving import MODEL_REPOSITORY
@@ -41,6 +41,7 @@ REPOSITORY = {
     ),
     "mobilenet": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),  # a real network
     "quantized": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # rows not independent: tests/graphs.py
+    "centred": ('platform: "onnxruntime_onnx"\n', "model.onnx"),  # a mean over the batch axis: tests/graphs.py
     # A stateful model's way in Triton: the sequence batcher fills START and CORRID in every request.
     "sequence": (
         'platform: "onnxruntime_onnx"\nmax_batch_size: 4\nsequence_batching {\n  control_input [\n'
@@ -110,6 +111,8 @@ def write_repository(
             string_upper(files[name])
         elif name == "sequence":
             onnx.save(sequence_step(), files[name])
+        elif name == "centred":
+            onnx.save(batch_centred(), files[name])
         elif name == "quantized":
             quantized_encoder(files[name].parent)
             (files[name].parent / "float.onnx").unlink()

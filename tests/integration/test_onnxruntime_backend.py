@@ -64,6 +64,7 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "sequence": 4,
         "mobilenet": 8,
         "quantized": 8,
+        "centred": 8,
         "custom_op": 8,
     }
     assert configs["not_batched"].input[0].dims == [-1, 3] and configs["platform"].input[0].dims == [3]
@@ -122,16 +123,24 @@ def test_a_custom_operator_library_named_in_the_config_serves_its_ops(client):
     assert [v.decode() for v in result.as_numpy("upper").ravel()] == ["TRITONNX", "WöRLD"]
 
 
-def test_concurrent_requests_to_a_batch_coupled_graph_each_get_what_they_would_get_alone(served, client):
+def coupled_requests(model: str, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    """Requests whose answers move when batched together: loud and quiet ids, or pairs of rows at different scales."""
+    if model == "quantized":
+        return [{"ids": rng.integers(0, LOUD_ID, (1, 5)) if i % 2 else np.full((1, 5), LOUD_ID)} for i in range(16)]
+    return [{"x": rng.standard_normal((2, 3)).astype(np.float32) * (1 + 50 * (i % 2))} for i in range(16)]
+
+
+@pytest.mark.parametrize("model", ["quantized", "centred"])
+def test_concurrent_requests_to_a_batch_coupled_graph_each_get_what_they_would_get_alone(served, client, model):
     _, files = served
-    assert not client.get_model_config("quantized").config.HasField("dynamic_batching")
-    rng = np.random.default_rng(3)
-    requests = [rng.integers(0, LOUD_ID, (1, 5)) if i % 2 else np.full((1, 5), LOUD_ID) for i in range(16)]
-    answers = infer_concurrently(client, "quantized", [{"ids": ids} for ids in requests], ["logits"])
-    session = reference_session(files["quantized"])
-    for ids, answer in zip(requests, answers, strict=True):
+    assert not client.get_model_config(model).config.HasField("dynamic_batching")
+    requests = coupled_requests(model, np.random.default_rng(3))
+    output = "logits" if model == "quantized" else "y"
+    answers = infer_concurrently(client, model, requests, [output])
+    session = reference_session(files[model])
+    for request, answer in zip(requests, answers, strict=True):
         assert answer.error is None
-        np.testing.assert_array_equal(answer.outputs["logits"], session.run(["logits"], {"ids": ids})[0])
+        np.testing.assert_array_equal(answer.outputs[output], session.run([output], request)[0])
 
 
 def test_publish_writes_the_graph_under_the_configs_name_and_no_model_py(served, client, tmp_path):

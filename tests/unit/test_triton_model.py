@@ -6,12 +6,13 @@ import shutil
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
 from backend.errors import ModelConfigError
 from backend.onnx_io import read_graph_io
-from tests.graphs import LOUD_ID, quantized_encoder
+from tests.graphs import LOUD_ID, batch_centred, quantized_encoder
 
 
 def model_folder(onnx_file, config_text: str | None = None):
@@ -331,6 +332,16 @@ def test_a_batch_coupled_graph_runs_its_requests_one_by_one_unless_the_config_sa
     config = pb_utils.ModelConfig(json.dumps(empty_config("encoder", 8)))
     model_class(pb_utils, quantized, "max_batch_size: 8\n").auto_complete_config(config)
     assert config.as_dict()["dynamic_batching"] == {}
+    assert any("yet config.pbtxt writes max_batch_size 8" in line for line in pb_utils.Logger.lines)
+
+
+def test_a_graph_that_reduces_over_the_batch_axis_runs_its_requests_one_by_one(pb_utils, tmp_path):
+    onnx.save(batch_centred(), tmp_path / "model.onnx")
+    pb_utils.Logger.lines.clear()
+    config = pb_utils.ModelConfig(json.dumps(empty_config("centred", 0)))
+    model_class(pb_utils, tmp_path / "model.onnx").auto_complete_config(config)
+    assert config.as_dict()["max_batch_size"] == 4 and "dynamic_batching" not in config.as_dict()
+    assert any("ReduceMean over axis 0, the batch axis (node" in line for line in pb_utils.Logger.lines)
 
 
 @pytest.mark.parametrize(
