@@ -50,6 +50,26 @@ class MetricsPage:
             if sample == name and all(have.get(key) == wanted for key, wanted in labels.items())
         )
 
+    def buckets(self, name: str, **labels: str) -> dict[float, float]:
+        """A histogram's cumulative counts by upper bound (`le`), summed over the label sets that include `labels`."""
+        counts: dict[float, float] = {}
+        for sample, have, value in self.samples:
+            if sample == f"{name}_bucket" and all(have.get(key) == wanted for key, wanted in labels.items()):
+                bound = float(have["le"])
+                counts[bound] = counts.get(bound, 0.0) + value
+        return dict(sorted(counts.items()))
+
+
+def bucket_quantile(counts: dict[float, float], quantile: float) -> float:
+    """The upper bound of the bucket holding the `quantile` (0-1) of a histogram's cumulative `counts`; NaN if empty.
+
+    A bound, not an estimate inside the bucket: the figure it gives is never below the true quantile.
+    """
+    total = max(counts.values(), default=0.0)
+    if total == 0:
+        return float("nan")
+    return next(bound for bound, count in sorted(counts.items()) if count >= quantile * total)
+
 
 def scrape(url: str, timeout: float = 5.0) -> MetricsPage:
     """GET a /metrics page (`url` is the page's whole address) and parse it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from client.facade.errors import Overloaded
+from client.facade.errors import Overloaded, PriorityReserved
 from client.facade.metrics import FacadeMetrics
 
 
@@ -55,7 +55,7 @@ class Admission:
         (The slot was taken at the call's start, before its priority could be known.)
         """
         if priority != self.HIGH_PRIORITY and self.in_flight > self.limit - self.high_priority_reserve:
-            raise Overloaded(
+            raise PriorityReserved(
                 f"the server is handling {self.in_flight} requests; its last {self.high_priority_reserve} "
                 f"slots are for priority {self.HIGH_PRIORITY}: retry after the grpc-retry-pushback-ms hint "
                 f"({self._retry_hint[0][1]} ms)",

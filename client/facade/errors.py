@@ -42,6 +42,12 @@ class Overloaded(FacadeError):
     code, reason = grpc.StatusCode.RESOURCE_EXHAUSTED, "overloaded"
 
 
+class PriorityReserved(Overloaded):
+    """Overloaded, told once the body showed a default-priority request while only the priority-1 slots were left."""
+
+    reason = "priority_reserve"
+
+
 class TooLarge(FacadeError):
     """A request or response beyond the configured size limits."""
 

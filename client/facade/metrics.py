@@ -48,6 +48,14 @@ class FacadeMetrics:
             registry=self.registry,
             buckets=payload_buckets,
         )
+        self.rejection_latency = Histogram(
+            "tritonnx_facade_rejection_duration_seconds",
+            "Time from a call's start in the facade to its RESOURCE_EXHAUSTED, by reason (overloaded: at the start; "
+            "priority_reserve: once the body was read; too_large)",
+            ["reason"],
+            registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+        )
         self.rejections = Counter(
             "tritonnx_facade_rejections",
             "Requests refused, by reason (overloaded, invalid_argument, ...)",

@@ -156,6 +156,9 @@ class InferenceServicer:
             return response
         except FacadeError as error:
             self._count_failure(endpoint.label(request), error)
+            if error.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                # From the handler's start: the wait in gRPC's core and the event loop before it is not the facade's.
+                self.metrics.rejection_latency.labels(error.reason).observe(time.perf_counter() - started)
             trace.end(error.code, error.message)
             raise
         except asyncio.CancelledError:

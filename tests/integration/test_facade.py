@@ -138,7 +138,9 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
     # resnet50: slow enough that accepted calls hold their slots while the flood arrives.
     model, count = "resnet50", 6 * FACADE_MAX_IN_FLIGHT
     data = image(seed=9, batch=count)
-    rejected_before = metrics(facade.http_url).value("tritonnx_facade_rejections_total", reason="overloaded")
+    refusals = ("tritonnx_facade_rejections_total", "tritonnx_facade_rejection_duration_seconds_count")
+    reasons = ("overloaded", "priority_reserve")  # at the call's start; once the body showed a default priority
+    before = metrics(facade.http_url)
     futures = [
         stub.Predict.future(
             inference_pb2.PredictRequest(
@@ -164,9 +166,10 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
     for index, (_, response) in accepted:
         assert response.request_id == str(index)
         assert_close(np.array(response.predictions, np.float32), expected[index])
-    # Refused by the facade's own cap (counted as overloaded, every slot given back), not by Triton.
+    # Refused by the facade's own cap (counted and timed from the call's start, every slot given back), not by Triton.
     page = metrics(facade.http_url)
-    assert page.value("tritonnx_facade_rejections_total", reason="overloaded") - rejected_before == len(rejected)
+    for name in refusals:
+        assert sum(page.value(name, reason=r) - before.value(name, reason=r) for r in reasons) == len(rejected)
     assert page.value("tritonnx_facade_in_flight_requests") == 0
 
 

@@ -59,9 +59,11 @@ def test_the_burst_study_runs_and_reports(tmp_path):
     from bench.studies.burst import main
 
     code = main(["--calls", "40", "--rounds", "1", "--max-in-flight", "8", "--out", str(tmp_path)])
-    gates = judged(tmp_path, code, ["| burst | accepted | refused |", "| 1 |"])
+    gates = judged(tmp_path, code, ["| burst | accepted | refused |", "| 1 |", "the facade's own"])
     assert gates["every accepted answer equals in-process ONNX Runtime's"]
     assert gates["no status but OK and RESOURCE_EXHAUSTED"]
+    facade = json.loads((tmp_path / "results.json").read_text())["facade_rejection_p99_ms"]
+    assert len(facade["overloaded"]) == len(facade["priority_reserve"]) == 1
 
 
 def test_the_split_cores_study_places_the_processes_and_reports(tmp_path):

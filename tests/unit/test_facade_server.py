@@ -309,6 +309,8 @@ def test_the_last_quarter_of_the_slots_is_kept_for_high_priority_requests():
                 await stub.Predict(request("low3", [3, 0, 0, 0]))  # priority 0: the model's default level
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "are for priority 1" in caught.value.details()
+            assert count(facade, "tritonnx_facade_rejections_total", reason="priority_reserve") == 1
+            assert count(facade, "tritonnx_facade_rejection_duration_seconds_count", reason="priority_reserve") == 1
             high_request = request("high", [5, 0, 0, 0])
             high_request.priority = 1
             high = asyncio.ensure_future(stub.Predict(high_request))
