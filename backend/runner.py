@@ -21,7 +21,7 @@ from backend.batching import Tensors, group_compatible, split, stack
 from backend.errors import InvalidInputError, ModelExecutionError, RequestError
 from backend.onnx_io import read_graph_io
 from backend.session_cache import create_session, default_cache_dir
-from backend.settings import SessionSettings
+from backend.settings import SessionSettings, lower_cpu_priority
 from backend.validation import ModelSignature, PreparedRequest, prepare_request
 from backend.warmup import TRAPPING_OPS, crash_in_child, warm_up_candidates
 
@@ -80,6 +80,7 @@ class OnnxModelRunner:
         # (create_session decides the same for providers other than the CPU's).
         cache = settings.optimized_model_cache and not settings.custom_op_libraries
         cache_dir = default_cache_dir() if cache else None
+        lower_cpu_priority(settings.nice)  # before the session: its thread pools take the niceness
         session = create_session(onnx_file, settings.session_options(), cache_dir, log, settings.providers())
         runner = cls(session, signature, settings.run_options(), log)
         if settings.warm_up:

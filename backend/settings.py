@@ -11,8 +11,9 @@ and the CPU provider after it for what OpenVINO does not take, where the install
 that provider (the `onnxruntime-openvino` wheel); elsewhere it is refused at load, naming what to
 install. Any other name is refused, as by the onnxruntime backend; GPU accelerators, as with the
 onnxruntime backend on CPU instances, do not apply. tritonnx adds any `session.*`
-ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`
-and `warm_up` (off, or replaced by Triton's own `model_warmup`). When the instances' threads add
+ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`,
+`warm_up` (off, or replaced by Triton's own `model_warmup`) and `nice` (the instance's process and
+its ONNX Runtime threads at a lower CPU priority: a model's instances niced beside a latency lane's). When the instances' threads add
 up to more than the cores, intra-op threads do not spin-wait unless the config says so.
 """
 
@@ -123,6 +124,32 @@ def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
     return libraries
 
 
+def _niceness(value: str) -> int:
+    nice = _as_int("nice", value)
+    if not 0 <= nice <= 19:
+        raise ModelConfigError(
+            f"parameter 'nice' must be 0 (the server's priority) to 19 (the lowest), got {nice}: a process may "
+            "lower its own CPU priority, not raise it"
+        )
+    return nice
+
+
+def lower_cpu_priority(nice: int) -> None:
+    """Run every thread of this process, and the threads it starts later, `nice` steps below the server.
+
+    Linux keeps a niceness per thread and a new thread takes its creator's: the stub's threads are set one by one,
+    before the session starts ONNX Runtime's pools.
+    """
+    if nice <= 0:
+        return
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    for task in os.listdir("/proc/self/task"):
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task), min(19, base + nice))
+        except ProcessLookupError:
+            continue  # a thread that ended meanwhile
+
+
 def _as_bool(key: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "on", "yes"):
@@ -148,6 +175,7 @@ class SessionSettings:
     warm_up: bool = True
     custom_op_libraries: tuple[str, ...] = ()  # as written: a relative path is the server's working directory's
     accelerators: tuple[str, ...] = ()  # execution providers put before the CPU provider, e.g. OpenVINO's
+    nice: int = 0  # the niceness the instance's process and threads run at (0: the server's own)
 
     @classmethod
     def from_model_config(
@@ -196,6 +224,7 @@ class SessionSettings:
             warm_up=_as_bool("warm_up", params.get("warm_up", "1")) and not model_config.get("model_warmup"),
             custom_op_libraries=_custom_op_libraries(model_config),
             accelerators=accelerators,
+            nice=_niceness(params.get("nice", "0")),
         )
 
     def session_options(self) -> ort.SessionOptions:
@@ -242,4 +271,5 @@ class SessionSettings:
             f"spinning={self.session_entries.get(SPINNING, '1')} warm_up={int(self.warm_up)}"
             + (f" custom_op_libraries={','.join(self.custom_op_libraries)}" if self.custom_op_libraries else "")
             + (f" accelerators={','.join(self.accelerators)}" if self.accelerators else "")
+            + (f" nice={self.nice}" if self.nice else "")
         )

@@ -29,7 +29,11 @@ REPOSITORY = {
     "platform": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),
     "backend": ('backend: "onnxruntime"\n', "model.onnx"),  # batching decided from the graph
     "no_config": (None, "model.onnx"),
-    "named_tritonnx": ('backend: "tritonnx"\nmax_batch_size: 4\n', "model.onnx"),
+    # tritonnx's own `nice` too: its instance runs at a lower CPU priority (a model beside its latency lane).
+    "named_tritonnx": (
+        'backend: "tritonnx"\nmax_batch_size: 4\nparameters { key: "nice" value: { string_value: "5" } }\n',
+        "model.onnx",
+    ),
     "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),
     "not_batched": ('platform: "onnxruntime_onnx"\nmax_batch_size: 0\n', "model.onnx"),
     # As Triton's tutorials write a classifier: inputs and outputs spelled out, a reshape, labels.

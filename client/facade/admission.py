@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from client.facade.errors import Overloaded, PriorityReserved
 from client.facade.metrics import FacadeMetrics
 
+HIGH_PRIORITY = 1  # PredictRequest.priority 1: Triton's highest level
+
 
 class Admission:
     """Backpressure: at most `limit` requests in flight, the rest refused at once, never queued.
@@ -17,7 +19,7 @@ class Admission:
     one event loop, so a plain counter is race-free.
     """
 
-    HIGH_PRIORITY = 1
+    HIGH_PRIORITY = HIGH_PRIORITY
 
     def __init__(self, limit: int, retry_after_ms: int, metrics: FacadeMetrics) -> None:
         self.limit = limit

@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tritonclient.grpc import service_pb2
 
+from client.facade.admission import HIGH_PRIORITY
 from client.facade.cache import ResultCache, cache_key
 from client.facade.deadline import Deadline
-from client.facade.errors import InvalidArgument
+from client.facade.errors import InvalidArgument, NotFound
 from client.facade.gateway import METADATA_RECHECK_S, Gateway
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
 from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
 from client.facade.wire import DecodedRequest, EncodedResponse
+from client.proto import inference_pb2
 
 
 class Predictor:
-    """One PredictRequest through Triton: model lookup, checks, translation, the call."""
+    """One PredictRequest through Triton: model lookup, checks, translation, the call.
+
+    `lanes` maps a model to its latency lane (--priority-lane): the same graph under a second name with instances of
+    its own, which priority-1 calls naming no version go to while Triton serves it.
+    """
 
     def __init__(
         self,
         gateway: Gateway,
         default_model: str,
         cache: ResultCache | None = None,
+        lanes: Mapping[str, str] | None = None,
     ) -> None:
         self.gateway = gateway
         self.default_model = default_model
         self.cache = cache
+        self.lanes = dict(lanes or {})
 
     # What the servicer asks of an RPC's requests (see service.Endpoint).
     def label(self, decoded: DecodedRequest | None) -> str:
@@ -58,7 +68,7 @@ class Predictor:
         """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
         message = decoded.message
         deadline = Deadline(time_remaining, message.timeout_ms)
-        name = message.model_name or self.default_model
+        name = await self._route(message.model_name or self.default_model, message, deadline)
         try:
             info, response = await self._infer(decoded, name, deadline, trace)
         except InvalidArgument:
@@ -74,6 +84,17 @@ class Predictor:
         trace.set("tritonnx.model_version", response.model_version)
         with trace.span("encode"):
             return info.name, to_predict_response(decoded, info, response)
+
+    async def _route(self, name: str, message: inference_pb2.PredictRequest, deadline: Deadline) -> str:
+        """The model to send the call to: its lane for a priority-1 call naming no version, while the lane is served."""
+        lane = self.lanes.get(name)
+        if lane is None or message.priority != HIGH_PRIORITY or message.model_version:
+            return name
+        try:
+            await self.gateway.model_info(lane, "", deadline.left())  # held for the metadata TTL: no call to Triton
+        except NotFound:
+            return name
+        return lane
 
     async def _infer(
         self, decoded: DecodedRequest, name: str, deadline: Deadline, trace: CallTrace

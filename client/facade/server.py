@@ -27,7 +27,7 @@ from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.service import SERVICE_NAME, InferenceServicer
-from client.facade.settings import FacadeSettings
+from client.facade.settings import FacadeSettings, priority_lanes
 from client.facade.tracing import Tracing
 
 log = logging.getLogger("tritonnx.facade")
@@ -79,6 +79,10 @@ class Facade:
             self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio)
         except ValueError as error:
             raise StartupError(f"tracing: {error}") from None
+        try:
+            lanes = priority_lanes(settings.priority_lane)
+        except ValueError as error:
+            raise StartupError(str(error)) from None
         if gateway is None:
             gateway = TritonGateway(
                 settings.triton_url,
@@ -108,6 +112,7 @@ class Facade:
                 )
                 if settings.cache_models
                 else None,
+                lanes,
             ),
             Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
             Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),

@@ -174,6 +174,12 @@ class FacadeSettings:
     )
     shm_slot_bytes: int = setting(1024 * 1024, "bytes of one shared-memory slot")
     retry_after_ms: int = setting(100, "retry hint sent with RESOURCE_EXHAUSTED (trailer grpc-retry-pushback-ms)")
+    priority_lane: tuple[str, ...] = setting(
+        help="MODEL=LANE, repeatable: a Predict call at priority 1 that names MODEL and no version goes to LANE, the "
+        "same graph served under a second name with instances of its own (docs/facade.md#a-latency-lane); while "
+        "LANE is not served, to MODEL",
+        factory=tuple,
+    )
     health_interval: float = setting(2.0, "seconds between real-inference health probes")
     health_timeout: float = setting(5.0, "seconds a health probe may take before it counts as failed")
     model_info_ttl: float = setting(30.0, "seconds model metadata is cached before it is asked of Triton again")
@@ -213,6 +219,17 @@ class FacadeSettings:
         "share of calls traced (0..1) when tracing is on; a call whose traceparent is sampled is always traced, one "
         "whose traceparent is not sampled never",
     )
+
+
+def priority_lanes(pairs: Sequence[str]) -> dict[str, str]:
+    """--priority-lane's MODEL=LANE pairs as a mapping; ValueError naming a malformed pair."""
+    lanes = {}
+    for pair in pairs:
+        model, _, lane = pair.partition("=")
+        if not model.strip() or not lane.strip() or model.strip() == lane.strip():
+            raise ValueError(f"--priority-lane {pair!r}: give MODEL=LANE, two model names, e.g. resnet50=resnet50_lane")
+        lanes[model.strip()] = lane.strip()
+    return lanes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ Every answer is compared with in-process ONNX Runtime on the same file.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from backend.server.model_control import TritonControl
 from backend.server.stack import ServingStack
+from backend.server.stubs import live_stubs
 from backend.server.versions import ModelFolder, publish
 from tests.graphs import LOUD_ID
 from tests.kserve import infer_concurrently, make_inputs, reference_session
@@ -71,6 +73,19 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
     # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
     assert sum(g.count for g in configs["platform"].instance_group) == 2
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
+
+
+def test_nice_runs_every_thread_of_the_models_instances_at_a_lower_cpu_priority(served):
+    stack, _ = served
+    base = os.getpriority(os.PRIO_PROCESS, stack.triton.pid)
+
+    def niceness(model: str) -> set[int]:
+        pids = [pid for pid, stub in live_stubs(stack.triton.pid).items() if stub.model == model]
+        assert pids, f"no stub of {model}"
+        return {os.getpriority(os.PRIO_PROCESS, int(t)) for pid in pids for t in os.listdir(f"/proc/{pid}/task")}
+
+    assert niceness("named_tritonnx") == {min(19, base + 5)}  # ONNX Runtime's pool threads included
+    assert niceness("platform") == {base}
 
 
 def test_the_servers_global_threadpool_thread_counts_reach_the_onnxruntime_models(served):

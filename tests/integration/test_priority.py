@@ -24,7 +24,7 @@ from backend.server.stack import ServingStack
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import wait_until
 from tests.kserve import make_inputs
-from tests.serving import CHECKOUT, MODEL_REPOSITORY
+from tests.serving import CHECKOUT, MODEL_REPOSITORY, start_facade
 
 SLOW = CHECKOUT / "tests" / "models" / "slow"
 HIGH, LOW = 1, 2
@@ -45,7 +45,8 @@ def stack(tmp_path_factory):
         .replace("dynamic_batching {\n", "dynamic_batching {\n" + PRIORITY_BLOCK)
         .replace("default_timeout_microseconds: 500000", "default_timeout_microseconds: 30000000")
     )
-    repository = link_models(workdir / "repository", {"slow": SLOW}, {"slow": config})
+    # slow_lane: the same model under a second name with an instance of its own, priority 1's latency lane.
+    repository = link_models(workdir / "repository", {"slow": SLOW, "slow_lane": SLOW}, {"slow": config})
     facade_args = ["--default-model", "slow", "--health-interval", "60"]
     with ServingStack(repository, workdir, facade_args=facade_args) as serving:
         yield serving
@@ -127,3 +128,36 @@ def test_without_priorities_the_queue_is_first_come_first_served(stack):
 
     order = asyncio.run(run())
     assert order[0] == "first" and order[-1] == "high", order
+
+
+def test_with_a_lane_a_high_priority_call_is_answered_while_the_models_instance_is_held(stack, tmp_path):
+    folder: Path = stack.triton.model_repository / "slow"
+    facade = start_facade(stack.triton, tmp_path, "--default-model", "slow", "--priority-lane", "slow=slow_lane")
+
+    async def run() -> inference_pb2.PredictResponse:
+        async with grpc.aio.insecure_channel(facade.grpc_url) as channel:
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+
+            def call(milliseconds: float, priority: int) -> Awaitable[inference_pb2.PredictResponse]:
+                request = inference_pb2.PredictRequest(
+                    data=[milliseconds], shape=[1, 1], model_name="slow", priority=priority
+                )
+                return stub.Predict(request, timeout=30)
+
+            (folder / "hold").touch()
+            try:
+                held = asyncio.ensure_future(call(HOLD_MS, LOW))
+                await asyncio.to_thread(wait_until, (folder / "holding").exists, 30, "the instance holds a request")
+                answer = await call(0, HIGH)
+                # Answered while the model's only instance still holds its request: the lane's instance ran it.
+                assert (folder / "holding").exists()
+            finally:
+                (folder / "hold").unlink()
+            await held
+            return answer
+
+    try:
+        answer = asyncio.run(run())
+    finally:
+        facade.stop()
+    assert answer.model_name == "slow_lane" and list(answer.predictions) == [0.0]

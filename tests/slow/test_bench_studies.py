@@ -14,16 +14,20 @@ import sys
 from tests.helpers import judged
 
 
-def test_the_priority_study_runs_with_and_without_priorities_and_reports(tmp_path):
+def test_the_priority_study_runs_without_priorities_and_with_a_niced_lane_and_reports(tmp_path):
     from bench.studies.priority import main
 
     # The small model: its capacity shows within 2 s however busy the machine (resnet50's batches take seconds).
-    code = main(["--model", "mobilenet_v3_small", "--paths", "direct", "--seconds", "3", "--unloaded-seconds", "1",
-                 "--capacity-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
-    gates = judged(tmp_path, code, ["| direct | with |", "| direct | without |"])
-    assert gates["direct: every answer equals in-process ONNX Runtime's"]
+    code = main(["--model", "mobilenet_v3_small", "--paths", "facade", "--arms", "without", "lane_nice",
+                 "--seconds", "3", "--unloaded-seconds", "1", "--capacity-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
+    gates = judged(tmp_path, code, ["| without | facade |", "| lane_nice | facade |"])
+    assert gates["without, facade: every answer equals in-process ONNX Runtime's"]
+    assert gates["lane_nice, facade: every answer equals in-process ONNX Runtime's"]
     results = json.loads((tmp_path / "results.json").read_text())["results"]
-    assert sorted(r["priorities"] for r in results) == [False, True]
+    assert [r["arm"] for r in results] == ["without", "lane_nice"]
+    # The lane's arm served its own repository: the model niced, its lane beside it.
+    config = (tmp_path / "lane_nice" / "repository" / "mobilenet_v3_small" / "config.pbtxt").read_text()
+    assert 'key: "nice"' in config and (tmp_path / "lane_nice" / "repository" / "mobilenet_v3_small_lane").is_dir()
 
 
 def test_the_cache_study_runs_both_facades_and_reports(tmp_path):

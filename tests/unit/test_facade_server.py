@@ -8,18 +8,22 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import service_pb2
 
 from client.facade.gateway import Gateway
+from client.facade.health import PROBE_ID
 from client.facade.server import Facade, StartupError
 from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
 from client.facade.settings import FacadeSettings
+from client.facade.translate import InferCall, ModelInfo
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.unit.fakes import FakeGateway
+from tests.unit.fakes import DOUBLE, FakeGateway
 
 # Well below the suite's per-test timeout: a test that hangs fails here, with its stack.
 TEST_SECONDS = 10.0
@@ -388,3 +392,52 @@ def test_a_failed_inference_is_not_cached():
             assert count(facade, "tritonnx_facade_cache_requests_total", model="double", result="hit") == 1
 
     run(test)
+
+
+class LaneGateway(FakeGateway):
+    """`double` and, while `lane_served`, its latency lane `double_lane`: the same graph under a second name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lane_served = True
+        self.models: list[str] = []  # the model each inference went to
+
+    async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+        if name == "double_lane" and self.lane_served:
+            return replace(DOUBLE, name=name)
+        return await super().model_info(name, version, timeout)
+
+    async def infer(self, call: InferCall, timeout: float | None, metadata=()) -> service_pb2.ModelInferResponse:
+        if call.header.id != PROBE_ID:
+            self.models.append(call.header.model_name)
+        response = await super().infer(call, timeout, metadata)
+        response.model_name = call.header.model_name
+        return response
+
+
+def test_priority_1_calls_naming_no_version_go_to_the_models_lane_while_it_is_served():
+    gateway = LaneGateway()
+
+    async def test() -> None:
+        async with serving(gateway, priority_lane=("double=double_lane",)) as (_, channel):
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            high = request("high", [1, 2, 3, 4])
+            high.priority = 1
+            answer = await stub.Predict(high)
+            assert answer.model_name == "double_lane" and list(answer.predictions) == [2, 4, 6, 8]
+            await stub.Predict(request("default", [1, 2, 3, 4]))  # priority 0: the model's default level
+            pinned = request("pinned", [1, 2, 3, 4])
+            pinned.priority, pinned.model_version = 1, "1"
+            await stub.Predict(pinned)  # a version asked for is the model's own
+            gateway.lane_served = False
+            high.request_id = "high-without-lane"
+            assert (await stub.Predict(high)).model_name == "double"
+
+    run(test)
+    assert gateway.models == ["double_lane", "double", "double", "double"]
+
+
+@pytest.mark.parametrize("pair", ["double", "double=", "=lane", "double=double"])
+def test_a_malformed_priority_lane_stops_the_facade_naming_it(pair):
+    with pytest.raises(StartupError, match=f"--priority-lane '{pair}': give MODEL=LANE"):
+        Facade(settings(priority_lane=(pair,)), FakeGateway())

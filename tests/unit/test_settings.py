@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import onnxruntime as ort
 import pytest
@@ -93,6 +96,8 @@ def test_arena_shrinkage_takes_onnx_runtimes_string(value, devices):
         ({"intra_op_thread_count": "two"}, "must be an integer"),
         ({"execution_mode": "2"}, "0 (sequential) or 1 (parallel)"),
         ({"enable_mem_arena": "maybe"}, "0/1 or true/false"),
+        ({"nice": "-5"}, "may lower its own CPU priority, not raise it"),
+        ({"nice": "20"}, "must be 0 (the server's priority) to 19"),
     ],
 )
 def test_bad_parameters_are_named(params, message):
@@ -172,3 +177,27 @@ def test_model_warmup_replaces_the_backends_own_warm_up():
     samples = {**config(), "model_warmup": [{"name": "ones", "batch_size": 1, "inputs": {}}]}
     assert not SessionSettings.from_model_config(samples, cores=2).warm_up
     assert not SessionSettings.from_model_config(config(warm_up="0"), cores=2).warm_up
+
+
+# A child process: lowers its priority with a thread already running, then starts one more, and prints the
+# niceness of every thread it has.
+_NICED_CHILD = """
+import os, threading
+from backend.settings import lower_cpu_priority
+started, done = threading.Event(), threading.Event()
+early = threading.Thread(target=lambda: (started.set(), done.wait()))
+early.start(); started.wait()
+lower_cpu_priority(7)
+late = threading.Thread(target=done.wait)
+late.start()
+print(sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir("/proc/self/task")}))
+done.set()
+"""
+
+
+def test_nice_lowers_every_thread_of_the_instance_and_those_it_starts_later():
+    assert SessionSettings.from_model_config(config(nice="7"), cores=2).nice == 7
+    assert SessionSettings.from_model_config(config(), cores=2).nice == 0
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    child = subprocess.run([sys.executable, "-c", _NICED_CHILD], capture_output=True, text=True, timeout=60, check=True)
+    assert child.stdout.strip() == str([min(19, base + 7)])
