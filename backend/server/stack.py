@@ -50,6 +50,7 @@ class ServingStack:
     ready_timeout: float = 180.0
     log_files: bool = True  # False: the servers write to this process's stdout and stderr (a container's log)
     host: str = "127.0.0.1"  # where Triton listens (0.0.0.0 in a container, for port mappings)
+    triton_netns: str = ""  # a network namespace for Triton (host: an address of it); "": this process's
     log_verbose: int = 0
     otlp_endpoint: str = ""  # OpenTelemetry tracing of Triton and the facade to this OTLP/HTTP receiver; "": off
     trace_ratio: float = 0.1  # share of the facade's calls traced (Triton traces those; backend/server/tracing.py)
@@ -83,6 +84,7 @@ class ServingStack:
             extra_env=self.triton_env,
             extra_args=self.triton_args,
             stub_venv=self.stub_venv,
+            netns=self.triton_netns,
         )
         if self.supervised:
             self.supervisor = TritonSupervisor(self.triton, self.supervisor_interval, self.ready_timeout)

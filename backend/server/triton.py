@@ -154,6 +154,9 @@ class TritonServer(ManagedProcess):
     admin_key: str = field(default_factory=new_admin_key)
     # The venv whose packages the Python stub runs with (its bin/ goes first on PATH); None: this interpreter's.
     stub_venv: Path | None = None
+    # A network namespace to run in (`ip netns exec`; `host` is then an address of it): the network-fault tests
+    # put Triton behind a link they can break. "": this process's namespace.
+    netns: str = ""
 
     @property
     def admin_headers(self) -> dict[str, str]:
@@ -223,7 +226,10 @@ class TritonServer(ManagedProcess):
     def start(self) -> None:
         install = TritonInstall.find()
         backends = install.backends or assemble_backend_dir(self.backend_dir, install)
-        self.spawn(self.command(install, backends), env=self.environment(install), cwd=self.cwd)
+        command = self.command(install, backends)
+        if self.netns:
+            command = ["ip", "netns", "exec", self.netns, *command]  # ip execs the server: the PID stays its own
+        self.spawn(command, env=self.environment(install), cwd=self.cwd)
 
     def wait_ready(self, timeout: float = 120.0, all_models: bool = True) -> None:
         """Block until the server answers, which it does once its start-up models are loaded or have failed.

@@ -130,6 +130,10 @@ class TritonGateway:
         # The last request Triton failed on its side (a dead stub, a restart): a health signal.
         self.last_failure: tuple[float, str] | None = None
 
+    def shm_slots_in_use(self) -> int:
+        """Shared-memory slots held by calls now (0 without a pool)."""
+        return self._pool.in_use if self._pool is not None else 0
+
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         """Inputs, outputs and max_batch_size of a model, cached for the TTL."""
         key = (name, version)

@@ -26,6 +26,12 @@ class FacadeMetrics:
         self.in_flight = Gauge(
             "tritonnx_facade_in_flight_requests", "Requests being handled now", registry=self.registry
         )
+        # Set from the gateway's pool when scraped (server.py): a slot kept by a failed call would show here.
+        self.shm_slots_in_use = Gauge(
+            "tritonnx_facade_shm_slots_in_use",
+            "Shared-memory input slots held by calls on their way to Triton",
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "tritonnx_facade_request_duration_seconds",
             "Time from a request's arrival to its answer",

@@ -94,6 +94,8 @@ class Facade:
                 on_retry=self.metrics.retries.inc,
             )
         self.gateway = gateway
+        if isinstance(gateway, TritonGateway):
+            self.metrics.shm_slots_in_use.set_function(gateway.shm_slots_in_use)
         self.health_servicer = HealthServicer()
         self.monitor = HealthMonitor(
             self.gateway,

@@ -64,6 +64,11 @@ class SharedInputPool:
         start = slot.offset + offset
         self._map[start : start + len(payload)] = payload
 
+    @property
+    def in_use(self) -> int:
+        """Slots taken now: 0 whenever no call is on its way, whatever happened to the calls before."""
+        return len(self._taken) - self._free
+
     def release(self, slot: Slot) -> None:
         self._taken[slot.index : slot.index + slot.count] = bytes(slot.count)
         self._free += slot.count
