@@ -7,8 +7,9 @@ PYTHON_SYSTEM ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# The stub's libpython, perf_analyzer's libb64, Prometheus and promtool for the monitoring stack.
-APT_PACKAGES := libpython3.11 libb64-0d prometheus
+# The stub's libpython, perf_analyzer's libb64, Prometheus and promtool for the monitoring stack, ip and nft for the
+# network-fault tests (Triton in a namespace of their own).
+APT_PACKAGES := libpython3.11 libb64-0d prometheus iproute2 nftables
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
@@ -32,7 +33,7 @@ help: ## List the targets
 
 setup: venv proto models ## Install everything, generate the protobuf code and the models (serve and test do this first)
 
-apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service)
+apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service), iproute2 and nftables
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo ">> apt-get install $$missing"; \
@@ -109,9 +110,9 @@ tune: setup ## Tune a model's policy with perf_analyzer and write it into its co
 soak: setup ## 10 minutes at ~70% of capacity: memory, /dev/shm and p99 sampled and plotted (SOAK_ARGS=...)
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
-chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model
+chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model, network faults
 	$(PY) -m bench.overload $(CHAOS_ARGS)
-	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py
+	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py tests/integration/test_network_faults.py
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
 	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)

@@ -55,6 +55,15 @@ def _free_subnet() -> ipaddress.IPv4Network:
     raise LinkError(f"every /30 of {_SUBNETS} is in use")
 
 
+def _remove_orphans() -> None:
+    """Delete the namespaces of this module's naming whose process is gone (a run killed before it cleaned up)."""
+    for line in _run("ip", "netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        pid = name.removeprefix("tritonnx-")
+        if name.startswith("tritonnx-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _run("ip", "netns", "delete", name)
+
+
 class Link:
     """`ip netns add <name>`, a veth pair with `outer` (here) and `inner` (the namespace's) addresses; deleted on exit.
 
@@ -69,6 +78,7 @@ class Link:
         self.outer = self.inner = ""
 
     def __enter__(self) -> Link:
+        _remove_orphans()
         _check(_run("ip", "netns", "add", self.name), f"ip netns add {self.name}")
         try:
             subnet = _free_subnet()

@@ -21,7 +21,7 @@ from bench.load.loops import run_load
 from bench.load.stats import OK
 from bench.netfaults.link import unavailable
 from bench.netfaults.stack import DEADLINE_S, FAULTS, NetStack, left_in_dev_shm
-from tests.helpers import wait_until
+from tests.helpers import metrics, wait_until
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
 
@@ -46,6 +46,8 @@ def test_inputs_cross_into_tritons_namespace_through_shared_memory(stack: NetSta
     # Each facade's region is registered with Triton: the namespace separates the network, not /dev/shm.
     assert stack.regions() == {f"tritonnx_facade_{facade.pid}" for facade in stack.facades.values()}
     assert stack.leaks() == []
+    for facade in stack.facades.values():  # the gauge the leak check reads is there (a missing one reads 0)
+        assert "tritonnx_facade_shm_slots_in_use" in {name for name, _, _ in metrics(facade.http_url).samples}
 
 
 @pytest.mark.parametrize("name", list(FAULTS))

@@ -11,6 +11,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+from bench.netfaults.link import unavailable as netfaults_unavailable
 from tests.helpers import judged
 
 
@@ -68,6 +71,16 @@ def test_the_burst_study_runs_and_reports(tmp_path):
     assert gates["no status but OK and RESOURCE_EXHAUSTED"]
     facade = json.loads((tmp_path / "results.json").read_text())["facade_rejection_p99_ms"]
     assert len(facade["overloaded"]) == len(facade["priority_reserve"]) == 1
+
+
+@pytest.mark.skipif(bool(netfaults_unavailable()), reason=netfaults_unavailable() or "")
+def test_the_netfaults_study_runs_and_reports(tmp_path):
+    from bench.studies.netfaults import main
+
+    code = main(["--faults", "reset", "delay", "--seconds", "1", "--calm-seconds", "0.5", "--out", str(tmp_path)])
+    gates = judged(tmp_path, code, ["| fault | what |", "| reset |", "| delay |"])
+    assert gates["every answer equals in-process ONNX Runtime's"]
+    assert gates["failures only of the statuses each fault explains"]
 
 
 def test_the_split_cores_study_places_the_processes_and_reports(tmp_path):

@@ -26,10 +26,13 @@ def test_a_batch_takes_adjacent_slots_and_waits_for_a_free_run(pool):
     batch = pool.acquire(2 * 1024 + 1)  # three slots' worth: the whole region
     assert (batch.offset, batch.count) == (0, 3)
     assert pool.acquire(1) is None
+    assert pool.in_use == 3
     pool.release(batch)
+    assert pool.in_use == 0  # the facade's gauge of slots held: 0 with no call on its way
     one, pair = pool.acquire(1), pool.acquire(2048)
     assert (one.offset, pair.offset, pair.count) == (0, 1024, 2)
     pool.release(one)
+    assert pool.in_use == 2
     assert pool.acquire(1025) is None  # one slot free, not two adjacent
     assert pool.acquire(4 * 1024) is None  # larger than the region
     pool.release(pair)
