@@ -138,7 +138,14 @@ async def load_phases(
                 f"warm-up burst: every stream at once, {args.burst_concurrency} concurrent each, "
                 f"{args.burst_seconds:.0f} s ..."
             )
-            results["burst"] = [r.as_dict() for r in await burst(streams, args.burst_concurrency, args.burst_seconds)]
+            done = await burst(streams, args.burst_concurrency, args.burst_seconds)
+            results["burst"] = [r.as_dict() for r in done]
+            results["burst_failures"] = {
+                f"{s.label} {status}": count
+                for s, r in zip(streams, done, strict=True)
+                for status, count in r.errors.items()
+                if status not in DOCUMENTED_REJECTIONS
+            }
         # The load's totals are the paced load's; wrong answers of the capacity runs and the burst are kept apart.
         results["wrong_before_paced"] = {s.label: s.target.wrong for s in streams if s.target.wrong}
         for s in streams:

@@ -145,10 +145,13 @@ def test_wrong_answers_failed_calls_rejections_and_incidents_fail_their_gates():
     }
 
 
-def test_a_wrong_answer_before_the_paced_load_fails_the_answers_gate():
-    results = {**_results(), "wrong_before_paced": {"facade.m": 1}}
-    [answers] = [g for g in judge(_rows(), results, _args(), []) if g.name.startswith("every answer right")]
+def test_wrong_answers_and_failures_before_the_paced_load_fail_their_gates():
+    results = {**_results(), "wrong_before_paced": {"facade.m": 1}, "burst_failures": {"triton.m INTERNAL": 2}}
+    gates = {g.name: g for g in judge(_rows(), results, _args(), [])}
+    answers = gates["every answer right (each output against in-process ONNX Runtime)"]
     assert not answers.passed and "wrong before the paced load" in answers.detail
+    failed = gates["no call failed but the documented rejections"]
+    assert not failed.passed and "in the burst" in failed.detail
 
 
 def test_a_publish_counts_only_once_both_paths_answered_from_the_new_version():
