@@ -107,7 +107,7 @@ tune: setup ## Tune a model's policy with perf_analyzer and write it into its co
 	@[ -n "$(MODEL)" ] || { echo "usage: make tune MODEL=mobilenet_v3_small [TUNE_ARGS='--instances 1 2 3']"; exit 2; }
 	$(PY) -m bench.tune --model $(MODEL) $(TUNE_ARGS)
 
-soak: setup ## 10 minutes at ~70% of capacity: memory, /dev/shm and p99 sampled and plotted (SOAK_ARGS=...)
+soak: setup ## An hour at 70% of capacity, every demo model through both paths, a version publish every 10 min: memory, fds, threads, /dev/shm gated (SOAK_ARGS=...)
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
 chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model, network faults

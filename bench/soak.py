@@ -1,451 +1,254 @@
-"""python -m bench.soak: a long run at a steady fraction of capacity, watching for leaks (make soak).
+"""python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Starts tritonserver (the whole model repository, as `make serve`) and the facade on free loopback
-ports, then:
+Serves a scratch copy of the model repository as `make serve` does (`python -m client.serve`: tritonserver, the
+supervisor and the facade; bench/soak_serve.py), then:
 
-1. measures capacity: a closed-loop run through the facade (bench.load) at a concurrency that
-   saturates the server;
-2. runs a short closed-loop burst at `--max-outstanding` concurrent calls, so that the arenas and
-   buffers sized by the peak (the largest batches, the most requests in flight) grow now rather
-   than during the fit window;
-3. offers `--load-fraction` of the capacity as an OPEN-loop load for `--duration` seconds: calls
-   start on a fixed schedule whatever the answers do, each with a deadline, with at most
-   `--max-outstanding` calls in flight (a call due while that many are pending is skipped and
-   counted, never queued);
-4. every `--interval` seconds samples the RSS and PSS of the facade, of tritonserver and of each
-   Python stub process (named by its model instance), the bytes of the /dev/shm files that belong
-   to these processes (the stubs' regions, named on their command lines, the facade's
-   tritonnx_facade_<pid>, and any other /dev/shm file they map), and the throughput, p50/p99 latency
-   and errors of the interval (bench.usage);
-5. fits each memory series over the second half of the run and flags a series that grows
-   (bench.trend: least squares and Theil-Sen, both above `GROWTH_MIB_PER_10MIN` and
-   `GROWTH_FRACTION` of its mean per 10 minutes);
-6. stops the servers and checks that none of their /dev/shm files is left behind.
+1. opens a stream per model and path (the facade's Predict, Triton's KServe ModelInfer; bench/soak_load.py), each
+   answer checked against in-process ONNX Runtime (bench/soak_checked.py), and measures each stream's capacity
+   alone (bench/soak_run.py runs these phases);
+2. runs every stream at once in a closed loop for `--burst-seconds`, so that buffers sized by the peak grow now;
+3. offers each of the N streams `--load-fraction` / N of its capacity, open loop, for `--duration` seconds: the
+   streams together keep the machine busy `--load-fraction` of its time, in equal shares;
+4. every `--publish-every` seconds publishes the next model of the rotation again as a new version
+   (bench/soak_publish.py): Triton swaps it in under the load, the answers stay checked;
+5. every `--interval` seconds samples RSS, PSS, open fds and threads of tritonserver, each stub, the facade and
+   the supervisor's process, the /dev/shm regions of these processes, and each path's throughput and latency
+   (bench/usage.py);
+6. stops the stack, checks nothing is left, and judges the run (bench/soak_judge.py): memory slopes after the
+   warm-up, flat counts, right answers, no failures beyond the documented rejections, every publish served, no
+   process died.
 
-Writes <out>/{samples.csv,results.json,report.md,memory.png,latency.png,shm.png} and the server
-logs under <out>/logs/. Exit code 0 when nothing was flagged; 1 when a memory or /dev/shm series
-grew, a region was left behind, a server or stub process died or restarted, a call failed with a
-status other than the documented rejections (RESOURCE_EXHAUSTED, UNAVAILABLE), or those
-rejections exceeded `--max-rejected`; 2 when the servers could not be started or measured; 130
-when interrupted (the report is written all the same).
+Writes <out>/{report.md,results.json,samples.csv,memory.png,counts.png,shm.png,latency.png} and the servers' logs in
+<out>/logs/. Exit code 0 when every gate passed; 1 when one failed; 2 when the stack could not be started or
+measured; 130 when interrupted (the report is written all the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import math
+import shutil
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
+from backend.demo_models import MODELS
 from backend.server.process import ServerError, StopRequest
-from backend.server.stack import ServingStack
+from backend.server.repository import CONFIG_FILE, link_models
 from bench import REPOSITORY
-from bench.load.loops import OpenLoop, run
-from bench.load.stats import Tally, percentiles
-from bench.load.targets import FacadeTarget, VerificationError
-from bench.output import machine, run_folder, say, settings
-from bench.soak_report import fmt, progress_line, series, series_name, write_outputs
-from bench.trend import GROWTH_FRACTION, GROWTH_MIB_PER_10MIN, trend
-from bench.usage import SERVERS, SHM_DIR, Watcher, gone
+from bench.load.targets import VerificationError
+from bench.output import Gate, machine, run_folder, say, settings, verdict
+from bench.soak_judge import DOCUMENTED_REJECTIONS, judge
+from bench.soak_load import make_streams
+from bench.soak_publish import Publisher
+from bench.soak_report import write_outputs
+from bench.soak_run import load_phases
+from bench.soak_serve import ServeProcess
+from bench.usage import SHM_DIR, Watcher
 
-# Statuses the facade documents as load shedding (README, "The gRPC facade"): allowed, up to --max-rejected.
-DOCUMENTED_REJECTIONS = ("RESOURCE_EXHAUSTED", "UNAVAILABLE")
-# p99 gets the same fit, reported as a warning only: on 2 shared cores it moves with the machine.
-P99_GROWTH_MS_PER_10MIN = 5.0
-P99_GROWTH_FRACTION = 0.5
+DEMO_MODELS = tuple(MODELS)  # resnet50, mobilenet_v3_small, text_classifier, token_classifier
 
 
-def interval_row(tally: Tally, seconds: float) -> dict:
-    ok, errors = tally.count(), tally.errors
-    p50, p99 = percentiles(tally.ms(), [50, 99])
-    return {
-        "ok": ok,
-        "rps": round(ok / seconds, 2) if seconds > 0 else 0.0,
-        "p50_ms": round(p50, 3),
-        "p99_ms": round(p99, 3),
-        "errors": sum(errors.values()),
-        "errors_by_status": " ".join(f"{k}:{v}" for k, v in errors.items()),
-        "skipped": tally.skipped,
-        "max_lag_ms": round(tally.max_lag * 1000, 2),
-    }
-
-
-def _row(t_s: float, **columns: object) -> dict:
-    """A sample row: seconds since the paced load started, the UTC clock, then the columns."""
-    return {"t_s": t_s, "time": datetime.now(timezone.utc).strftime("%H:%M:%S"), **columns}
-
-
-async def soak(
-    args: argparse.Namespace,
-    watcher: Watcher,
-    facade_url: str,
-    rate: float,
-    stop: StopRequest,
-    rows: list[dict],
-    failures: list[str],
-) -> OpenLoop:
-    """The paced load and, every --interval, one sample row; returns the load's totals."""
-    target = FacadeTarget(facade_url, args.model, 1, raw=True, timeout_s=args.deadline)
-    await target.open(args.max_outstanding)
-    loop_ = OpenLoop(target, rate, args.max_outstanding, max_calls=int(rate * args.duration) + 1)
-    try:
-        await target.verify()
-        begin = time.perf_counter()
-        rows.append(_row(0.0, **await asyncio.to_thread(watcher.sample, 0.0)))
-        stubs = sorted(
-            k.split(".", 1)[1] for k in rows[-1] if k.startswith("rss_mib.") and k.split(".", 1)[1] not in SERVERS
-        )
-        say(progress_line(rows[-1], stubs))
-        paced = asyncio.ensure_future(loop_.run(args.duration))
-        previous = begin
-        k = 0
-        while not paced.done():
-            k += 1
-            wake = begin + k * args.interval
-            while time.perf_counter() < wake and not paced.done():
-                if stop.requested:
-                    loop_.stop()
-                await asyncio.sleep(min(0.2, max(0.0, wake - time.perf_counter())))
-            now = time.perf_counter()
-            if now - previous < args.interval / 2 and paced.done():
-                break  # the run ended just after the last sample: no half-empty interval
-            interval = interval_row(loop_.take(), now - previous)
-            sample = await asyncio.to_thread(watcher.sample, now - begin)
-            rows.append(_row(round(now - begin, 2), **interval, outstanding=loop_.outstanding, **sample))
-            previous = now
-            say(progress_line(rows[-1], stubs))
-            for label, process in (("tritonserver", watcher.triton), ("facade", watcher.facade)):
-                if gone(process):
-                    failures.append(f"{label} exited during the run")
-            for name in sorted(watcher.missing):
-                message = f"stub process of {name} is gone"
-                if message not in failures:
-                    failures.append(message)
-            if failures:
-                loop_.stop()
-        await paced
-    finally:
-        await target.close()
-    return loop_
-
-
-def judge(
-    rows: list[dict],
-    loop_: OpenLoop | None,
-    args: argparse.Namespace,
-    results: dict,
-    failures: list[str],
-    warnings: list[str],
-) -> None:
-    """Trends, error accounting and stub restarts into `results`, reasons into failures/warnings."""
-    trends = []
-    memory_keys: list[str] = []
-    for row in rows:
-        memory_keys += [k for k in row if k.startswith(("rss_mib.", "pss_mib.total")) and k not in memory_keys]
-    for key in [*memory_keys, "shm_mib"]:
-        t = trend(series_name(key), *series(rows, key))
-        trends.append((key, t))
-        if t.flagged:
-            failures.append(
-                f"{t.series} grows {t.growth_per_10min:.1f} MiB per 10 min (least squares; Theil-Sen "
-                f"{t.robust_growth_per_10min:.1f}), {t.growth_fraction:.0%} of its mean"
-            )
-    for key in ("fds.facade", "fds.tritonserver", "threads.facade", "threads.tritonserver"):
-        trends.append((key, trend(series_name(key), *series(rows, key), unit="count", abs_threshold=math.inf)))
-    p99 = trend(
-        "p99",
-        *series(rows[1:], "p99_ms"),
-        unit="ms",
-        abs_threshold=P99_GROWTH_MS_PER_10MIN,
-        fraction_threshold=P99_GROWTH_FRACTION,
-    )
-    trends.append(("p99_ms", p99))
-    if p99.flagged:
-        warnings.append(
-            f"p99 rises {p99.growth_per_10min:.1f} ms per 10 min over the second half (Theil-Sen "
-            f"{p99.robust_growth_per_10min:.1f})"
-        )
-    idle = results.get("idle_sample", {})
-    results["trends"] = [{**t.as_dict(), "column": key, "idle": idle.get(key)} for key, t in trends]
-    if loop_ is None:
-        return
-    total = loop_.total
-    latencies = total.ms()
-    (p50, p99_ms), load_seconds = percentiles(latencies, [50, 99]), results.get("load_seconds") or 0.0
-    results["totals"] = {
-        "scheduled": loop_.sent + total.skipped,
-        "sent": loop_.sent,
-        "ok": total.count(),
-        "errors": total.errors,
-        "skipped": total.skipped,
-        "ok_rps": total.count() / load_seconds if load_seconds else math.nan,
-        "p50_ms": p50,
-        "p99_ms": p99_ms,
-        "max_ms": float(latencies.max()) if len(latencies) else math.nan,
-        "generator_cpu": results.get("generator_cpu", math.nan),
-    }
-    unexpected = {k: v for k, v in total.errors.items() if k not in DOCUMENTED_REJECTIONS}
-    rejected = sum(v for k, v in total.errors.items() if k in DOCUMENTED_REJECTIONS)
-    if unexpected:
-        failures.append("calls failed: " + ", ".join(f"{k} {v}" for k, v in sorted(unexpected.items())))
-    if loop_.sent and rejected / loop_.sent > args.max_rejected:
-        failures.append(
-            f"{rejected} documented rejections = {rejected / loop_.sent:.2%} of calls, above "
-            f"--max-rejected {args.max_rejected:.2%}"
-        )
-    elif rejected:
-        warnings.append(f"{rejected} documented rejections ({rejected / loop_.sent:.3%} of calls)")
-    if total.skipped:
-        warnings.append(f"{total.skipped} calls skipped: {args.max_outstanding} were outstanding when they were due")
-
-
-def load_phases(
-    args: argparse.Namespace,
-    facade_url: str,
-    watcher: Watcher,
-    stop: StopRequest,
-    rows: list[dict],
-    results: dict,
-    failures: list[str],
-) -> OpenLoop:
-    """Capacity (unless --rate), the warm-up burst, then the paced load with its samples."""
-    if args.rate:
-        rate = args.rate
-        say(f"offering {rate:.1f} req/s (--rate; capacity not measured)")
-    else:
-        say(
-            f"capacity: closed loop through the facade, {args.capacity_concurrency} concurrent, "
-            f"{args.capacity_seconds:.0f} s ..."
-        )
-        capacity = run(
-            FacadeTarget(facade_url, args.model, 1, raw=True),
-            args.capacity_concurrency,
-            duration_s=args.capacity_seconds,
-            warmup_s=2.0,
-        )
-        results["capacity"] = capacity.as_dict()
-        say(f"  {capacity.summary()}")
-        if capacity.throughput_rps <= 0 or capacity.errors:
-            raise ServerError(f"capacity run failed: {capacity.requests} OK, errors {capacity.errors}")
-        rate = capacity.throughput_rps * args.load_fraction
-    if args.burst_seconds > 0 and not stop.requested:
-        # Every stub meets the largest batches and Triton and the facade their most requests in flight
-        # now, so that arenas and buffers sized once by that peak do not read as growth later.
-        say(f"warm-up burst: closed loop, {args.max_outstanding} concurrent, {args.burst_seconds:.0f} s ...")
-        burst = run(
-            FacadeTarget(facade_url, args.model, 1, raw=True, timeout_s=args.deadline),
-            args.max_outstanding,
-            duration_s=args.burst_seconds,
-            warmup_s=0.0,
-        )
-        results["burst"] = burst.as_dict()
-        say(f"  {burst.summary()}")
-        unexpected = {k: v for k, v in burst.errors.items() if k not in DOCUMENTED_REJECTIONS}
-        if unexpected:
-            failures.append(f"warm-up burst calls failed: {unexpected}")
-    say(
-        f"offering {rate:.1f} req/s"
-        + (f" ({args.load_fraction:.0%} of capacity)" if not args.rate else "")
-        + f" open loop for {args.duration:.0f} s, a sample every {args.interval:.0f} s"
-    )
-    results["offered_rps"] = rate
-    if stop.requested:
-        raise ServerError("interrupted before the paced load")
-    cpu_before, wall_before = time.process_time(), time.perf_counter()
-    loop_ = asyncio.run(soak(args, watcher, facade_url, rate, stop, rows, failures))
-    results["load_seconds"] = time.perf_counter() - wall_before
-    results["generator_cpu"] = (time.process_time() - cpu_before) / results["load_seconds"]
-    return loop_
-
-
-def check_shutdown(watcher: Watcher, results: dict, failures: list[str]) -> None:
-    """After stop: no process of ours alive, no /dev/shm file of theirs left, no stub restarted."""
+def check_shutdown(watcher: Watcher, results: dict, incidents: list[str]) -> None:
+    """After the stop: no process of ours alive, no /dev/shm region of theirs left, no stub restarted."""
     deadline = time.monotonic() + 10  # our processes are gone within it, or the check says so
     while watcher.alive_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
     lingering = watcher.alive_pids()
     if lingering:
-        failures.append(f"processes still alive after stop: {lingering}")
+        incidents.append(f"processes still alive after the stop: {lingering}")
     leftover = sorted(name for name in watcher.shm_names if (SHM_DIR / name).exists())
     results["shm_files_seen"] = sorted(watcher.shm_names)
     results["leftover_shm"] = leftover
     results["stub_pids"] = watcher.stub_pids
     if leftover:
-        failures.append(f"{len(leftover)} /dev/shm file(s) left after shutdown: {', '.join(leftover)}")
+        incidents.append(f"{len(leftover)} /dev/shm region(s) left after the stop: {', '.join(leftover)}")
     restarted = {name: pids for name, pids in watcher.stub_pids.items() if len(pids) > 1}
     if restarted:
-        failures.append("stub processes restarted: " + ", ".join(f"{n} {p}" for n, p in sorted(restarted.items())))
-    say(
-        f"/dev/shm files of these processes: {len(watcher.shm_names)} seen, left after shutdown: "
-        f"{', '.join(leftover) or 'none'}"
-    )
+        incidents.append("stubs restarted: " + ", ".join(f"{n} {p}" for n, p in sorted(restarted.items())))
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak",
         description=(
-            "Soak test: serve the model repository with tritonserver and the facade on free loopback ports, "
-            "measure the facade's capacity with a short closed-loop run, then offer --load-fraction of it as a "
-            "paced open-loop load for --duration seconds. Every --interval seconds it samples RSS/PSS of the "
-            "facade, tritonserver and each Python stub, the /dev/shm files of these processes, and the "
-            "interval's throughput, p50/p99 and errors. Afterwards it fits each memory series over the second "
-            f"half of the run and flags growth above {GROWTH_MIB_PER_10MIN:.0f} MiB and {GROWTH_FRACTION:.0%} of "
-            "the mean per 10 minutes, stops the servers and checks that no /dev/shm file of theirs is left."
+            "Soak: serve a scratch copy of the model repository as `make serve` does, load every model through the "
+            "facade and Triton direct at once at --load-fraction of the measured capacity (split in equal shares of "
+            "the machine's time), publish a model again as a new version every --publish-every seconds, sample "
+            "RSS/PSS, open fds and threads of every process and the /dev/shm regions every --interval seconds, and "
+            "judge growth after the warm-up, flat counts, right answers and failures."
         ),
         epilog=(
-            "Writes samples.csv, results.json, report.md and memory.png, latency.png, shm.png (server logs in "
-            "logs/). Exit code: 0 pass; 1 growth, leftover /dev/shm, a server or stub died, calls failed with a "
-            "status other than RESOURCE_EXHAUSTED/UNAVAILABLE, or those exceeded --max-rejected; 2 servers could "
-            "not start or be measured; 130 interrupted.  Example (a quick check): python -m bench.soak "
-            "--duration 60 --interval 5"
+            "Writes report.md (with its Gates), results.json, samples.csv and memory.png, counts.png, shm.png, "
+            "latency.png (server logs in logs/). Exit code: 0 every gate passed; 1 a gate failed; 2 the stack could "
+            "not start or be measured; 130 interrupted.  A quick check: python -m bench.soak --duration 60 "
+            "--interval 5 --publish-every 30"
         ),
     )
-    parser.add_argument("--duration", type=float, default=600.0, help="seconds of paced load; default: %(default)s")
-    parser.add_argument("--interval", type=float, default=10.0, help="seconds between samples; default: %(default)s")
-    parser.add_argument("--model", default="mobilenet_v3_small", help="model to load; default: %(default)s")
-    parser.add_argument(
-        "--load-fraction", type=float, default=0.7, help="share of the measured capacity to offer; default: %(default)s"
+    add = parser.add_argument
+    add("--duration", type=float, default=3600.0, help="seconds of paced load; default: %(default)s")
+    add("--interval", type=float, default=10.0, help="seconds between samples; default: %(default)s")
+    add(
+        "--models",
+        nargs="+",
+        default=list(DEMO_MODELS),
+        help="models loaded, each through both paths; default: %(default)s",
     )
-    parser.add_argument(
-        "--rate", type=float, help="offer this many requests/s instead, and skip the capacity measurement"
+    add(
+        "--load-fraction", type=float, default=0.7, help="share of the machine's capacity offered; default: %(default)s"
     )
-    parser.add_argument(
-        "--capacity-concurrency",
-        type=int,
-        default=16,
-        help="concurrency of the closed-loop capacity run; default: %(default)s",
-    )
-    parser.add_argument(
+    add("--rate", type=float, help="offer this many requests/s per stream instead, and skip the capacity measurement")
+    add("--capacity-concurrency", type=int, default=16, help="concurrency of each capacity run; default: %(default)s")
+    add(
         "--capacity-seconds",
         type=float,
-        default=15.0,
-        help="measured seconds of the capacity run (after 2 s of warm-up); default: %(default)s",
+        default=10.0,
+        help="measured seconds of each stream's capacity run (after up to 2 s of warm-up); default: %(default)s",
     )
-    parser.add_argument(
+    add(
         "--burst-seconds",
         type=float,
         default=10.0,
-        help="before the paced load, a closed-loop burst at --max-outstanding concurrent calls so "
-        "that buffers sized by the peak are grown before the fit window (0: none); "
-        "default: %(default)s",
+        help="before the paced load, every stream at once in a closed "
+        "loop so that buffers sized by the peak grow before the samples (0: none); default: %(default)s",
     )
-    parser.add_argument(
-        "--deadline", type=float, default=10.0, help="deadline of every call, seconds; default: %(default)s"
+    add(
+        "--burst-concurrency",
+        type=int,
+        default=8,
+        help="concurrent calls of each stream in the burst; default: %(default)s",
     )
-    parser.add_argument(
+    add("--deadline", type=float, default=10.0, help="deadline of every call, seconds; default: %(default)s")
+    add(
         "--max-outstanding",
         type=int,
-        default=64,
-        help="calls in flight at most; a call due beyond it is skipped and counted; default: %(default)s",
+        default=32,
+        help="calls in flight per stream at most; a call due beyond it is skipped and counted; default: %(default)s",
     )
-    parser.add_argument(
+    add("--publish-every", type=float, default=600.0, help="seconds between version publishes; default: %(default)s")
+    add("--publish-models", nargs="+", help="the publish rotation; default: --models")
+    add(
+        "--warmup",
+        type=float,
+        help="seconds of each process's samples left out of the fits; default: 600, or a "
+        "third of --duration when that is shorter",
+    )
+    add(
+        "--max-growth-mib-per-10min",
+        type=float,
+        default=1.0,
+        help="a memory series fails when both its slopes after the warm-up exceed this; default: %(default)s",
+    )
+    add(
+        "--max-count-rise",
+        type=float,
+        default=2.0,
+        help="a count (fds, threads, /dev/shm regions) fails when it "
+        "ends more than this above where it started after the warm-up; default: %(default)s",
+    )
+    add(
         "--max-rejected",
         type=float,
         default=0.01,
-        help="fail when RESOURCE_EXHAUSTED + UNAVAILABLE exceed this share of calls; default: %(default)s",
+        help="most RESOURCE_EXHAUSTED + UNAVAILABLE, as a share of calls; default: %(default)s",
     )
-    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-soak/")
+    add("--out", type=Path, help="default: bench/results/<UTC timestamp>-soak/")
+    return parser
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = arguments()
     args = parser.parse_args(argv)
+    if args.warmup is None:
+        args.warmup = min(600.0, args.duration / 3)
+    args.publish_models = args.publish_models or list(args.models)
     if not (
         args.duration > 0
         and args.interval > 0
         and 0 < args.load_fraction <= 1.5
         and args.deadline > 0
-        and args.max_outstanding >= 1
-        and args.capacity_concurrency >= 1
+        and min(args.max_outstanding, args.capacity_concurrency, args.burst_concurrency) >= 1
         and args.capacity_seconds > 0
         and args.burst_seconds >= 0
+        and args.publish_every > 0
+        and 0 <= args.warmup < args.duration
+        and args.max_growth_mib_per_10min > 0
+        and args.max_count_rise >= 0
         and (args.rate is None or args.rate > 0)
     ):
-        parser.error("durations, the interval, the deadline, --load-fraction (0-1.5) and the counts must be positive")
+        parser.error(
+            "durations, the interval, the deadline, --load-fraction (0-1.5), the counts and the limits must "
+            "be positive, --warmup shorter than --duration"
+        )
     if args.interval > args.duration:
         parser.error("--interval must not exceed --duration")
-    if not (REPOSITORY / args.model / "1" / "model.onnx").exists():
-        parser.error(f"{REPOSITORY / args.model / '1' / 'model.onnx'} is missing: run `make models`")
+    for model in {*args.models, *args.publish_models}:
+        if not (REPOSITORY / model / "1" / "model.onnx").exists():
+            parser.error(f"{REPOSITORY / model / '1' / 'model.onnx'} is missing: run `make models`")
+    if set(args.publish_models) - set(args.models):
+        parser.error("--publish-models must be among --models (the answers across a swap are checked by the load)")
+    return args
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     started, out = run_folder(args.out, "soak")
-    logs = out / "logs"
     results: dict = {
         "started": started,
         "command": " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine(),
         "settings": settings(args),
-        "thresholds": {
-            "growth_mib_per_10min": GROWTH_MIB_PER_10MIN,
-            "growth_fraction": GROWTH_FRACTION,
-            "p99_growth_ms_per_10min": P99_GROWTH_MS_PER_10MIN,
-            "p99_growth_fraction": P99_GROWTH_FRACTION,
-            "documented_rejections": list(DOCUMENTED_REJECTIONS),
-        },
-        "offered_rps": args.rate or math.nan,
+        "documented_rejections": list(DOCUMENTED_REJECTIONS),
+        "publishes_due": sum(
+            1 for k in range(1, int(args.duration // args.publish_every) + 1) if k * args.publish_every < args.duration
+        ),
     }
     rows: list[dict] = []
-    failures: list[str] = []
-    warnings: list[str] = []
+    incidents: list[str] = []
     stop = StopRequest()
-    loop_: OpenLoop | None = None
     watcher: Watcher | None = None
-    setup_failed = False
-
-    # Production defaults otherwise (--max-in-flight 64, a health probe every 2 s), the probe on this model.
-    stack = ServingStack(REPOSITORY, logs, facade_args=["--default-model", args.model])
-    say(f"starting tritonserver ({REPOSITORY}) and the facade; logs in {logs}")
+    problem = ""
+    scratch = out / "repository"
+    shutil.rmtree(scratch, ignore_errors=True)
+    served = {p.parent.name: p.parent for p in REPOSITORY.glob(f"*/{CONFIG_FILE}")}  # every model, as make serve
+    link_models(scratch, served)
+    serve = ServeProcess(scratch, out / "logs", [])  # the facade with make serve's defaults (its probe: resnet50)
+    publisher = Publisher(scratch, REPOSITORY, args.publish_models, serve.triton_grpc_url, serve.admin_key)
+    say(f"starting python -m client.serve ({', '.join(sorted(served))} from a scratch copy); logs in {out / 'logs'}")
     try:
-        stack.start()
-        triton, facade = stack.triton, stack.facade
-        assert facade is not None  # started with the stack
-        watcher = Watcher(triton.pid, facade.pid)
-        results["idle_sample"] = watcher.sample(0.0)  # after start-up, before any load
-        stubs = sorted(n for n in watcher.processes() if n not in SERVERS)
+        serve.start()
+        triton_pid, facade_pid = serve.children()
+        watcher = Watcher(triton_pid, facade_pid, serve.pid, versioned=True, counts_all=True)
         say(
-            f"tritonserver pid {triton.pid} ({triton.grpc_url}), facade pid {facade.pid} "
-            f"({facade.grpc_url}), stubs: {', '.join(stubs)}"
+            f"serving: supervisor (client.serve) pid {serve.pid}, tritonserver pid {triton_pid} "
+            f"({serve.triton_grpc_url}), facade pid {facade_pid} ({serve.facade_url})"
         )
-        if stop.requested:
-            raise ServerError("interrupted before the load")
-        loop_ = load_phases(args, facade.grpc_url, watcher, stop, rows, results, failures)
-    except (ServerError, VerificationError) as error:
-        say(f"error: {error}")
-        failures.append(f"setup: {error}")
-        setup_failed = True
+        streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, args.deadline)
+        asyncio.run(load_phases(args, streams, watcher, publisher, stop, rows, results, incidents))
+    except (ServerError, VerificationError, OSError) as error:
+        problem = f"{type(error).__name__}: {error}"
+        say(f"error: {problem}")
     finally:
-        say("stopping the facade, then tritonserver ...")
-        results["exit_codes"] = stack.stop()
-        say(
-            f"  facade exit code {results['exit_codes']['facade']}, "
-            f"tritonserver exit code {results['exit_codes']['tritonserver']}"
-        )
-
+        say("stopping python -m client.serve (the facade drains, then tritonserver stops) ...")
+        results["serve_exit_code"] = serve.stop()
+        results["publishes"] = [p.as_dict() for p in publisher.done]
     if watcher is not None:
-        check_shutdown(watcher, results, failures)
-    if rows:
-        judge(rows, loop_, args, results, failures, warnings)
-    interrupted = stop.requested
-    if interrupted:
-        failures.append("interrupted")
-    results["failures"], results["warnings"] = failures, warnings
-    results["verdict"] = "INTERRUPTED" if interrupted else "FAIL" if failures else "PASS"
+        check_shutdown(watcher, results, incidents)
+    if results["serve_exit_code"] not in (0, None):
+        incidents.append(f"python -m client.serve exited with code {results['serve_exit_code']}")
+    shutil.rmtree(scratch, ignore_errors=True)  # the published copies (resnet50's are 100 MB each)
+    gates = judge(rows, results, args, incidents) if rows else []
+    if problem:
+        gates.append(Gate("the stack started and was measured", False, problem))
+    if stop.requested:
+        gates.append(Gate("the run was not interrupted", False, "SIGINT/SIGTERM"))
     results["samples"] = rows
-    write_outputs(out, results, rows)
-    for t in results.get("trends", []):
-        say(
-            f"  {t['series']:<32} start {fmt(t['start']):>7} end {fmt(t['end']):>7} peak {fmt(t['peak']):>7} "
-            f"{t['unit']:<5} growth/10 min: LSQ {fmt(t['growth_per_10min'], 1):>7} Theil-Sen "
-            f"{fmt(t['robust_growth_per_10min'], 1):>7}{'  FLAGGED' if t['flagged'] else ''}"
-        )
-    for warning in warnings:
-        say(f"warning: {warning}")
-    say(f"verdict: {results['verdict']}" + (f" ({'; '.join(failures)})" if failures else ""))
-    say(f"report: {out / 'report.md'}")
-    if interrupted:
+    text = write_outputs(out, results, rows, gates)
+    say(f"report: {out / 'report.md'} ({len(text.splitlines())} lines)")
+    code = verdict(gates)
+    if stop.requested:
         return 130
-    if setup_failed:
-        return 2
-    return 1 if failures else 0
+    return 2 if problem else code
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the soak says and writes.
 
-A progress line per sample; samples.csv, results.json, report.md and its plots (memory, latency, /dev/shm).
+A progress line per sample; samples.csv, results.json, report.md (with its `## Gates`) and the plots: memory of each
+process, its open fds and threads, /dev/shm, latency and throughput per path; each marks the version publishes.
 """
 
 from __future__ import annotations
@@ -9,34 +10,22 @@ import csv
 import math
 from pathlib import Path
 
-from bench.output import write_json
+from bench.output import Gate, gates_section, write_json
+
+SINCE = "seconds since the paced load started"
 
 
-def progress_line(row: dict, stubs: list[str]) -> str:
-    stub_rss = "/".join(f"{row.get(f'rss_mib.{s}', math.nan):.0f}" for s in stubs)
-    errors = row.get("errors_by_status") or "0"
-    return (
-        f"t={row['t_s']:6.0f}s  {row.get('rps', 0):6.1f} req/s  p50 {row.get('p50_ms', math.nan):6.1f}  "
-        f"p99 {row.get('p99_ms', math.nan):6.1f} ms  errors {errors}  skipped {row.get('skipped', 0)}  | RSS MiB "
-        f"facade {row.get('rss_mib.facade', math.nan):.0f}  triton {row.get('rss_mib.tritonserver', math.nan):.0f}  "
-        f"stubs {stub_rss}  PSS total {row.get('pss_mib.total', math.nan):.0f}  | /dev/shm {row['shm_mib']:.1f} MiB "
-        f"in {row['shm_files']} files"
+def progress_line(row: dict) -> str:
+    paths = "  ".join(
+        f"{p} {row.get(f'{p}.rps', 0):6.1f} req/s p99 {row.get(f'{p}.p99_ms', math.nan):6.1f} ms "
+        f"errors {row.get(f'{p}.errors_by_status') or 0}"
+        for p in ("facade", "triton")
     )
-
-
-def write_outputs(out: Path, results: dict, rows: list[dict]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    columns: list[str] = []
-    for row in rows:
-        columns += [key for key in row if key not in columns]
-    with open(out / "samples.csv", "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    write_json(out / "results.json", results)
-    if rows:
-        plot(out, rows, results)
-    (out / "report.md").write_text(report(results, rows))
+    return (
+        f"t={row['t_s']:6.0f}s  {paths}  | RSS MiB triton {row.get('rss_mib.tritonserver', math.nan):.0f} facade "
+        f"{row.get('rss_mib.facade', math.nan):.0f} supervisor {row.get('rss_mib.supervisor', math.nan):.0f}  "
+        f"| /dev/shm {row['shm_mib']:.1f} MiB in {row['shm_files']} regions"
+    )
 
 
 def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
@@ -46,48 +35,103 @@ def series(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
     return times, values
 
 
+def series_name(column: str) -> str:
+    """`rss_mib.facade` -> `RSS facade`, `shm_mib` -> `/dev/shm allocated`."""
+    if column == "shm_mib":
+        return "/dev/shm allocated"
+    if column == "shm_files":
+        return "/dev/shm regions"
+    kind, _, label = column.partition(".")
+    kind = {"rss_mib": "RSS", "pss_mib": "PSS", "fds": "open fds", "threads": "threads"}.get(kind, kind)
+    return f"{kind} {label}".strip()
+
+
+def write_outputs(out: Path, results: dict, rows: list[dict], gates: list[Gate]) -> str:
+    """Every file of the run; the report's text."""
+    out.mkdir(parents=True, exist_ok=True)
+    columns: list[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    with open(out / "samples.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    results["gates"] = [{"name": g.name, "passed": g.passed, "detail": g.detail} for g in gates]
+    write_json(out / "results.json", results)
+    if rows:
+        plot(out, rows, results)
+    text = report(results, rows, gates)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def _labels(rows: list[dict], kind: str) -> list[str]:
+    labels: list[str] = []
+    for row in rows:
+        labels += [k.split(".", 1)[1] for k in row if k.startswith(f"{kind}.") and k.split(".", 1)[1] not in labels]
+    return [label for label in labels if label != "total"]
+
+
 def plot(out: Path, rows: list[dict], results: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    title = f"{results['settings']['model']} soak at {results['offered_rps']:.0f} req/s"
-    since = "seconds since the paced load started"
-    beside = {"fontsize": 7, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}  # a legend right of the plot
-    figure, (axis, total) = plt.subplots(2, 1, figsize=(10, 7), sharex=True, height_ratios=(3, 1))
-    labels = []
-    for row in rows:
-        labels += [k.split(".", 1)[1] for k in row if k.startswith("rss_mib.") and k.split(".", 1)[1] not in labels]
-    for label in labels:
-        axis.plot(*series(rows, f"rss_mib.{label}"), marker=".", label=label)
-    _axis(axis, ylabel="RSS MiB", title=f"{title}: memory of each process")
-    axis.legend(**beside)
-    total.plot(*series(rows, "pss_mib.total"), color="black", marker=".", label="PSS, all processes")
-    _axis(total, xlabel=since, ylabel="PSS total MiB")
-    total.legend(**beside)
-    _save(plt, figure, out / "memory.png")
+    title = "soak"
+    publishes = [p["t_s"] for p in results.get("publishes", [])]
+    warmup = results["settings"].get("warmup")
+    beside = {"fontsize": 6, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}  # a legend right of the plot
 
-    load_rows = rows[1:]
-    figure, axis = plt.subplots(figsize=(9, 5))
-    axis.plot(*series(load_rows, "p50_ms"), marker=".", label="p50")
-    axis.plot(*series(load_rows, "p99_ms"), marker=".", label="p99")
-    _axis(axis, xlabel=since, ylabel="latency ms (per interval)", title=f"{title}: latency and throughput")
-    right = axis.twinx()
-    right.plot(*series(load_rows, "rps"), color="grey", linestyle=":", label="throughput (OK req/s)")
-    right.set(ylabel="OK requests / s")
-    right.set_ylim(bottom=0)
-    handles = axis.get_legend_handles_labels()
-    more = right.get_legend_handles_labels()
-    axis.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="lower right")
-    _save(plt, figure, out / "latency.png")
+    def marks(axis) -> None:
+        for t in publishes:
+            axis.axvline(t, color="grey", linestyle=":", linewidth=0.8)
+        if warmup:
+            axis.axvspan(0, warmup, color="grey", alpha=0.08)
+
+    for name, kinds, ylabels in (
+        ("memory.png", ("rss_mib", "pss_mib"), ("RSS MiB", "PSS MiB")),
+        ("counts.png", ("fds", "threads"), ("open fds", "threads")),
+    ):
+        figure, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
+        for axis, kind, ylabel in zip(axes, kinds, ylabels, strict=True):
+            for label in _labels(rows, kind):
+                axis.plot(*series(rows, f"{kind}.{label}"), marker=".", markersize=3, label=label)
+            marks(axis)
+            _axis(axis, ylabel=ylabel, title=f"{title}: {ylabel} of each process (dotted: publishes; shaded: warm-up)")
+            axis.legend(**beside)
+        axes[-1].set(xlabel=SINCE)
+        _save(plt, figure, out / name)
 
     figure, axis = plt.subplots(figsize=(9, 4))
-    axis.plot(*series(rows, "shm_mib"), marker=".", label="allocated")
-    axis.plot(*series(rows, "shm_size_mib"), linestyle="--", label="file sizes")
-    _axis(axis, xlabel=since, ylabel="MiB", title=f"{title}: /dev/shm files of these servers")
-    axis.legend(fontsize=8)
+    axis.plot(*series(rows, "shm_mib"), marker=".", label="allocated MiB")
+    axis.plot(*series(rows, "shm_size_mib"), linestyle="--", label="file sizes MiB")
+    right = axis.twinx()
+    right.plot(*series(rows, "shm_files"), color="black", linestyle=":", label="regions")
+    right.set(ylabel="regions")
+    right.set_ylim(bottom=0)
+    marks(axis)
+    _axis(axis, xlabel=SINCE, ylabel="MiB", title=f"{title}: /dev/shm regions of these servers")
+    handles, more = axis.get_legend_handles_labels(), right.get_legend_handles_labels()
+    axis.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="lower right")
     _save(plt, figure, out / "shm.png")
+
+    load_rows = rows[1:]
+    figure, (latency, each, rate) = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
+    for path in ("facade", "triton"):
+        latency.plot(*series(load_rows, f"{path}.p50_ms"), marker=".", label=f"{path} p50")
+        latency.plot(*series(load_rows, f"{path}.p99_ms"), marker=".", label=f"{path} p99")
+        rate.plot(*series(load_rows, f"{path}.rps"), marker=".", label=f"{path} OK req/s")
+    for label in _labels(load_rows, "p99_ms"):
+        each.plot(*series(load_rows, f"p99_ms.{label}"), marker=".", markersize=3, label=label)
+    for axis in (latency, each, rate):
+        marks(axis)
+    _axis(latency, ylabel="ms (per interval)", title=f"{title}: latency per path, all models")
+    _axis(each, ylabel="p99 ms (per interval)", title="p99 of each stream (path.model)")
+    _axis(rate, xlabel=SINCE, ylabel="OK requests / s", title="throughput per path, all models")
+    for axis in (latency, each, rate):
+        axis.legend(**beside)
+    _save(plt, figure, out / "latency.png")
 
 
 def _axis(axis, **labels: str) -> None:
@@ -109,116 +153,134 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
-def report(results: dict, rows: list[dict]) -> str:
-    s, limits = results["settings"], results["thresholds"]
+def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
+    s = results["settings"]
+    failed = [g.name for g in gates if not g.passed]
     lines = [
         f"# tritonnx soak {results['started']}",
         "",
         f"Machine: {results['machine']}. Command: `{results['command']}`.",
         "",
-        f"**Verdict: {results['verdict']}**" + (": " + "; ".join(results["failures"]) if results["failures"] else ""),
+        f"**Verdict: {'PASS' if not failed else 'FAIL'}**" + (": " + "; ".join(failed) if failed else ""),
         "",
+        "## Load",
+        "",
+        f"Served as `make serve` serves (`python -m client.serve`: tritonserver, the supervisor in the serve process, "
+        f"the facade), a scratch copy of the model repository. Models loaded: {', '.join(s['models'])}, each through "
+        f"the facade and Triton's KServe gRPC direct at once: {len(s['models']) * 2} streams. Each stream's capacity "
+        f"was measured alone (closed loop, {s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s) "
+        f"unless `--rate` was given; each stream is offered `--load-fraction` ({s['load_fraction']:.0%}) / "
+        f"{len(s['models']) * 2} of its own capacity, open loop: equal shares of the machine's time, "
+        f"{s['load_fraction']:.0%} of it in all. Every call has a {s['deadline']:.0f} s deadline, at most "
+        f"{s['max_outstanding']} outstanding per stream (a call due beyond that is skipped and counted). Every answer "
+        "is decoded and each output compared with in-process ONNX Runtime on the same request.",
+        "",
+        "| stream | capacity req/s | offered req/s | sent | OK | errors | skipped | wrong | p50 ms | p99 ms | "
+        "versions answering |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    if results.get("warnings"):
-        lines += ["Warnings: " + "; ".join(results["warnings"]), ""]
-    capacity = results.get("capacity")
-    if capacity:
-        lines += [
-            f"Capacity through the facade (closed loop, {capacity['concurrency']} concurrent, "
-            f"{capacity['seconds']:.0f} s): {capacity['throughput_rps']:.1f} req/s, p50 {capacity['p50_ms']:.1f} ms, "
-            f"p99 {capacity['p99_ms']:.1f} ms, errors {capacity['errors'] or 'none'}. "
-            f"Offered: {results['offered_rps']:.1f} req/s "
-            f"({s['load_fraction']:.0%}) open loop for {fmt(results.get('load_seconds'), 0)} s, each call with a "
-            f"{s['deadline']:.0f} s deadline, at most {s['max_outstanding']} outstanding.",
-            "",
-        ]
-    burst = results.get("burst")
-    if burst:
-        lines += [
-            f"Warm-up burst before it (closed loop, {burst['concurrency']} concurrent, {burst['seconds']:.0f} s): "
-            f"{burst['throughput_rps']:.1f} req/s, p99 {burst['p99_ms']:.1f} ms, errors {burst['errors'] or 'none'}.",
-            "",
-        ]
-    totals = results.get("totals")
-    if totals:
-        errors = ", ".join(f"{k} {v}" for k, v in sorted(totals["errors"].items())) or "none"
-        lines += [
-            f"Calls: {totals['scheduled']} scheduled, {totals['sent']} sent, {totals['ok']} OK, errors by status: "
-            f"{errors}; {totals['skipped']} skipped at the outstanding cap. Whole-run latency of OK calls: p50 "
-            f"{fmt(totals['p50_ms'], 2)} ms, p99 {fmt(totals['p99_ms'], 2)} ms, max {fmt(totals['max_ms'], 1)} ms. "
-            f"Achieved {fmt(totals['ok_rps'])} OK req/s. Generator CPU {fmt(totals['generator_cpu'], 2)} of a "
-            "core.",
-            "",
-        ]
+    capacities = results.get("capacities", {})
+    for label, t in results.get("totals", {}).get("streams", {}).items():
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors"].items())) or "none"
+        versions = ", ".join(f"v{k}: {v}" for k, v in t["versions"].items())
+        lines.append(
+            f"| {label} | {fmt(capacities.get(label, {}).get('throughput_rps'))} | {fmt(t['offered_rps'], 2)} | "
+            f"{t['sent']} | {t['ok']} | {errors} | {t['skipped']} | {t['wrong']} | {fmt(t['p50_ms'])} | "
+            f"{fmt(t['p99_ms'])} | {versions} |"
+        )
+    for path, t in results.get("totals", {}).get("paths", {}).items():
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors"].items())) or "none"
+        lines.append(
+            f"| **{path}, all models** | | | {t['sent']} | {t['ok']} | {errors} | {t['skipped']} | {t['wrong']} | "
+            f"{fmt(t['p50_ms'])} | {fmt(t['p99_ms'])} | |"
+        )
     lines += [
-        "Growth check: the second half of the run is fitted with a least-squares line and with the Theil-Sen "
-        "slope (median of the pairwise slopes, which one step such as an arena filled once barely moves), both "
-        f"projected to 10 minutes; a memory series is flagged when BOTH grow more than "
-        f"{limits['growth_mib_per_10min']:.0f} MiB AND more than {limits['growth_fraction']:.0%} of its mean per 10 "
-        f"minutes (p99: a warning above {limits['p99_growth_ms_per_10min']:.0f} ms and "
-        f"{limits['p99_growth_fraction']:.0%}; fds and threads: reported only). Short "
-        "runs project a short window to 10 minutes: read their slopes as noise. PSS splits shared pages among "
-        "every process mapping the same files, other servers on the machine included, so it also moves when "
-        "those start or stop; RSS is the per-process signal.",
         "",
-        "`idle` is after start-up, before any load; `start` is the first sample of the paced load (after the "
-        "capacity run and the burst).",
+        f"Generator CPU: {fmt(results.get('generator_cpu'), 2)} of a core over "
+        f"{fmt(results.get('load_seconds'), 0)} s of paced load.",
         "",
-        "| series | idle | start | end | peak | 2nd-half mean | growth / 10 min: least squares | Theil-Sen "
-        "| % of mean | flagged |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "## Versions published",
+        "",
+        f"Every {s['publish_every']:.0f} s the next model of the rotation ({', '.join(s['publish_models'])}) was "
+        "published again from its own version 1 (`tritonnx-models publish`'s code path): Triton loads the new version "
+        "beside the serving one and unloads the old one (version_policy latest 1).",
+        "",
+        "| t s | model | version | seconds | serving after it / error |",
+        "|---|---|---|---|---|",
+    ]
+    for p in results.get("publishes", []):
+        lines.append(
+            f"| {p['t_s']:.0f} | {p['model']} | {p['version'] or 'failed'} | {p['seconds']:.1f} | "
+            f"{p['serving'] or p['error']} |"
+        )
+    if not results.get("publishes"):
+        lines.append("| | none | | | |")
+    lines += [
+        "",
+        "## Growth after the warm-up",
+        "",
+        f"Warm-up: the first {s['warmup']:.0f} s of each process's samples (a process started later, such as a "
+        "published version's stub, gets its own). Memory series fail when the least-squares AND the Theil-Sen "
+        f"slopes both exceed {s['max_growth_mib_per_10min']:g} MiB per 10 min; counts fail when the median of the "
+        f"last 3 samples ends more than {s['max_count_rise']:g} above the median of the first 3. Short runs project "
+        "a short window to 10 minutes: read their slopes as noise. PSS splits shared pages among every process "
+        "mapping the same files, so it moves when processes start or stop (a publish); RSS is the per-process "
+        "signal.",
+        "",
+        "| series | samples | start | end | peak | mean | growth / 10 min: least squares | Theil-Sen | failed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for t in results.get("trends", []):
-        fraction = t["growth_fraction"]
         lines.append(
-            f"| {t['series']} ({t['unit']}) | {fmt(t.get('idle'))} | {fmt(t['start'])} | {fmt(t['end'])} | "
-            f"{fmt(t['peak'])} | "
-            f"{fmt(t['mean'])} | {fmt(t['growth_per_10min'], 2)} | {fmt(t['robust_growth_per_10min'], 2)} | "
-            f"{fmt(fraction * 100 if isinstance(fraction, float) else None, 1)} | "
-            f"{'**yes**' if t['flagged'] else 'no'}{' (' + t['note'] + ')' if t.get('note') else ''} |"
+            f"| {t['series']} ({t['unit']}) | {t['samples']} | {fmt(t['start'])} | {fmt(t['end'])} | "
+            f"{fmt(t['peak'])} | {fmt(t['mean'])} | {fmt(t['growth_per_10min'], 2)} | "
+            f"{fmt(t['robust_growth_per_10min'], 2)} | {'**yes**' if t['flagged'] else 'no'}"
+            f"{' (' + t['note'] + ')' if t.get('note') else ''} |"
+        )
+    lines += ["", "| count | samples | first | last | peak | rise | failed |", "|---|---|---|---|---|---|---|"]
+    for lv in results.get("levels", []):
+        lines.append(
+            f"| {lv['series']} | {lv['samples']} | {fmt(lv['first'], 0)} | {fmt(lv['last'], 0)} | "
+            f"{fmt(lv['peak'], 0)} | {fmt(lv['rise'], 0)} | {'no' if lv['flat'] else '**yes**'}"
+            f"{' (' + lv['note'] + ')' if lv.get('note') else ''} |"
         )
     leftover = results.get("leftover_shm")
     lines += [
         "",
-        f"/dev/shm files of these processes seen during the run: {len(results.get('shm_files_seen', []))}; "
+        f"/dev/shm regions of these processes seen during the run: {len(results.get('shm_files_seen', []))}; "
+        + ("left after the stop: **" + ", ".join(leftover) + "**" if leftover else "none left after the stop")
+        + ". Stub processes: "
         + (
-            "left after shutdown: **" + ", ".join(leftover) + "**"
-            if leftover
-            else "none left after shutdown"
-            if leftover is not None
-            else "not checked (run did not get that far)"
+            ", ".join(f"{n} pid {'→'.join(map(str, p))}" for n, p in sorted(results.get("stub_pids", {}).items()))
+            or "none seen"
         )
         + ".",
         "",
-        "Stub processes: "
-        + (
-            ", ".join(
-                f"{name} pid {'→'.join(map(str, pids))}" for name, pids in sorted(results.get("stub_pids", {}).items())
-            )
-            or "none seen"
-        ),
-        "",
+        gates_section(gates),
         "## Samples",
         "",
-        "| t s | OK req/s | p50 ms | p99 ms | errors | skipped | RSS facade | RSS triton | PSS total | /dev/shm MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| t s | facade OK req/s | facade p99 ms | triton OK req/s | triton p99 ms | errors | RSS triton | "
+        "RSS facade | RSS supervisor | PSS total | /dev/shm MiB | regions |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        errors = " ".join(str(row.get(f"{p}.errors_by_status") or "") for p in ("facade", "triton")).strip()
         lines.append(
-            f"| {row['t_s']:.0f} | {fmt(row.get('rps'))} | {fmt(row.get('p50_ms'), 2)} | "
-            f"{fmt(row.get('p99_ms'), 2)} | "
-            f"{row.get('errors_by_status') or row.get('errors', '')} | {row.get('skipped', '')} | "
-            f"{fmt(row.get('rss_mib.facade'))} | {fmt(row.get('rss_mib.tritonserver'))} | "
-            f"{fmt(row.get('pss_mib.total'))} | {fmt(row.get('shm_mib'), 2)} |"
+            f"| {row['t_s']:.0f} | {fmt(row.get('facade.rps'))} | {fmt(row.get('facade.p99_ms'))} | "
+            f"{fmt(row.get('triton.rps'))} | {fmt(row.get('triton.p99_ms'))} | {errors} | "
+            f"{fmt(row.get('rss_mib.tritonserver'))} | {fmt(row.get('rss_mib.facade'))} | "
+            f"{fmt(row.get('rss_mib.supervisor'))} | {fmt(row.get('pss_mib.total'))} | {fmt(row.get('shm_mib'), 2)} | "
+            f"{row.get('shm_files', '')} |"
         )
-    lines += ["", "![memory](memory.png)", "", "![latency](latency.png)", "", "![shm](shm.png)", ""]
+    lines += [
+        "",
+        "![memory](memory.png)",
+        "",
+        "![fds and threads](counts.png)",
+        "",
+        "![shm](shm.png)",
+        "",
+        "![latency](latency.png)",
+        "",
+    ]
     return "\n".join(lines)
-
-
-def series_name(column: str) -> str:
-    """`rss_mib.facade` -> `RSS facade`, `shm_mib` -> `/dev/shm`."""
-    if column == "shm_mib":
-        return "/dev/shm allocated"
-    kind, _, label = column.partition(".")
-    kind = {"rss_mib": "RSS", "pss_mib": "PSS", "fds": "open fds", "threads": "threads"}.get(kind, kind)
-    return f"{kind} {label}".strip()

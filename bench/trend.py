@@ -1,10 +1,11 @@
-"""Does a series grow? The soak's check of memory (and p99) samples for leaks.
+"""Does a series grow? The soak's check of memory (and p99) samples for leaks, and of counts for a rise.
 
-The second half of a run (the first holds the warm-up: allocator arenas, caches, first batches of
-each size) is fitted with a least-squares line and with the Theil-Sen slope (the median of the
-pairwise slopes: one late step, e.g. an arena grown once for a batch size seen for the first time,
-barely moves it, steady growth moves it fully); a series is flagged when both slopes, projected to
-10 minutes, exceed BOTH an absolute growth and a fraction of its mean.
+The samples after the warm-up (allocator arenas, caches, first batches of each size; the second half
+of the run unless the caller names the warm-up's end) are fitted with a least-squares line and with
+the Theil-Sen slope (the median of the pairwise slopes: one late step, e.g. an arena grown once for a
+batch size seen for the first time, barely moves it, steady growth moves it fully); a series is
+flagged when both slopes, projected to 10 minutes, exceed BOTH an absolute growth and a fraction of
+its mean. A count is judged by `level`: where it ends against where it started after the warm-up.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ TEN_MINUTES = 600.0
 class Trend:
     series: str
     unit: str
-    samples: int  # samples in the fit window (the second half of the run)
+    samples: int  # samples in the fit window (after the warm-up)
     start: float  # first sample of the whole run
     end: float  # last sample
     peak: float
@@ -74,13 +75,15 @@ def trend(
     abs_threshold: float = GROWTH_MIB_PER_10MIN,
     fraction_threshold: float = GROWTH_FRACTION,
     min_samples: int = 3,
+    since: float | None = None,
 ) -> Trend:
-    """Fit the second half of the run with least squares and with Theil-Sen, and flag growth.
+    """Fit the samples after the warm-up with least squares and with Theil-Sen, and flag growth.
 
-    The second half is the samples at or after the midpoint of the first and last times. It is
-    flagged when both projected 10-minute growths exceed both thresholds (absolute, and as a
-    fraction of the window's mean). NaN values (e.g. a sample of a process that was not there
-    yet) are left out.
+    The fit window is the samples at or after `since` (the end of the warm-up), or without it the
+    second half: those at or after the midpoint of the first and last times. It is flagged when
+    both projected 10-minute growths exceed both thresholds (absolute, and as a fraction of the
+    window's mean; a fraction threshold of 0 leaves the absolute one alone). NaN values (e.g. a
+    sample of a process that was not there yet) are left out.
     """
     points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
     if not points:
@@ -88,10 +91,10 @@ def trend(
         return Trend(series, unit, 0, nan, nan, nan, nan, nan, nan, nan, False, "no samples")
     start, end = points[0][1], points[-1][1]
     peak = max(v for _, v in points)
-    middle = (points[0][0] + points[-1][0]) / 2
+    middle = (points[0][0] + points[-1][0]) / 2 if since is None else since
     window_t = [t for t, _ in points if t >= middle]
     window_v = [v for t, v in points if t >= middle]
-    mean = float(np.mean(window_v))
+    mean = float(np.mean(window_v)) if window_v else math.nan
     if len(window_t) < min_samples:
         return Trend(
             series,
@@ -105,16 +108,62 @@ def trend(
             math.nan,
             math.nan,
             False,
-            f"fewer than {min_samples} samples in the second half: not judged",
+            f"fewer than {min_samples} samples after the warm-up: not judged",
         )
     growth = least_squares_slope(window_t, window_v) * TEN_MINUTES
     robust = theil_sen_slope(window_t, window_v) * TEN_MINUTES
     smaller = min(growth, robust)
     fraction = smaller / mean if mean else (math.inf if smaller > 0 else 0.0)
-    over = [g > abs_threshold and (g / mean if mean else math.inf) > fraction_threshold for g in (growth, robust)]
+    over = [
+        g > abs_threshold and (fraction_threshold <= 0 or (g / mean if mean else math.inf) > fraction_threshold)
+        for g in (growth, robust)
+    ]
     note = ""
     if over[0] and not over[1]:
         note = "least squares rises but the pairwise median does not: a step, not a steady trend"
     elif over[1] and not over[0]:
         note = "the pairwise median rises but least squares does not"
     return Trend(series, unit, len(window_t), start, end, peak, mean, growth, robust, fraction, all(over), note)
+
+
+@dataclass
+class Level:
+    """A count (open fds, threads, /dev/shm regions) after the warm-up, and whether it stays where it started."""
+
+    series: str
+    samples: int  # in the window
+    first: float  # median of the window's first samples
+    last: float  # median of its last samples
+    peak: float
+    rise: float  # last - first
+    flat: bool
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+
+
+def level(
+    series: str,
+    times: Sequence[float],
+    values: Sequence[float],
+    *,
+    since: float,
+    tolerance: float,
+    edge: int = 3,
+    min_samples: int = 3,
+) -> Level:
+    """Flat when the median of the last `edge` samples after `since` is at most `tolerance` above that of the first.
+
+    Medians of a few samples at each end, not the peak: a publish starts a new version's stubs beside the old ones
+    for a moment (more fds, threads and regions, then as many as before), while a leak stays. A window of fewer than
+    `min_samples` samples is not judged (flat, with a note); with fewer than 2 x `edge`, the ends share samples.
+    """
+    window = [v for t, v in zip(times, values, strict=False) if t >= since and v is not None and math.isfinite(v)]
+    if len(window) < min_samples:
+        nan = math.nan
+        peak = max(window, default=nan)
+        return Level(series, len(window), nan, nan, peak, nan, True, f"fewer than {min_samples} samples: not judged")
+    k = max(1, min(edge, len(window) // 2))
+    first, last = float(np.median(window[:k])), float(np.median(window[-k:]))
+    return Level(series, len(window), first, last, max(window), last - first, last - first <= tolerance)

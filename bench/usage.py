@@ -16,7 +16,8 @@ from backend.server.supervisor import live_stubs
 MIB = 2**20
 SHM_DIR = Path("/dev/shm")
 FACADE_REGION_PREFIX = "tritonnx_facade_"
-SERVERS = ("facade", "tritonserver")  # the Watcher's labels of the two servers; stubs go by instance
+SERVERS = ("facade", "tritonserver", "supervisor")  # the Watcher's labels of the servers; stubs go by instance
+VERSION_MARK = "@v"  # a versioned Watcher's stub label: <instance>@v<version>
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -101,35 +102,68 @@ def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int
 
 
 class Watcher:
-    """The facade, tritonserver and its stubs (each named by its model instance), sampled.
+    """The facade, tritonserver, its stubs (each named by its model instance) and the supervisor's process, sampled.
 
-    Memory, CPU, open fds and threads of the servers, and the /dev/shm files any of them uses.
+    Memory, CPU, open fds and threads of the servers (of every process with `counts_all`), and the /dev/shm files any
+    of them uses. `versioned` names each stub `<instance>@v<version>`: a published version's stubs are other
+    processes than the version's before, not the same ones restarted.
     """
 
-    def __init__(self, triton_pid: int, facade_pid: int) -> None:
+    def __init__(
+        self,
+        triton_pid: int,
+        facade_pid: int,
+        supervisor_pid: int | None = None,
+        *,
+        versioned: bool = False,
+        counts_all: bool = False,
+    ) -> None:
         self.triton = psutil.Process(triton_pid)
         self.facade = psutil.Process(facade_pid)
+        self.supervisor = psutil.Process(supervisor_pid) if supervisor_pid is not None else None
+        self.versioned, self.counts_all = versioned, counts_all
         self.shm_names: set[str] = {f"{FACADE_REGION_PREFIX}{facade_pid}"}
-        self.stub_pids: dict[str, list[int]] = {}  # instance -> every pid seen, in order
-        self.all_pids: set[int] = {triton_pid, facade_pid}
-        self.missing: set[str] = set()  # stub instances seen before and absent from the last look
+        self.stub_pids: dict[str, list[int]] = {}  # label -> every pid seen, in order
+        self.stub_versions: dict[str, tuple[str, str]] = {}  # label -> (model, version)
+        self.all_pids: set[int] = {triton_pid, facade_pid, *([supervisor_pid] if supervisor_pid is not None else [])}
+        self.missing: set[str] = set()  # stub labels seen before and absent from the last look
         self._cpu: dict[str, float] = {}
         self._previous_elapsed: float | None = None
 
     def processes(self) -> dict[str, psutil.Process]:
         found = {"facade": self.facade, "tritonserver": self.triton}
+        if self.supervisor is not None:
+            found["supervisor"] = self.supervisor
         for stub in sorted(live_stubs(self.triton.pid).values(), key=lambda stub: stub.instance):
             self.shm_names.add(stub.shm_region)
-            pids = self.stub_pids.setdefault(stub.instance, [])
+            label = f"{stub.instance}{VERSION_MARK}{stub.version}" if self.versioned else stub.instance
+            self.stub_versions[label] = stub.key
+            pids = self.stub_pids.setdefault(label, [])
             if not pids or pids[-1] != stub.pid:
                 pids.append(stub.pid)
             self.all_pids.add(stub.pid)
             try:
-                found[stub.instance] = psutil.Process(stub.pid)
+                found[label] = psutil.Process(stub.pid)
             except psutil.NoSuchProcess:
                 continue  # died since the look: missing
         self.missing = set(self.stub_pids) - set(found)
         return found
+
+    def died(self) -> set[str]:
+        """The missing stubs that were not replaced on purpose.
+
+        A stub is replaced on purpose when a newer version of its model has live stubs (a publish unloaded the old
+        version), or when it was the auto-complete stub Triton runs while a version loads (it exits by itself).
+        """
+        live = [self.stub_versions[label] for label in set(self.stub_pids) - self.missing]
+        died = set()
+        for label in self.missing:
+            model, version = self.stub_versions.get(label, ("", ""))
+            auto_complete = label.partition(VERSION_MARK)[0] == model
+            newer = any(m == model and _number(v) > _number(version) for m, v in live)
+            if not (auto_complete or newer):
+                died.add(label)
+        return died
 
     def sample(self, elapsed: float) -> dict:
         """One row.
@@ -140,7 +174,7 @@ class Watcher:
         row: dict = {}
         pss_total = 0.0
         for label, process in self.processes().items():
-            used = usage(process, counts=label in SERVERS)
+            used = usage(process, counts=self.counts_all or label in SERVERS)
             if used is None:
                 continue
             if used.fds is not None:
@@ -171,3 +205,7 @@ class Watcher:
             except psutil.NoSuchProcess:
                 pass
         return alive
+
+
+def _number(version: str) -> int:
+    return int(version) if version.isdigit() else -1

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from tests.helpers import judged
+
 
 def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
     out = tmp_path / "bench"
@@ -87,3 +89,33 @@ def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp
     assert "3 instances" in data["setup"]  # the model's own config.pbtxt policy
     memory = servers["PyTriton (after load)"]
     assert {"ready_seconds", "pss_mib"} <= set(memory) and memory["processes"] >= 3  # Triton, its proxy, the model
+
+
+def test_the_soak_runs_every_phase_publishes_under_load_and_is_judged(tmp_path):
+    """`make soak` at its smallest: every demo model through both paths, capacities measured, one publish."""
+    out = tmp_path / "soak"
+    command = [sys.executable, "-m", "bench.soak", "--duration", "30", "--interval", "2", "--publish-every", "15",
+               "--publish-models", "mobilenet_v3_small", "--capacity-seconds", "1", "--capacity-concurrency", "4",
+               "--burst-seconds", "2", "--out", str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    print(done.stdout[-5000:], done.stderr[-3000:])
+    sections = ["## Load", "## Versions published", "## Growth after the warm-up", "## Samples"]
+    gates = judged(out, done.returncode, sections)
+    # Behaviour, not figures: the slopes of a 30 s run are noise, and its gates say so in the report.
+    assert gates["every answer right (each output against in-process ONNX Runtime)"]
+    assert gates["no call failed but the documented rejections"]
+    assert gates["every version publish (1 due) served, both paths answered by the new version"]
+    assert gates["no process died or restarted; nothing left behind after the stop"]
+    results = json.loads((out / "results.json").read_text())
+    assert sorted(results["totals"]["streams"]) == sorted(
+        f"{path}.{model}"
+        for path in ("facade", "triton")
+        for model in ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier")
+    )
+    assert len(results["capacities"]) == 8 and len(results["samples"]) >= 10
+    sampled = set().union(*results["samples"])
+    for process in ("tritonserver", "facade", "supervisor", "mobilenet_v3_small_0_0@v2"):
+        assert {f"rss_mib.{process}", f"pss_mib.{process}", f"fds.{process}", f"threads.{process}"} <= sampled
+    for name in ("memory.png", "counts.png", "shm.png", "latency.png"):
+        assert (out / name).stat().st_size > 1000
+    assert not (out / "repository").exists()  # the scratch copy with the published versions is removed

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.trend import least_squares_slope, theil_sen_slope, trend
+from bench.trend import least_squares_slope, level, theil_sen_slope, trend
 
 
 @pytest.mark.parametrize("slope", [least_squares_slope, theil_sen_slope])
@@ -73,3 +73,28 @@ def test_too_few_samples_or_gaps_are_not_judged():
     assert not empty.flagged and empty.note == "no samples"
     gaps = trend("RSS stub", [0, 10, 20, 30, 40, 50, 60], [math.nan, 50.0, 50.0, 50.0, 50.0, 50.0, 50.0])
     assert gaps.start == 50.0 and gaps.growth_per_10min == pytest.approx(0.0)
+
+
+def test_the_fit_starts_where_the_warm_up_ends_when_told():
+    times = list(range(0, 610, 10))
+    values = [100.0 + t / 10 if t < 200 else 120.0 for t in times]  # growth during the warm-up only
+    assert trend("RSS", times, values, since=200).growth_per_10min == pytest.approx(0.0, abs=1e-9)
+    assert trend("RSS", times, values, since=0).growth_per_10min > 10
+    assert trend("RSS", times, values, since=200).samples == 41
+    # An absolute limit alone (no fraction of the mean): 2 MiB per 10 minutes fails a 1 MiB limit.
+    slow = [500.0 + 2.0 * t / 600 for t in times]
+    assert trend("RSS", times, slow, abs_threshold=1.0, fraction_threshold=0.0, since=0).flagged
+    assert not trend("RSS", times, slow, abs_threshold=1.0, since=0).flagged  # 0.4% of the mean is below 5%
+    assert "not judged" in trend("RSS", times, values, since=590).note
+
+
+def test_a_count_is_flat_when_it_ends_where_it_started_whatever_it_did_between():
+    times = list(range(0, 200, 10))
+    bump = [12 + (4 if 50 <= t < 90 else 0) for t in times]  # a publish's stubs beside the old ones for a while
+    assert level("regions", times, bump, since=0, tolerance=2).flat
+    leak = [70 + t // 30 for t in times]  # one fd more every 30 s
+    found = level("fds", times, leak, since=0, tolerance=2)
+    assert not found.flat and found.first == 70 and found.last == 76 and found.rise == 6
+    assert level("fds", times, leak, since=0, tolerance=6).flat
+    short = level("fds", times, leak, since=180, tolerance=0)
+    assert short.flat and "not judged" in short.note

@@ -151,3 +151,17 @@ def test_shm_usage_counts_only_the_named_files(tmp_path):
 
 def test_mapped_shm_files_of_a_missing_process_is_empty():
     assert mapped_shm_files(2**22 + 12345) == set()
+
+
+def test_a_versioned_watcher_names_stubs_by_version_and_counts_every_process(tmp_path):
+    parent = fake_tritonserver(tmp_path, ["mobilenet_v3_small_0_1"])
+    try:
+        # This test process plays the facade and the supervisor's process.
+        watcher = Watcher(parent.pid, os.getpid(), os.getpid(), versioned=True, counts_all=True)
+        assert sorted(watcher.processes()) == ["facade", "mobilenet_v3_small_0_1@v1", "supervisor", "tritonserver"]
+        assert watcher.stub_versions == {"mobilenet_v3_small_0_1@v1": ("mobilenet_v3_small", "1")}
+        row = watcher.sample(0.0)
+        for label in ("supervisor", "mobilenet_v3_small_0_1@v1"):
+            assert row[f"fds.{label}"] > 0 and row[f"threads.{label}"] >= 1 and row[f"rss_mib.{label}"] > 0
+    finally:
+        stop(parent)
