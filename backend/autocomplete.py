@@ -68,7 +68,7 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
             # Triton's default scheduler hands the model one request at a time: each gets what it would get alone.
             log(
                 f"model '{name}': its rows are not independent ({coupling}): requests run one by one, no dynamic "
-                "batching (write max_batch_size in config.pbtxt to batch them anyway)"
+                "batching (a config that writes max_batch_size gets Triton's batcher; each request still runs alone)"
             )
         else:
             config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one
