@@ -123,7 +123,7 @@ def graph_level_problem(settings: SessionSettings) -> str | None:
         return None
     return (
         f"config.pbtxt's optimization {{ graph {{ level }} }} gives ONNX Runtime {settings.graph_level.name}, "
-        "which leaves the INT8 graph's quantize/dequantize pairs unfused (slower than FP32): set level 1 (extended) "
+        "which leaves the INT8 graph's quantized operators unfused (slower than FP32): set level 1 (extended) "
         "or 0 / remove it (all), then publish again"
     )
 
@@ -145,7 +145,18 @@ def quantize(fp32_file: Path, int8_file: Path, mode: str, calibration: Sequence[
     except Exception as error:  # noqa: BLE001 - symbolic shape inference fails on some graphs; the rest still runs
         quant_pre_process(str(fp32_file), str(pre), skip_symbolic_shape=True)
         pre_processing = f"quant_pre_process without symbolic shape inference (it failed: {str(error)[:200]})"
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizers advise on the root logger
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantizers advise on the root logger (pre-processing, which was done)
+    try:
+        settings = _run_quantizer(pre, int8_file, mode, calibration)
+    finally:
+        root.setLevel(level)
+        pre.unlink(missing_ok=True)
+    return {"mode": mode, "function": f"quantize_{mode}", "pre_processing": pre_processing, **settings}
+
+
+def _run_quantizer(pre: Path, int8_file: Path, mode: str, calibration: Sequence[Sample]) -> dict[str, Any]:
     if mode == STATIC:
         settings: dict[str, Any] = {"quant_format": "QDQ", "activation_type": "QUInt8", "weight_type": "QInt8",
                                     "per_channel": True, "calibrate_method": "MinMax", "reduce_range": False,
@@ -156,8 +167,7 @@ def quantize(fp32_file: Path, int8_file: Path, mode: str, calibration: Sequence[
     else:
         settings = {"weight_type": "QInt8", "per_channel": False, "reduce_range": False}
         quantize_dynamic(str(pre), str(int8_file), weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
-    pre.unlink(missing_ok=True)
-    return {"mode": mode, "function": f"quantize_{mode}", "pre_processing": pre_processing, **settings}
+    return settings
 
 
 def _session(onnx_file: Path, settings: SessionSettings) -> ort.InferenceSession:
