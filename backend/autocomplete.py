@@ -5,7 +5,7 @@ in `config.pbtxt` wins (0 included); otherwise the model batches when every inpu
 dynamic first dim, with Triton's default maximum of 4 and the dynamic batcher on, and does not
 batch otherwise. A graph whose rows are not independent (`GraphIO.batch_coupling`: dynamic
 quantization, a reduction over the batch axis) gets no dynamic batcher unless its config writes
-max_batch_size. Either way a log line says what was decided and why.
+max_batch_size (its requests run one by one in the runner all the same). Either way a log line says what was decided and why.
 
 `config` is the `pb_utils.ModelConfig` that Triton hands to `auto_complete_config`; its class
 is plain Python, so this module runs (and is tested) without Triton.
@@ -64,17 +64,12 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
                 "batching off)"
             )
     coupling = graph.batch_coupling() if max_batch_size > 1 else None
-    if coupling and writes_max_batch_size(config_file):
-        log(
-            f"model '{name}': its rows are not independent ({coupling}), yet config.pbtxt writes max_batch_size "
-            f"{max_batch_size}: requests batched together may change each other's answers"
-        )
     if max_batch_size > 1 and not any(s in current for s in _SCHEDULERS):
         if coupling and not writes_max_batch_size(config_file):
             # Triton's default scheduler hands the model one request at a time: each gets what it would get alone.
             log(
                 f"model '{name}': its rows are not independent ({coupling}): requests run one by one, no dynamic "
-                "batching (write max_batch_size in config.pbtxt to batch them anyway)"
+                "batching (a config that writes max_batch_size gets Triton's batcher; each request still runs alone)"
             )
         else:
             config.set_dynamic_batching()  # as Triton's onnxruntime backend does for a batching model without one

@@ -50,8 +50,12 @@ class OnnxModelRunner:
         signature: ModelSignature,
         run_options: ort.RunOptions | None = None,
         log: Callable[[str], None] = _warn,
+        coupled: bool = False,
     ) -> None:
         self.session = session
+        # A batch-coupled graph (dynamic quantization: one scale over the batch) runs each request alone, whatever
+        # Triton's batcher gathered, so that an answer never depends on strangers' rows.
+        self.coupled = coupled
         self.signature = signature
         self.run_options = run_options
         self._log = log
@@ -82,7 +86,10 @@ class OnnxModelRunner:
         cache_dir = default_cache_dir() if cache else None
         lower_cpu_priority(settings.nice)  # before the session: its thread pools take the niceness
         session = create_session(onnx_file, settings.session_options(), cache_dir, log, settings.providers())
-        runner = cls(session, signature, settings.run_options(), log)
+        coupling = graph.batch_coupling()
+        if coupling and signature.batched:
+            log(f"model '{name}': its rows are not independent ({coupling}): each request runs alone")
+        runner = cls(session, signature, settings.run_options(), log, coupled=coupling is not None)
         if settings.warm_up:
             if graph.op_types & TRAPPING_OPS:
                 runner.warm_up_in_child_first(onnx_file, settings, cache_dir)
@@ -146,12 +153,12 @@ class OnnxModelRunner:
                 results[index] = error
 
         indices = list(prepared)
-        if self.signature.batched:
+        if self.signature.batched and not self.coupled:
             groups = [
                 [indices[i] for i in group] for group in group_compatible(list(prepared.values()), self.signature)
             ]
         else:
-            groups = [[index] for index in indices]  # no batch dim: each request is one whole run
+            groups = [[index] for index in indices]  # no batch dim, or coupled rows: each request is one whole run
         for group in groups:
             self._run_group([prepared[i] for i in group], group, results)
         return results  # type: ignore[return-value]  # every slot is filled above

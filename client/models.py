@@ -8,10 +8,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
+from backend.quantize import (
+    DEFAULT_HOLDOUT_FRACTION,
+    DEFAULT_MIN_COSINE,
+    DEFAULT_MIN_TOP1,
+    MODES,
+    REPORT_FILE,
+    Limits,
+    QuantizationRefused,
+    quantize_for_publish,
+)
 from backend.server.admin import known_admin_key
 from backend.server.model_control import ControlError, TritonControl, TritonUnreachable
 from backend.server.paths import Paths
@@ -63,7 +74,19 @@ is removed again. Either way the serving version keeps serving.
 
 Examples:
   python -m client.models publish resnet50 path/to/new.onnx
-  python -m client.models publish text_classifier v2.onnx --allow-signature-change""",
+  python -m client.models publish text_classifier v2.onnx --allow-signature-change
+
+With --quantize static|dynamic, FILE is the FP32 model and its INT8 version is published instead, if
+it agrees with FILE on held-out inputs (top-1 agreement >= --min-top1, mean cosine similarity of the
+outputs >= --min-cosine); else nothing is published and the command exits 1 saying which measure
+failed. static calibrates on --calibration DIR (.npy/.npz arrays, or .jpg/.png images through the
+project's image pre-processing), holding out its last 20% unless --holdout DIR is given; dynamic
+(for transformers) needs only inputs to check (--holdout or --calibration). The report (agreement,
+speed FP32 vs INT8 in-process at batch 1 and the model's batch, the quantizer's settings) is written
+beside the version as quantization.json. See docs/versions.md.
+
+  python -m client.models publish resnet50 model_repository/resnet50/1/model.onnx --quantize static --calibration imgs/
+  python -m client.models publish text_classifier fp32.onnx --quantize dynamic --holdout samples/""",
     ),
     "list": (
         "list the versions on disk and their state in Triton",
@@ -112,6 +135,16 @@ def _positive_int(value: str) -> int:
     return int(value)
 
 
+def _fraction(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not 0.0 <= number <= 1.0:
+        raise argparse.ArgumentTypeError(f"a fraction from 0 to 1, not {value!r}")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -145,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="publish even if inputs, outputs or batching differ from the served version's",
     )
+    quantizing = parsers["publish"].add_argument_group("INT8 versions (docs/versions.md)")
+    quantizing.add_argument("--quantize", choices=MODES, help="publish FILE's INT8 version, made by ONNX Runtime")
+    quantizing.add_argument("--calibration", type=Path, metavar="DIR", help="sample inputs to calibrate on")
+    quantizing.add_argument("--holdout", type=Path, metavar="DIR", help="sample inputs the gate checks (default: "
+                            "the last --holdout-fraction of --calibration's)")  # fmt: skip
+    quantizing.add_argument("--holdout-fraction", type=_fraction, default=DEFAULT_HOLDOUT_FRACTION, metavar="F",
+                            help="default: %(default)s")  # fmt: skip
+    quantizing.add_argument("--min-top1", type=_fraction, default=DEFAULT_MIN_TOP1, metavar="F",
+                            help="top-1 agreement required, 0-1 (default: %(default)s)")  # fmt: skip
+    quantizing.add_argument("--min-cosine", type=_fraction, default=DEFAULT_MIN_COSINE, metavar="F",
+                            help="mean cosine similarity required, 0-1 (default: %(default)s)")  # fmt: skip
     parsers["list"].add_argument("models", nargs="*", metavar="MODEL", help="models to list (default: all)")
     parsers["list"].add_argument("--json", action="store_true", help="print one JSON document")
     parsers["rollback"].add_argument("model", metavar="MODEL", help="the model's name")
@@ -175,6 +219,13 @@ def _format_rows(folder: ModelFolder, rows: list[VersionRow]) -> str:
     return "\n".join(lines)
 
 
+def _serving_now(folder: ModelFolder, control: TritonControl) -> str:
+    ready = [row.version for row in list_versions(folder, control) if row.state == "READY"]
+    return (
+        f"{folder.name} serves version{'s' if len(ready) > 1 else ''} {', '.join(map(str, ready)) or 'none'} as before"
+    )
+
+
 def run(args: argparse.Namespace, control: TritonControl, repository: Path, out: Callable[[str], None]) -> None:
     """The command; VersionError or ControlError when refused or failed."""
     if args.command == "list":
@@ -198,7 +249,25 @@ def run(args: argparse.Namespace, control: TritonControl, repository: Path, out:
             out("\n".join(_format_rows(folder, rows) for folder, rows in listed))
         return
     folder = ModelFolder.find(repository, args.model)
-    if args.command == "publish":
+    if args.command == "publish" and args.quantize:
+        config = control.served_config(folder.name) or folder.config()
+        limits = Limits(args.min_top1, args.min_cosine)
+        with tempfile.TemporaryDirectory(prefix="tritonnx-quantize-") as workdir:
+            try:
+                int8_file, report = quantize_for_publish(args.file, config, args.quantize, args.calibration,
+                                                         args.holdout, Path(workdir), limits, args.holdout_fraction,
+                                                         _log)  # fmt: skip
+            except QuantizationRefused as refused:
+                raise VersionError(f"{refused}; nothing was published, {_serving_now(folder, control)}") from None
+            report_text = json.dumps(report, indent=2) + "\n"
+            outcome = publish(folder, int8_file, control, args.allow_signature_change, _log, {REPORT_FILE: report_text})
+        speeds = ", ".join(f"batch {r['batch']} {r['speedup']:.2f}x" for r in report["speed"]["runs"])
+        out(_summary(f"published the {args.quantize} INT8 version of {args.file} as version {outcome.version} of "
+                     f"{folder.name} (in-process speed over FP32: {speeds}; report: {REPORT_FILE} in the version's "
+                     "folder)", outcome))  # fmt: skip
+    elif args.command == "publish":
+        if args.calibration or args.holdout:
+            raise VersionError("--calibration and --holdout feed --quantize: name static or dynamic")
         outcome = publish(folder, args.file, control, args.allow_signature_change, _log)
         out(_summary(f"published {args.file} as version {outcome.version} of {folder.name}", outcome))
     elif args.command == "rollback":

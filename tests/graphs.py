@@ -1,5 +1,5 @@
 """ONNX graphs more than one tier builds: a dynamically quantized encoder and a batch-centring graph, whose rows are
-not independent, and a graph of a custom operator library's string op."""
+not independent, a small convolutional classifier to quantize, and a graph of a custom operator library's string op."""
 
 from __future__ import annotations
 
@@ -49,6 +49,41 @@ def quantized_encoder(directory: Path) -> Path:
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic suggests pre-processing on the root logger
     quantize_dynamic(directory / "float.onnx", directory / "model.onnx", weight_type=QuantType.QInt8)
     return directory / "model.onnx"
+
+
+def small_classifier(path: Path, seed: int = 0) -> Path:
+    """image FP32 [n, 3, 16, 16] -> Conv 3x3 (8) -> Relu -> Conv 3x3 (8) -> Relu -> global average pool -> Gemm ->
+    scores FP32 [n, 10]: a convolutional classifier small enough to quantize (statically) in a second."""
+    rng = np.random.default_rng(seed)
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.5, "conv1"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "bias1"),
+        numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3, "conv2"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "bias2"),
+        numpy_helper.from_array(rng.standard_normal((8, 10)).astype(np.float32), "fc"),
+        numpy_helper.from_array(rng.standard_normal(10).astype(np.float32) * 0.1, "fc_bias"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "conv1", "bias1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "conv2", "bias2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"]),
+        helper.make_node("Gemm", ["flat", "fc", "fc_bias"], ["scores"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small_classifier",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["n", 3, 16, 16])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", 10])],
+        initializers,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, path)
+    return path
 
 
 def string_upper(path: Path) -> Path:

@@ -27,7 +27,7 @@ import fcntl
 import os
 import py_compile
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,8 +100,11 @@ class ModelFolder:
         except (OSError, ValueError) as error:
             raise VersionError(f"cannot read {self.path / CONFIG_FILE}: {error}") from None
 
-    def stage(self, number: int, onnx_file: Path) -> Path:
+    def stage(self, number: int, onnx_file: Path, extra_files: Mapping[str, str] | None = None) -> Path:
         """Write version `number` from `onnx_file` (and its external data), with model.py for a Python model; its folder.
+
+        `extra_files` (name: text) are written beside the model file, e.g. a quantization report: Triton loads only
+        the model file and the backend's model.py from a version folder.
 
         Written in a staging folder Triton ignores, then renamed into place.
         """
@@ -123,6 +126,8 @@ class ModelFolder:
                 # The stub would write model.py's bytecode into the version folder when it first loads it, and
                 # Triton reloads a version whose folder changed at the model's next load (the next publish).
                 py_compile.compile(str(staging / PYTHON_MODEL_FILE), doraise=True)
+            for name, text in (extra_files or {}).items():
+                (staging / name).write_text(text)
             target = self.path / str(number)
             os.rename(staging, target)
         except BaseException:
@@ -201,9 +206,14 @@ class Outcome:
 
 
 def publish(
-    folder: ModelFolder, onnx_file: Path, control: ModelControl, allow_signature_change: bool = False, log: Log = print
+    folder: ModelFolder,
+    onnx_file: Path,
+    control: ModelControl,
+    allow_signature_change: bool = False,
+    log: Log = print,
+    extra_files: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Check `onnx_file`, write it as the model's next version and have Triton load it.
+    """Check `onnx_file`, write it (and `extra_files`, name: text) as the model's next version and have Triton load it.
 
     A file that fails a check is refused before anything is written; one that Triton fails to load is
     removed again, and the versions that were serving keep serving.
@@ -224,7 +234,7 @@ def publish(
             check_signature(folder.name, folder.path / CONFIG_FILE, graph, served, allow_signature_change, log)
         except SignatureError as error:
             raise VersionError(f"{onnx_file} was not published: {error}") from None
-        target = folder.stage(number, onnx_file)
+        target = folder.stage(number, onnx_file, extra_files)
         log(f"written as version {number} ({target}); loading it in Triton ...")
         try:
             control.load(folder.name)

@@ -110,3 +110,18 @@ def test_the_openvino_study_serves_with_and_without_the_accelerator_from_its_ven
         "cpu": "CPUExecutionProvider",
         "openvino": "OpenVINOExecutionProvider",
     }
+
+
+def test_the_int8_study_serves_fp32_and_int8_files_and_reports(tmp_path):
+    from bench.studies.int8 import main
+
+    # The two fast models; resnet50's calibration alone takes most of a minute.
+    code = main(["--models", "mobilenet_v3_small", "text_classifier", "--seconds", "1", "--warmup", "0.5",
+                 "--rounds", "1", "--out", str(tmp_path)])  # fmt: skip
+    rows = [f"| {m} | 16 | 1 | {arm} |" for m in ("mobilenet_v3_small", "text_classifier") for arm in ("fp32", "int8")]
+    gates = judged(tmp_path, code, [*rows, "## INT8 against FP32", "## The INT8 files"])
+    answers = next(passed for name, passed in gates.items() if name.startswith("every answer checked agrees"))
+    assert answers and gates["no call failed"], gates  # the goals are figures: not judged here
+    assert gates["every INT8 file passed the agreement gate (default limits)"], gates
+    quantization = json.loads((tmp_path / "results.json").read_text())["quantization"]
+    assert quantization["text_classifier"]["batch_coupled"] and not quantization["mobilenet_v3_small"]["batch_coupled"]

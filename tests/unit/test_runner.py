@@ -328,3 +328,17 @@ def test_an_openvino_session_gets_its_providers_and_never_the_optimized_copy(dou
         "CPUExecutionProvider",
     ]
     assert not ort_cache_dir.exists() or not any(ort_cache_dir.iterdir())  # no copy written for either provider
+
+
+def test_a_batch_coupled_graph_runs_each_request_alone_whatever_the_batcher_gathered(tmp_path):
+    # Dynamic quantization takes one scale over the batch: stacked with a loud request, a quiet one would change.
+    from tests.graphs import LOUD_ID, quantized_encoder
+
+    quantized = quantized_encoder(tmp_path)
+    lines: list[str] = []
+    runner = OnnxModelRunner.load(quantized, "encoder", SETTINGS, max_batch_size=8, log=lines.append)
+    assert any("its rows are not independent (DynamicQuantizeLinear" in line for line in lines)
+    session = ort.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    requests = [{"ids": np.array([[1, 2, 3, 4, 5]])}, {"ids": np.full((1, 5), LOUD_ID)}, {"ids": np.array([[7] * 5])}]
+    for request, result in zip(requests, runner.infer(requests), strict=True):
+        np.testing.assert_array_equal(result["logits"], session.run(["logits"], request)[0])

@@ -332,7 +332,6 @@ def test_a_batch_coupled_graph_runs_its_requests_one_by_one_unless_the_config_sa
     config = pb_utils.ModelConfig(json.dumps(empty_config("encoder", 8)))
     model_class(pb_utils, quantized, "max_batch_size: 8\n").auto_complete_config(config)
     assert config.as_dict()["dynamic_batching"] == {}
-    assert any("yet config.pbtxt writes max_batch_size 8" in line for line in pb_utils.Logger.lines)
 
 
 def test_a_graph_that_reduces_over_the_batch_axis_runs_its_requests_one_by_one(pb_utils, tmp_path):
