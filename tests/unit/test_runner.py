@@ -169,8 +169,9 @@ def test_scalars_are_taken_and_given_as_shape_1(tmp_path):
 
 
 def test_a_batched_output_that_does_not_follow_the_batch_dim_runs_each_request_alone(tmp_path):
-    # Every first dim is dynamic, yet the output sums over it: stacking requests would mix them.
-    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    # Every first dim is dynamic, yet the output sums over it: stacking requests would mix them. Its axis is written
+    # -2, which the load-time rule (backend/batch_axis.py) does not resolve: the run-time check catches it.
+    axes = numpy_helper.from_array(np.array([-2], np.int64), "axes")
     path = save_graph(
         tmp_path / "colsum.onnx",
         [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=1)],
@@ -185,6 +186,23 @@ def test_a_batched_output_that_does_not_follow_the_batch_dim_runs_each_request_a
     for request, result in zip(requests, results, strict=False):
         np.testing.assert_array_equal(result["y"], reference(path, request)[0])
     assert any("output 'y' has shape [1, 4] for a batch of 5" in line for line in lines)
+
+
+def test_a_graph_found_at_load_to_reduce_over_the_batch_axis_runs_each_request_alone(tmp_path):
+    axes = numpy_helper.from_array(np.array([0], np.int64), "axes")
+    path = save_graph(
+        tmp_path / "colsum.onnx",
+        [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1), helper.make_node("Sub", ["x", "s"], ["y"])],
+        [value("x", TensorProto.FLOAT, ["n", 4])],
+        [value("y", TensorProto.FLOAT, ["n", 4])],
+        [axes],
+    )
+    lines = []
+    runner = OnnxModelRunner.load(path, "centred", SETTINGS, max_batch_size=8, log=lines.append)
+    assert any("ReduceSum over axis 0, the batch axis" in line and "each request runs alone" in line for line in lines)
+    requests = [{"x": np.arange(n * 4, dtype=np.float32).reshape(n, 4) * n} for n in (2, 3)]
+    for request, result in zip(requests, runner.infer(requests), strict=True):
+        np.testing.assert_array_equal(result["y"], reference(path, request)[0])
 
 
 def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
