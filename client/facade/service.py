@@ -73,6 +73,13 @@ def _classify_request(buffer: bytes) -> inference_pb2.ClassifyRequest | InvalidA
         return InvalidArgument(f"malformed ClassifyRequest: {error}")
 
 
+def _list_models_request(buffer: bytes) -> inference_pb2.ListModelsRequest | InvalidArgument:
+    try:
+        return inference_pb2.ListModelsRequest.FromString(buffer)
+    except DecodeError as error:
+        return InvalidArgument(f"malformed ListModelsRequest: {error}")
+
+
 class InferenceServicer:
     def __init__(
         self,
@@ -111,7 +118,7 @@ class InferenceServicer:
                 ),
                 "ListModels": grpc.unary_unary_rpc_method_handler(
                     self.list_models,
-                    request_deserializer=inference_pb2.ListModelsRequest.FromString,
+                    request_deserializer=_list_models_request,
                     response_serializer=inference_pb2.ListModelsResponse.SerializeToString,
                 ),
             },
@@ -208,10 +215,12 @@ class InferenceServicer:
         return handle
 
     async def list_models(
-        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+        self, request: inference_pb2.ListModelsRequest | InvalidArgument, context: grpc.aio.ServicerContext
     ) -> inference_pb2.ListModelsResponse:
         gateway = self.predictor.gateway
         try:
+            if isinstance(request, InvalidArgument):
+                raise request
             entries = await gateway.repository_index(request.ready_only, context.time_remaining())
             infos = {}
             for entry in entries:

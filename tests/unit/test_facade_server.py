@@ -348,6 +348,24 @@ def test_list_models_names_every_version_its_state_and_the_ready_ones_tensors():
     run(test)
 
 
+def test_a_malformed_list_models_request_is_invalid_argument_and_names_no_internals():
+    """Found by the fuzz campaign: its deserializer raised, and gRPC answered UNKNOWN with DecodeError's class."""
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (_, channel):
+            list_models = channel.unary_unary(f"/{SERVICE_NAME}/ListModels")  # raw bytes in and out
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await list_models(b"\t\x01")  # field 1 with wire type 1 (fixed64), cut short
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith("malformed ListModelsRequest: ")
+            assert "<class" not in caught.value.details()
+            listed = inference_pb2.ListModelsResponse.FromString(await list_models(b""))
+            assert [m.name for m in listed.models] == ["broken", "double"]
+
+    run(test)
+
+
 def test_a_cached_answer_is_byte_identical_and_another_shape_of_the_same_bytes_is_not_served_from_it():
     gateway = FakeGateway()
 
