@@ -20,6 +20,8 @@ PEERS_ARGS ?=
 TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
+# The fuzz campaign's wall clock in `make chaos` (make test runs it for 45 s; tests/fuzz.py).
+CHAOS_FUZZ_SECONDS ?= 600
 CONFORMANCE_ARGS ?=
 MONITOR_ARGS ?=
 SERVE_ARGS ?=
@@ -110,9 +112,10 @@ tune: setup ## Tune a model's policy with perf_analyzer and write it into its co
 soak: setup ## An hour at 70% of capacity, every demo model through both paths, a version publish every 10 min: memory, fds, threads, /dev/shm gated (SOAK_ARGS=...)
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
-chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model, network faults
+chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model, network faults, then 10 minutes of fuzzing (CHAOS_FUZZ_SECONDS)
 	$(PY) -m bench.overload $(CHAOS_ARGS)
 	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py tests/integration/test_network_faults.py
+	FUZZ_SECONDS=$(CHAOS_FUZZ_SECONDS) $(PY) -m pytest -s -q --gates tests/integration/test_fuzz.py tests/integration/test_fuzz_kserve.py
 
 conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
 	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)
