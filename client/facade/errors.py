@@ -14,6 +14,8 @@ import re
 import grpc
 
 log = logging.getLogger("tritonnx.facade")
+# The longest message a caller gets (gRPC's metadata limit is 8 KiB by default, and the message is metadata).
+MAX_MESSAGE_CHARS = 2000
 
 
 class FacadeError(Exception):
@@ -23,6 +25,10 @@ class FacadeError(Exception):
     reason: str = "internal"  # the `reason` label of the rejection metrics
 
     def __init__(self, message: str, trailing_metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:
+            # Messages quote the caller (names, shapes): a huge one would become a trailer above gRPC's metadata
+            # limit, which the caller cannot read (RESOURCE_EXHAUSTED) and which costs the facade its size again.
+            message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
         super().__init__(message)
         self.message = message
         self.trailing_metadata = trailing_metadata

@@ -24,6 +24,8 @@ from client.proto import inference_pb2
 _ELEMENT_TYPES = [name for name in inference_pb2.ElementType.keys() if name != "ELEMENT_TYPE_UNSPECIFIED"]
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
 MAX_DIM = 2**31 - 1
+_DIMS_SHOWN = 16  # a longer shape is shortened in messages
+MAX_RANK = 64  # beyond any model's rank: a longer shape is refused at once
 # ModelInferRequest.raw_input_contents: field 7, length-delimited.
 _RAW_INPUT_TAG = bytes([7 << 3 | 2])
 
@@ -111,6 +113,12 @@ def check_tensor(
     name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo
 ) -> None:
     """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`."""
+    if len(shape) > MAX_RANK:
+        # Refused before its dims become Python ints: a million of them took the facade 40 MB a request.
+        raise InvalidArgument(
+            f"input '{name}' has {len(shape)} dims but the model wants rank {len(spec.shape)}; "
+            f"model '{info.name}' expects {info.describe_inputs()}"
+        )
     shape = list(shape)
     problem = _tensor_problem(name, datatype, shape, nbytes, spec, info)
     if problem:
@@ -127,13 +135,13 @@ def _tensor_problem(
     if not shape:
         return f"input '{name}' has no shape: give its full shape, e.g. {list(spec.shape)}; {{expects}}"
     if any(d < 0 for d in shape):
-        return f"input '{name}' has shape {shape}: a dim cannot be negative; {{expects}}"
+        return f"input '{name}' has shape {_dims(shape)}: a dim cannot be negative; {{expects}}"
     if any(d > MAX_DIM for d in shape):
-        return f"input '{name}' has shape {shape}: dims above {MAX_DIM} are not accepted; {{expects}}"
+        return f"input '{name}' has shape {_dims(shape)}: dims above {MAX_DIM} are not accepted; {{expects}}"
     if len(shape) != len(spec.shape):
-        return f"input '{name}' has shape {shape} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
+        return f"input '{name}' has shape {_dims(shape)} (rank {len(shape)}) but the model wants rank {len(spec.shape)}; {{expects}}"
     if any(want != -1 and got != want for got, want in zip(shape, spec.shape, strict=False)):
-        return f"input '{name}' has shape {shape}, which does not fit {list(spec.shape)}; {{expects}}"
+        return f"input '{name}' has shape {_dims(shape)}, which does not fit {list(spec.shape)}; {{expects}}"
     if info.max_batch_size > 0 and shape[0] == 0:
         # Triton would drop a batch dim of 0 and hand the model a tensor of another rank.
         return f"input '{name}' has batch size 0: send 1 to {info.max_batch_size} (the model's max_batch_size)"
@@ -147,10 +155,17 @@ def _tensor_problem(
     elements = math.prod(shape)
     itemsize = RAW_DTYPES[datatype].itemsize
     if nbytes != elements * itemsize:
-        return f"input '{name}' carries {nbytes // itemsize} values but shape {shape} needs {elements}" + (
+        return f"input '{name}' carries {nbytes // itemsize} values but shape {_dims(shape)} needs {elements}" + (
             "" if nbytes % itemsize == 0 else f" ({nbytes} bytes is not a whole number of {datatype} values)"
         )
     return None
+
+
+def _dims(shape: list[int]) -> str:
+    """A shape for a message: a caller's shape of a million dims must not become a message of megabytes."""
+    if len(shape) <= _DIMS_SHOWN:
+        return str(shape)
+    return f"[{', '.join(map(str, shape[: _DIMS_SHOWN // 2]))}, ... ({len(shape)} dims)]"
 
 
 def _input_tensor(name: str, datatype: str, shape: Sequence[int]) -> service_pb2.ModelInferRequest.InferInputTensor:
@@ -177,7 +192,8 @@ def to_infer_request(decoded: DecodedRequest, info: ModelInfo, timeout_us: int |
     ]
     if len(forms) > 1:
         raise InvalidArgument(f"the request sets {' and '.join(forms)}: set exactly one of data, raw_data or inputs")
-    if not forms and len(info.inputs) == 1 and message.shape and math.prod(message.shape) == 0:
+    # `0 in`, not a product: a caller's million dims of 2^63 would make a product of 63 million bits.
+    if not forms and len(info.inputs) == 1 and 0 in message.shape:
         # An empty tensor has no bytes, and proto3 does not send empty fields: this is raw_data of
         # no bytes, whose shape and dtype the checks below hold to the model.
         forms = ["raw_data"]

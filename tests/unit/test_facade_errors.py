@@ -86,3 +86,11 @@ def test_not_served_names_the_ready_models_and_the_ready_versions_of_the_one_ask
     assert errors.not_served("c", "", ready).message == "model 'c' is not served; ready models: a, b"
     assert errors.not_served("c", "", []).message == "model 'c' is not served; ready models: none"
     assert errors.not_served("c", "1").message == "model 'c' version '1' is not served"  # the index did not answer
+
+
+def test_a_message_quoting_a_huge_caller_value_is_cut_to_fit_grpcs_metadata():
+    """Found by fuzzing: a 10 MB model name quoted whole made a trailer the caller could not read."""
+    error = errors.NotFound(f"model '{'m' * 10_000_000}' is not served")
+    assert len(error.message) < errors.MAX_MESSAGE_CHARS + 50
+    assert error.message.endswith(f"... ({10_000_000 + 22 - errors.MAX_MESSAGE_CHARS} more characters)")
+    assert errors.InvalidArgument("short").message == "short"

@@ -4,6 +4,7 @@ client, and a stand-in for Triton's gateway, so no tritonserver or subprocess is
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -22,6 +23,7 @@ from client.facade.server import Facade, StartupError
 from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
 from client.facade.settings import FacadeSettings
 from client.facade.translate import InferCall, ModelInfo
+from client.facade.wire import DecodedRequest
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.unit.fakes import DOUBLE, FakeGateway
 
@@ -362,6 +364,31 @@ def test_a_malformed_list_models_request_is_invalid_argument_and_names_no_intern
             assert "<class" not in caught.value.details()
             listed = inference_pb2.ListModelsResponse.FromString(await list_models(b""))
             assert [m.name for m in listed.models] == ["broken", "double"]
+
+    run(test)
+
+
+def test_a_refused_request_is_freed_when_answered_not_left_to_the_cycle_collector():
+    """Found by fuzzing: the error's traceback held the request in a cycle, so megabyte requests piled up (GBs)."""
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway) as (_, channel):
+            predict = channel.unary_unary(f"/{SERVICE_NAME}/Predict")  # raw bytes in and out
+            body = inference_pb2.PredictRequest(
+                model_name="double", shape=[1, 5], raw_data=bytes(20)
+            ).SerializeToString()
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(3):
+                    with pytest.raises(grpc.aio.AioRpcError) as caught:
+                        await predict(body)
+                    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                alive = [o for o in gc.get_objects() if isinstance(o, DecodedRequest)]
+            finally:
+                gc.enable()
+            assert alive == []
 
     run(test)
 

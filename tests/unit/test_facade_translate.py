@@ -209,3 +209,28 @@ def test_every_element_type_of_the_proto_has_its_raw_bytes_in_the_one_dtype_tabl
     assert set(names) <= set(RAW_DTYPES)  # backend/tensors.py: the one KServe <-> numpy table
     assert all(RAW_DTYPES[name].byteorder in "<|" for name in names)  # KServe's raw tensors are little-endian
     assert (RAW_DTYPES["FP16"], RAW_DTYPES["BOOL"]) == (np.dtype("<f2"), np.dtype("?"))
+
+
+# Found by the fuzz campaign (tests/integration/test_fuzz.py): shapes of a million dims of 2^63.
+MILLION_HUGE_DIMS = [2**63 - 1] * 1_000_000
+
+
+def test_a_shape_of_a_million_dims_is_refused_by_its_rank_in_a_short_message():
+    request = decoded(raw_data=bytes(16), shape=MILLION_HUGE_DIMS, dtype=inference_pb2.FP32)
+    with pytest.raises(InvalidArgument) as refused:
+        to_infer_request(request, VISION, None)
+    assert refused.value.message.startswith("input 'input' has 1000000 dims but the model wants rank 4; ")
+    assert len(refused.value.message) < 200
+
+
+def test_a_shape_of_a_million_dims_without_data_is_refused_without_multiplying_them():
+    # Their product has 63 million bits: computing it took the facade hours.
+    with pytest.raises(InvalidArgument) as refused:
+        to_infer_request(decoded(shape=MILLION_HUGE_DIMS), VISION, None)
+    assert "has no input" in refused.value.message
+
+
+def test_a_long_shape_within_the_rank_limit_is_shortened_in_the_message():
+    with pytest.raises(InvalidArgument) as refused:
+        to_infer_request(decoded(raw_data=bytes(16), shape=[1] * 40), VISION, None)
+    assert "has shape [1, 1, 1, 1, 1, 1, 1, 1, ... (40 dims)] (rank 40)" in refused.value.message
