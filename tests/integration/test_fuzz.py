@@ -161,6 +161,8 @@ def documented(answer: fuzz.Answer, what: str) -> None:
     fuzz.not_a_hang(answer, what)
     assert answer.code in ANSWERS, f"{what}: {answer.code} {answer.message!r}"
     assert not INTERNALS.search(answer.message), f"{what}: the message shows internals: {answer.message!r}"
+    # The facade's own message, not gRPC's refusal of a trailer too large to read (a message quoting megabytes).
+    assert "metadata size exceeds" not in answer.message, f"{what}: {answer.message[:200]!r}"
 
 
 def outputs_of(response: inference_pb2.PredictResponse) -> dict[str, np.ndarray]:
