@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TypeVar
 
 import grpc
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from client.facade.wire import varint
 
@@ -30,6 +33,8 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", 250 if SECONDS <= 2 * DEFAULT_SEC
 CALL_TIMEOUT_S = 30.0
 HUGE = 2**63 - 1  # the largest int64, a dim whose product with anything overflows
 T = TypeVar("T")
+# Hypothesis caches what it learns of the code (.hypothesis/) in the working directory: not in the checkout.
+set_hypothesis_home_dir(Path(tempfile.gettempdir()) / "tritonnx-hypothesis")
 
 # Hypothesis runs a campaign in chunks of this many examples, each seeded SEED + its index, until the
 # campaign's time or examples run out.
