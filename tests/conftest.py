@@ -14,6 +14,7 @@ the tail of the server's and the facade's logs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="fail on the timing gates of the slow tier (recovery within 1 s, quick rejections); `make chaos` sets "
         "it, `make test-slow` only prints them: a busy machine must not fail CI on speed",
     )
+
+
+# onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python when it is imported (collecting the tests
+# that use it): every server a test started afterwards parsed protobuf in pure Python, unlike a deployed one.
+_PROTOBUF_IMPLEMENTATION = os.environ.get("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if _PROTOBUF_IMPLEMENTATION is None:
+        os.environ.pop("PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION", None)
+    else:
+        os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = _PROTOBUF_IMPLEMENTATION
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from client.facade.admission import Admission
 from client.facade.classifier import Classifier
@@ -24,7 +23,14 @@ from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.tracing import CallTrace, Tracing
 from client.facade.translate import to_list_models_response
-from client.facade.wire import DecodedRequest, EncodedResponse, WireError, decode_predict_request, serialize_response
+from client.facade.wire import (
+    PARSE_ERRORS,
+    DecodedRequest,
+    EncodedResponse,
+    WireError,
+    decode_predict_request,
+    serialize_response,
+)
 from client.proto import inference_pb2
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -69,14 +75,14 @@ def _predict_request(buffer: bytes) -> DecodedRequest | InvalidArgument:
 def _classify_request(buffer: bytes) -> inference_pb2.ClassifyRequest | InvalidArgument:
     try:
         return inference_pb2.ClassifyRequest.FromString(buffer)
-    except DecodeError as error:
+    except PARSE_ERRORS as error:
         return InvalidArgument(f"malformed ClassifyRequest: {error}")
 
 
 def _list_models_request(buffer: bytes) -> inference_pb2.ListModelsRequest | InvalidArgument:
     try:
         return inference_pb2.ListModelsRequest.FromString(buffer)
-    except DecodeError as error:
+    except PARSE_ERRORS as error:
         return InvalidArgument(f"malformed ListModelsRequest: {error}")
 
 

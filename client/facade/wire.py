@@ -35,6 +35,11 @@ _MAX_VARINT_BYTES = 10
 _WIRE_VARINT, _WIRE_FIXED64, _WIRE_LEN, _WIRE_FIXED32 = 0, 1, 2, 5
 
 
+# What parsing malformed bytes raises: DecodeError, and with protobuf's pure-Python implementation
+# (PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python) UnicodeDecodeError for a string field that is not UTF-8.
+PARSE_ERRORS = (DecodeError, UnicodeDecodeError)
+
+
 class WireError(ValueError):
     """The request bytes are not a well-formed `PredictRequest` (the server answers INVALID_ARGUMENT)."""
 
@@ -143,7 +148,7 @@ def decode_predict_request(buffer: bytes) -> DecodedRequest:
     rest = buffer if not taken and isinstance(buffer, bytes) else b"".join(other_spans)
     try:
         message = inference_pb2.PredictRequest.FromString(rest)
-    except DecodeError as err:
+    except PARSE_ERRORS as err:
         raise WireError(f"malformed PredictRequest: {err}") from err
 
     raw = raw if raw is not None and len(raw) else None

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -47,3 +48,26 @@ def test_generated_protobuf_code_is_current(tmp_path):
             field.ClearField("json_name")
     current = descriptor_pb2.FileDescriptorProto.FromString(inference_pb2.DESCRIPTOR.serialized_pb)
     assert current == fresh, "client/proto/inference_pb2.py is stale: run `make proto`"
+
+
+PURE_PYTHON_PROTOBUF = """
+from google.protobuf.internal import api_implementation
+from client.facade import service
+from client.facade.errors import InvalidArgument
+
+assert api_implementation.Type() == "python", api_implementation.Type()
+for parse, body in ((service._predict_request, b"\\x1a\\x02\\xff\\xfe"), (service._classify_request, b"\\x12\\x02\\xff\\xfe")):
+    refused = parse(body)  # model_name, not UTF-8
+    assert isinstance(refused, InvalidArgument), refused
+    print(refused.message)
+"""
+
+
+def test_a_string_that_is_not_utf8_is_invalid_argument_with_protobufs_pure_python_implementation_too():
+    """Found by fuzzing: onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python on import, under
+    which such a string raises UnicodeDecodeError, not DecodeError, and the facade answered INTERNAL."""
+    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
+    done = subprocess.run([sys.executable, "-c", PURE_PYTHON_PROTOBUF], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith("malformed PredictRequest: ")
+    assert done.stdout.splitlines()[1].startswith("malformed ClassifyRequest: ")
