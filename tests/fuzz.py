@@ -2,7 +2,8 @@
 
 A campaign is bounded twice: by `FUZZ_SECONDS` of wall clock for all campaigns together (45 by default, `make
 chaos` sets 600) and by `FUZZ_EXAMPLES` examples per campaign. Hypothesis is seeded with `FUZZ_SEED` (24 by
-default, printed) and keeps no database, so a run is reproducible and writes nothing into the checkout.
+default, printed; chunk i of a campaign runs with seed FUZZ_SEED + i, named on a failure) and keeps no
+database, so a run is reproducible and writes nothing into the checkout.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def campaign(share: float, strategy: st.SearchStrategy[T], check: Callable[[T], 
         def run(example: T) -> None:
             check(example)
 
-        run()
+        try:
+            run()
+        except BaseException as failure:
+            failure.add_note(f"fuzz: chunk {chunk} of the campaign, hypothesis seed {SEED + chunk} (FUZZ_SEED {SEED})")
+            raise
         done, chunk = done + size, chunk + 1
     return done
 
