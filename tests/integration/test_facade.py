@@ -374,9 +374,9 @@ def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):
     channel = grpc.insecure_channel(own.grpc_url)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     batch = image(seed=3, batch=16)
-    calls = [
-        stub.Predict.future(inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape)) for _ in range(3)
-    ]
+    # timeout_ms overrides resnet50's 10 s queue timeout: on a busy machine the third batch may wait longer than that.
+    request = inference_pb2.PredictRequest(raw_data=batch.tobytes(), shape=batch.shape, timeout_ms=120_000)
+    calls = [stub.Predict.future(request) for _ in range(3)]
     # Calls still on their way in when it stops would be refused.
     wait_until(lambda: in_flight(own) >= len(calls), 10, "the calls reaching the facade")
     os.kill(own.process.pid, signal.SIGTERM)
