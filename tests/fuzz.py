@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from client.facade.wire import varint
+from client.facade.wire import read_varint, varint
 
 DEFAULT_SECONDS = 45.0
 SECONDS = float(os.environ.get("FUZZ_SECONDS", DEFAULT_SECONDS))
@@ -102,18 +102,6 @@ class Field:
     end: int
     number: int
     wire_type: int
-
-
-def read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < len(data):
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-    raise ValueError("truncated varint")
 
 
 def fields(data: bytes) -> list[Field]:

@@ -27,10 +27,9 @@ import argparse
 import asyncio
 import json
 import shutil
-import statistics
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +47,7 @@ from bench import REPOSITORY
 from bench.load.loops import run_load
 from bench.load.targets import KServeTarget, close_enough
 from bench.output import Gate, finish, gates_section, machine, run_folder, say, settings, write_json
+from bench.studies.arms import Run, ratios
 
 MODELS = ("resnet50", "text_classifier", "mobilenet_v3_small")
 MODES = {"resnet50": STATIC, "mobilenet_v3_small": STATIC, "text_classifier": DYNAMIC}
@@ -57,21 +57,6 @@ ARMS = ("fp32", "int8")
 IMAGE_SHAPE = (3, 224, 224)
 TEXT_SEQUENCE = 32
 TOLERANCE = "rtol 1e-4, atol 1e-4 x the largest expected magnitude"
-
-
-@dataclass
-class Run:
-    arm: str
-    round: int
-    model: str
-    concurrency: int
-    throughput_rps: float
-    p50_ms: float
-    p99_ms: float
-    requests: int
-    answers_checked: int
-    wrong: int
-    errors: dict[str, int]
 
 
 def write_samples(model: str, folder: Path, count: int) -> None:
@@ -167,21 +152,6 @@ def one_stack(arm: str, round_: int, repository: Path, checks: dict, scratch: Pa
                 runs.append(run)
     shutil.copyfile(workdir / "tritonserver.log", out / f"round{round_}-{arm}-tritonserver.log")
     return runs
-
-
-def ratios(runs: list[Run]) -> dict[tuple[str, int], dict[str, float]]:
-    """Per model and concurrency, INT8 against FP32: the medians over rounds of each round's ratio."""
-    found: dict[tuple[str, int], dict[str, float]] = {}
-    for model, concurrency in sorted({(r.model, r.concurrency) for r in runs}):
-        throughput, p50 = [], []
-        for round_ in sorted({r.round for r in runs}):
-            pair = {r.arm: r for r in runs if (r.model, r.concurrency, r.round) == (model, concurrency, round_)}
-            if len(pair) == 2 and pair["fp32"].throughput_rps and pair["int8"].p50_ms:
-                throughput.append(pair["int8"].throughput_rps / pair["fp32"].throughput_rps)
-                p50.append(pair["fp32"].p50_ms / pair["int8"].p50_ms)
-        if throughput:
-            found[(model, concurrency)] = {"throughput": statistics.median(throughput), "p50": statistics.median(p50)}
-    return found
 
 
 def gates(refused: dict[str, str], runs: list[Run], found: dict[tuple[str, int], dict[str, float]],
@@ -292,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_ in range(1, args.rounds + 1) if args.models else ():
             for arm in ARMS if round_ % 2 else tuple(reversed(ARMS)):
                 runs += one_stack(arm, round_, repositories[arm], checks, scratch, out, args)
-    found = ratios(runs)
+    found = ratios(runs, "fp32", "int8")
     judged = gates(refused, runs, found, args.models)
     write_json(out / "results.json", {
         "settings": settings(args), "machine": machine(), "onnxruntime": ort.__version__, "tolerance": TOLERANCE,

@@ -36,7 +36,6 @@ import hashlib
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from bench.load.loops import LoadResult, run_load
 from bench.load.targets import KServeTarget
 from bench.output import Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from bench.overload import checked_images
+from bench.studies.arms import Run, ratios
 from bench.venvs import VenvError, new_venv, pip_install
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -158,21 +158,6 @@ def ready_instances(log_text: str, arm: str, round_: int) -> list[Instance]:
     ]
 
 
-@dataclass
-class Run:
-    arm: str
-    round: int
-    model: str
-    concurrency: int
-    throughput_rps: float
-    p50_ms: float
-    p99_ms: float
-    requests: int
-    answers_checked: int
-    wrong: int
-    errors: dict[str, int]
-
-
 async def _measure(
     url: str, model: str, concurrency: int, images: list, expected: list, args: argparse.Namespace
 ) -> tuple[LoadResult, int]:
@@ -211,21 +196,6 @@ def one_stack(
                 runs.append(run)
     shutil.copyfile(workdir / "tritonserver.log", out / f"round{round_}-{arm}-tritonserver.log")
     return instances, runs
-
-
-def ratios(runs: list[Run]) -> dict[tuple[str, int], dict[str, float]]:
-    """Per model and concurrency, OpenVINO against the CPU provider: the medians over rounds of each round's ratio."""
-    found: dict[tuple[str, int], dict[str, float]] = {}
-    for model, concurrency in sorted({(r.model, r.concurrency) for r in runs}):
-        throughput, p50 = [], []
-        for round_ in sorted({r.round for r in runs}):
-            pair = {r.arm: r for r in runs if (r.model, r.concurrency, r.round) == (model, concurrency, round_)}
-            if len(pair) == 2 and pair["cpu"].throughput_rps and pair[OPENVINO].p50_ms:
-                throughput.append(pair[OPENVINO].throughput_rps / pair["cpu"].throughput_rps)
-                p50.append(pair["cpu"].p50_ms / pair[OPENVINO].p50_ms)
-        if throughput:
-            found[(model, concurrency)] = {"throughput": statistics.median(throughput), "p50": statistics.median(p50)}
-    return found
 
 
 def gates(instances: list[Instance], runs: list[Run], expected_instances: dict[str, int], version: str,
@@ -322,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                 found_instances, found_runs = one_stack(arm, round_, references, args.venv, Path(scratch), out, args)
                 instances += found_instances
                 runs += found_runs
-    found = ratios(runs)
+    found = ratios(runs, "cpu", OPENVINO)
     expected_instances = {m: cpu_instance_count(read_config(REPOSITORY / m)) for m in args.models}
     judged = gates(instances, runs, expected_instances, version, found)
     write_json(out / "results.json", {

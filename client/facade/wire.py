@@ -73,7 +73,7 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _read_varint(buffer: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(buffer: memoryview | bytes, pos: int) -> tuple[int, int]:
     """The varint starting at `pos`, and the position after it."""
     result = 0
     shift = 0
@@ -106,14 +106,14 @@ def decode_predict_request(buffer: bytes) -> DecodedRequest:
     pos = 0
     while pos < size:
         field_start = pos
-        key, pos = _read_varint(view, pos)
+        key, pos = read_varint(view, pos)
         field, wire_type = key >> 3, key & 7
         if field == 0:
             raise WireError(f"field number 0 at byte {field_start}")
         if wire_type == _WIRE_VARINT:
-            _, pos = _read_varint(view, pos)
+            _, pos = read_varint(view, pos)
         elif wire_type == _WIRE_LEN:
-            length, pos = _read_varint(view, pos)
+            length, pos = read_varint(view, pos)
             value_start, pos = pos, pos + length
         elif wire_type == _WIRE_FIXED64:
             pos += 8
