@@ -121,13 +121,15 @@ class Tritonnx(Server):
         assert self._stack is not None
         return self._stack.triton.pid
 
-    def target(self, images=None, expected=None) -> Target:
+    def target(self, images=None, expected=None, inputs=None) -> Target:
+        """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""
         assert self._stack is not None
         if self.facade:
             assert self._stack.facade is not None
-            return FacadeTarget(self._stack.facade.grpc_url, self.model, 1, images=images, expected=expected)
+            url = self._stack.facade.grpc_url
+            return FacadeTarget(url, self.model, 1, images=images, expected=expected, inputs=inputs)
         assert self._stack.triton is not None
-        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected)
+        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected, inputs=inputs)
 
 
 @dataclass(eq=False)
