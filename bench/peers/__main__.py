@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +207,7 @@ def open_loop(args: argparse.Namespace) -> int:
             write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput.gates(results)
-    results["gates"] = [gate.__dict__ for gate in judged]
+    results["gates"] = [asdict(gate) for gate in judged]
     text = write_open_report(out, results, judged)
     print(text)
     say(f"report: {out / 'report.md'}")

@@ -20,6 +20,8 @@ from bench.peers.goodput import (  # noqa: E402
     best_fastapi,
 )
 
+LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is called out
+
 
 def _ms(value: float) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.1f}"
@@ -97,6 +99,18 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
             *model_table(data),
             "",
         ]
+        behind = [
+            f"{name} at {step['offered_rps']:.0f} req/s ({step['lag_p99_ms']:.1f} ms)"
+            for name, record in data["servers"].items()
+            for step in record.get("steps", []) + list(record.get("overloads", {}).values())
+            if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]
+        ]
+        if behind:
+            lines += [
+                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99), "
+                "so these steps' latencies hold its own lag too: " + "; ".join(behind) + ".",
+                "",
+            ]
         if data.get("not_measured"):
             lines += [f"- {name}: {why}" for name, why in data["not_measured"].items()] + [""]
         lines += [f"![{model}]({model}_open.png)", ""]
