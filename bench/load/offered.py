@@ -101,9 +101,10 @@ async def offer(
 
 
 def summary(result: OfferedResult) -> str:
-    others = sum(result.other_errors.values()) + result.wrong + result.generator_refused
+    others = sum(result.other_errors.values())
     return (
         f"{result.offered_rps:7.1f} req/s offered: {result.answered} answered, p50 {result.p50_ms:7.1f} "
         f"p99 {result.p99_ms:7.1f} ms; refused {result.share(result.refused):.1%}, timed out "
-        f"{result.share(result.timed_out):.1%}, other {others}; lag p99 {result.lag_p99_ms:.1f} ms"
+        f"{result.share(result.timed_out):.1%}, not sent (over {MAX_OUTSTANDING} in flight) "
+        f"{result.generator_refused}, wrong {result.wrong}, other {others}; lag p99 {result.lag_p99_ms:.1f} ms"
     )

@@ -192,9 +192,7 @@ def open_loop(args: argparse.Namespace) -> int:
         names = args.servers
         if goodput.is_text(model):
             skipped = [n for n in names if n not in goodput.TEXT_SERVERS]
-            data["not_measured"].update(
-                {("FastAPI" if n == "fastapi" else n): goodput.TEXT_NOT_MEASURED for n in skipped}
-            )
+            data["not_measured"].update({name: goodput.TEXT_NOT_MEASURED for name in skipped})
             names = [n for n in names if n in goodput.TEXT_SERVERS]
         results["models"][model] = data
         for server in make_servers(names, model, workdir / model):
