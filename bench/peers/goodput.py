@@ -3,7 +3,7 @@
 Per model, the objective is OBJECTIVE_FACTOR x the model's in-process single-request p50 (ONNX Runtime, no server),
 at least OBJECTIVE_FLOOR_MS. Per server: its answers are checked against in-process ONNX Runtime, its capacity is
 found with a short closed loop at c=16, then Poisson arrivals are offered at STEPS x that capacity for a few seconds
-each (bench.load.offered: latency from the scheduled send, every answer checked, a deadline on every call). Goodput
+each (and lower, LOW_STEPS, while none kept the objective) (bench.load.offered: latency from the scheduled send, every answer checked, a deadline on every call). Goodput
 is the highest offered rate whose answered p99 is within the objective with at most MAX_ERROR_SHARE errors; then
 1.5x and 2x the goodput are offered and measured (not interpolated), to show what each server does when overloaded.
 """
@@ -33,6 +33,7 @@ OBJECTIVE_FACTOR = 5.0
 # floor is 0.6-0.8 ms of CPU per request): every server would have no goodput at all and the study would say nothing.
 OBJECTIVE_FLOOR_MS = 10.0
 STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
+LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
 OVERLOADS = (1.5, 2.0)  # x the goodput
 MAX_ERROR_SHARE = 0.001
 CAPACITY_CONCURRENCY = 16
@@ -97,6 +98,11 @@ async def _capacity_and_steps(target: Target, args: argparse.Namespace, objectiv
             return record
         for index, factor in enumerate(STEPS):
             step = await _step(target, capacity * factor, args, seed=index)
+            record["steps"].append({"factor": factor, **step})
+        for index, factor in enumerate(LOW_STEPS):
+            if goodput(record["steps"], objective) > 0:
+                break
+            step = await _step(target, capacity * factor, args, seed=len(STEPS) + index)
             record["steps"].append({"factor": factor, **step})
         record["goodput_rps"] = goodput(record["steps"], objective)
         say(f"    goodput {record['goodput_rps']:.1f} req/s (objective p99 <= {objective:.1f} ms)")

@@ -14,6 +14,7 @@ from bench.output import Gate, gates_section, write_json  # noqa: E402
 from bench.peers.goodput import (  # noqa: E402
     CAPACITY_CONCURRENCY,
     DEADLINE_S,
+    LOW_STEPS,
     MAX_ERROR_SHARE,
     OVERLOADS,
     STEPS,
@@ -78,7 +79,8 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         f"{objective['floor_ms']:g} ms ({objective['why']}). Per server: answers checked against in-process ONNX "
         f"Runtime, capacity from a closed loop at c={CAPACITY_CONCURRENCY} for {settings['capacity_seconds']:g} s, "
         f"then Poisson arrivals offered at {', '.join(f'{s:g}' for s in STEPS)}x that capacity for "
-        f"{settings['step_seconds']:g} s each, every call timed from its scheduled send time (no coordinated "
+        f"{settings['step_seconds']:g} s each (then {' and '.join(f'{s:g}' for s in LOW_STEPS)}x in turn while no "
+        "step kept the objective), every call timed from its scheduled send time (no coordinated "
         f"omission), with a {DEADLINE_S:g} s deadline, every answer checked. **Goodput** is the highest offered rate "
         f"whose answered p99 is within the objective with at most {MAX_ERROR_SHARE:.1%} errors (refused, timed out, "
         "wrong, failed, or not sent because the generator's bound on calls in flight was reached); "

@@ -143,7 +143,7 @@ def test_the_open_loop_goodput_mode_steps_every_rate_with_every_answer_checked(t
         for name, record in data["servers"].items():
             assert "error" not in record, (model, name, record.get("error"))
             assert record["capacity_rps"] > 0 and record["wrong"] == 0
-            assert [step["factor"] for step in record["steps"]] == list(STEPS)
+            assert [step["factor"] for step in record["steps"]][: len(STEPS)] == list(STEPS)
             for step in record["steps"] + list(record["overloads"].values()):
                 assert step["scheduled"] > 0 and step["wrong"] == 0 and not step["other_errors"], (model, name, step)
                 ended = step["answered"] + step["refused"] + step["timed_out"] + step["generator_refused"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import math
 
 import pytest
@@ -115,3 +117,42 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     for png in ("goodput.png", "resnet50_open.png", "text_classifier_open.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in text
     assert (tmp_path / "results.json").exists()
+
+
+class _Fake:
+    """A target whose every answer takes `delay` seconds (the loops' Target, no server)."""
+
+    name, model, batch, timeout_s, wrong = "fake", "m", 1, 1.0, 0
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.is_open = delay, False
+
+    async def open(self, concurrency: int = 1) -> None:
+        self.is_open = True
+
+    async def close(self) -> None:
+        self.is_open = False
+
+    async def verify(self) -> None: ...
+
+    async def call(self) -> str | None:
+        await asyncio.sleep(self.delay)
+        return None
+
+
+def _args() -> argparse.Namespace:
+    return argparse.Namespace(step_seconds=0.05, capacity_seconds=0.1)
+
+
+def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found():
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), objective=1000.0))
+    assert [step["factor"] for step in record["steps"]] == list(goodput.STEPS)
+    assert record["goodput_rps"] == record["steps"][-1]["offered_rps"] > 0  # every step kept a 1 s objective
+    assert list(record["overloads"]) == ["1.5", "2.0"]
+    assert record["overloads"]["2.0"]["offered_rps"] == pytest.approx(2 * record["goodput_rps"])
+
+
+def test_lower_steps_are_tried_while_none_keeps_the_objective_and_no_goodput_means_no_overload():
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.02), _args(), objective=1.0))  # 20 ms answers, 1 ms
+    assert [step["factor"] for step in record["steps"]] == [*goodput.STEPS, *goodput.LOW_STEPS]
+    assert record["goodput_rps"] == 0.0 and record["overloads"] == {}
