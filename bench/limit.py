@@ -86,19 +86,23 @@ def measure_limit(
     return result
 
 
-def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[float, float]:
-    """p50 and p99 ms of one image run back to back, with the session (thread count) that serves it fastest.
+def _single_image(
+    *sessions: ort.InferenceSession, seconds: float, feeds: list[dict[str, np.ndarray]] | None = None
+) -> tuple[float, float]:
+    """p50 and p99 ms of one request run back to back, with the session (thread count) that serves it fastest.
 
-    Small models lose more to thread synchronisation than they gain from a second thread.
+    One image, or `feeds` in turn (a request's arrays by input name: the text models' mixed lengths). Small models
+    lose more to thread synchronisation than they gain from a second thread.
     """
-    data, name = _images(1), sessions[0].get_inputs()[0].name
+    feeds = feeds or [{sessions[0].get_inputs()[0].name: _images(1)}]
     best: list[float] | None = None
     for session in sessions:
         latencies: list[float] = []
         stop_at = time.perf_counter() + seconds
         while time.perf_counter() < stop_at or len(latencies) < 10:
+            feed = feeds[len(latencies) % len(feeds)]
             started = time.perf_counter()
-            session.run(None, {name: data})
+            session.run(None, feed)
             latencies.append((time.perf_counter() - started) * 1000)
         if best is None or np.percentile(latencies, 50) < np.percentile(best, 50):
             best = latencies
@@ -106,8 +110,10 @@ def _single_image(*sessions: ort.InferenceSession, seconds: float) -> tuple[floa
     return float(np.percentile(best, 50)), float(np.percentile(best, 99))
 
 
-def measure_single_image(onnx_file: Path, threads: int = 2, seconds: float = 2.0) -> tuple[float, float]:
-    """In-process single-image p50 and p99 ms on their own.
+def measure_single_image(
+    onnx_file: Path, threads: int = 2, seconds: float = 2.0, feeds: list[dict[str, np.ndarray]] | None = None
+) -> tuple[float, float]:
+    """In-process single-image (or single-request: `feeds`) p50 and p99 ms on their own.
 
     The reference for a served lone request, measured right beside it, since this machine's speed drifts between
     minutes.
@@ -115,5 +121,6 @@ def measure_single_image(onnx_file: Path, threads: int = 2, seconds: float = 2.0
     whole = _session(onnx_file, threads)
     one_thread = _session(onnx_file, 1)
     for session in (whole, one_thread):  # first runs allocate
-        session.run(None, {session.get_inputs()[0].name: _images(1)})
-    return _single_image(whole, one_thread, seconds=seconds)
+        for feed in feeds or [{session.get_inputs()[0].name: _images(1)}]:
+            session.run(None, feed)
+    return _single_image(whole, one_thread, seconds=seconds, feeds=feeds)

@@ -32,11 +32,14 @@ import onnxruntime as ort
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
+from backend.tensors import RAW_DTYPES
+
 # gunicorn's workers import this module by name once forked, so the settings they need travel in
 # the environment rather than as arguments.
 ENV_MODEL = "BASELINE_MODEL"
 ENV_INTRA_OP_THREADS = "BASELINE_INTRA_OP_THREADS"
 SHAPE_HEADER = "x-shape"
+INPUTS_HEADER = "x-inputs"
 
 
 def create_session(model_path: str, intra_op_threads: int) -> ort.InferenceSession:
@@ -46,10 +49,7 @@ def create_session(model_path: str, intra_op_threads: int) -> ort.InferenceSessi
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-    if session.get_inputs()[0].type != "tensor(float)":
-        raise ValueError(f"{model_path}: the first input must be float32, got {session.get_inputs()[0].type}")
-    return session
+    return ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
 
 
 @asynccontextmanager
@@ -84,20 +84,56 @@ def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+def parse_inputs(header: str, body: bytes, session: ort.InferenceSession) -> dict[str, np.ndarray]:
+    """The named inputs of an `x-inputs` request: `name:DATATYPE:d0,d1;...`, their raw bytes one after another."""
+    declared = {i.name: i for i in session.get_inputs()}
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    try:
+        for part in header.split(";"):
+            name, datatype, dims = part.split(":")
+            dtype = RAW_DTYPES[datatype]
+            if name not in declared:
+                raise HTTPException(400, f"{INPUTS_HEADER}: the model has no input {name!r}")
+            shape = parse_shape(dims, declared[name].shape)
+            size = math.prod(shape) * dtype.itemsize
+            arrays[name] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+            offset += size
+    except (KeyError, ValueError):
+        raise HTTPException(
+            400, f"{INPUTS_HEADER} must be name:DATATYPE:d0,d1;... fitting the body, got {header!r}"
+        ) from None
+    if offset != len(body) or set(arrays) != set(declared):
+        raise HTTPException(400, f"{INPUTS_HEADER} {header!r} does not account for every input and byte")
+    return arrays
+
+
 @app.post("/predict")
 async def predict(request: Request) -> Response:
-    """Raw little-endian float32 in (shape in `x-shape`), the first output's raw float32 out."""
+    """Raw little-endian float32 in (shape in `x-shape`), the first output's raw float32 out.
+
+    A model with several inputs or integer ones (the text models) takes them named in `x-inputs`
+    (`name:DATATYPE:d0,d1;...`, KServe datatype names), their raw bytes one after another in that order.
+    """
     session: ort.InferenceSession = request.app.state.session
     model_input, model_output = session.get_inputs()[0], session.get_outputs()[0]
-    shape = parse_shape(request.headers.get(SHAPE_HEADER), model_input.shape)
     body = await request.body()
-    expected_bytes = math.prod(shape) * 4
-    if len(body) != expected_bytes:
-        raise HTTPException(400, f"body has {len(body)} bytes, shape {list(shape)} needs {expected_bytes}")
-    array = np.frombuffer(body, dtype="<f4").reshape(shape)
+    named = request.headers.get(INPUTS_HEADER)
+    if named is not None:
+        feed = parse_inputs(named, body, session)
+    else:
+        if model_input.type != "tensor(float)":
+            raise HTTPException(
+                400, f"the model's first input is {model_input.type}: name the inputs in {INPUTS_HEADER}"
+            )
+        shape = parse_shape(request.headers.get(SHAPE_HEADER), model_input.shape)
+        expected_bytes = math.prod(shape) * 4
+        if len(body) != expected_bytes:
+            raise HTTPException(400, f"body has {len(body)} bytes, shape {list(shape)} needs {expected_bytes}")
+        feed = {model_input.name: np.frombuffer(body, dtype="<f4").reshape(shape)}
     # The ORT call blocks, so it goes to the default thread pool as the FastAPI docs suggest;
     # concurrent requests then share the session's intra-op threads.
-    (output,) = await run_in_threadpool(session.run, [model_output.name], {model_input.name: array})
+    (output,) = await run_in_threadpool(session.run, [model_output.name], feed)
     output = np.ascontiguousarray(output, dtype="<f4")
     return Response(
         content=output.tobytes(),

@@ -19,6 +19,7 @@ import numpy as np
 if TYPE_CHECKING:
     import aiohttp
 
+from backend.tensors import RAW_DTYPES, datatype_name
 from bench.load.targets import (
     CALL_TIMEOUT_S,
     IMAGE_CLASSES,
@@ -52,6 +53,19 @@ class RawFloat32:
         if len(body) % 4:
             raise ValueError(f"{len(body)} bytes are not float32 values")
         return np.frombuffer(body, "<f4")
+
+
+def named_raw(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    """Named inputs of any type for the FastAPI baseline: `x-inputs: name:DATATYPE:d0,d1;...`, raw bytes in that order.
+
+    How the text models (two INT64 inputs) travel; the answer is RawFloat32's.
+    """
+    parts, chunks = [], []
+    for name, array in inputs.items():
+        datatype = datatype_name(array.dtype)
+        parts.append(f"{name}:{datatype}:{','.join(map(str, array.shape))}")
+        chunks.append(array.astype(RAW_DTYPES[datatype], copy=False).tobytes())
+    return b"".join(chunks), {"x-inputs": ";".join(parts), "content-type": "application/octet-stream"}
 
 
 class Base64Json:
@@ -94,9 +108,10 @@ class FileUpload:
 class HttpTarget:
     """POST {url}{path} with a float32 batch of [batch, 3, 224, 224] images in `payload`'s format.
 
-    Expects 200 and batch x 1000 float32 outputs. `images` (arrays of `batch` images) replace the random data;
-    `expected` (the flat first output each should get) makes every answer decoded and compared, a mismatch counted in
-    `wrong`. One aiohttp session for all workers.
+    Expects 200 and batch x 1000 float32 outputs. `images` (arrays of `batch` images) replace the random data, or
+    `inputs` (each request's arrays by name, sent as `named_raw`: the FastAPI baseline's text models); `expected` (the
+    flat first output each should get) makes every answer decoded and compared, a mismatch counted in `wrong`, and
+    sets the output size checked. One aiohttp session for all workers.
     """
 
     def __init__(
@@ -109,6 +124,7 @@ class HttpTarget:
         payload: Payload | None = None,
         images: Sequence[np.ndarray] | None = None,
         expected: Sequence[np.ndarray] | None = None,
+        inputs: Sequence[dict[str, np.ndarray]] | None = None,
         model: str = "resnet50",
         seed: int = 0,
         timeout_s: float = CALL_TIMEOUT_S,
@@ -117,18 +133,24 @@ class HttpTarget:
             raise ValueError(f"batch must be at least 1, got {batch}")
         if images is not None and any(len(image) != batch for image in images):
             raise ValueError(f"every array of images must hold a batch of {batch}")
-        if expected is not None and (images is None or len(expected) != len(images)):
-            raise ValueError("expected outputs need one array of images each")
+        if images is not None and inputs is not None:
+            raise ValueError("give images or inputs, not both")
+        requests = images if images is not None else inputs
+        if expected is not None and (requests is None or len(expected) != len(requests)):
+            raise ValueError("expected outputs need one array of images each (or one request's inputs)")
         url = url.rstrip("/")
         self.url = url if "://" in url else f"http://{url}"
         self.endpoint = f"{self.url}{path}"
         self.name, self.model, self.batch, self.seed, self.timeout_s = name, model, batch, seed, timeout_s
         self.payload = payload or RawFloat32()
-        if images is None:
-            images = [random_tensor("input", "FP32", [batch, *IMAGE_SHAPE], np.random.default_rng(seed))]
-        self.requests = [self.payload.encode(image) for image in images]
+        if inputs is not None:
+            self.requests = [named_raw(named) for named in inputs]
+        else:
+            if images is None:
+                images = [random_tensor("input", "FP32", [batch, *IMAGE_SHAPE], np.random.default_rng(seed))]
+            self.requests = [self.payload.encode(image) for image in images]
         self.expected = expected
-        self.expected_values = batch * IMAGE_CLASSES
+        self.expected_values = expected[0].size if expected else batch * IMAGE_CLASSES
         self.wrong = 0  # answers unlike `expected`
         self._next = 0
         self._session: aiohttp.ClientSession | None = None

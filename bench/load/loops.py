@@ -22,13 +22,18 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from bench.load.stats import OK, Tally, percentiles
 from bench.load.targets import Target
 
 # In-flight calls finish within their own deadline; this margin only guards against a hang.
 HANG_MARGIN_S = 10.0
+ARRIVALS = ("uniform", "poisson")
 
 
 @dataclass
@@ -181,6 +186,28 @@ async def _drive(
     return result
 
 
+def arrival_offsets(rate: float, arrivals: str = "uniform", seed: int = 0) -> Iterator[float]:
+    """Send times (seconds from the start) of an endless schedule at `rate` a second.
+
+    "uniform": every 1/rate. "poisson": independent arrivals, exponential gaps of mean 1/rate drawn from a generator
+    seeded with `seed`, so a run's schedule can be replayed; drawn in blocks (one numpy call per 4096 calls).
+    """
+    if arrivals == "uniform":
+        period = 1.0 / rate
+        scheduled = 0
+        while True:
+            yield scheduled * period
+            scheduled += 1
+    if arrivals != "poisson":
+        raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
+    rng = np.random.default_rng(seed)
+    offset = 0.0
+    while True:
+        for gap in rng.exponential(1.0 / rate, 4096):
+            yield offset
+            offset += float(gap)
+
+
 class OpenLoop:
     """Starts `target.call()` on a fixed schedule, `rate` a second, with a bound on calls in flight.
 
@@ -189,19 +216,41 @@ class OpenLoop:
     and counted, so the offered load never queues up (the soak); with `wait_when_full` it is sent
     as soon as one of them ends, so exactly the scheduled calls are sent (the overload). Runs in
     the caller's event loop.
+
+    `arrivals` spaces the schedule evenly ("uniform") or as a seeded Poisson process ("poisson"). A call's latency is
+    timed from its actual send, or with `from_schedule` from the time it was due: then a server that answers slowly,
+    or a generator that falls behind, is charged for the wait (no coordinated omission). How late each send was against
+    its schedule is kept in `lags` (seconds), the generator's own lag.
     """
 
     def __init__(
-        self, target: Target, rate: float, max_outstanding: int, max_calls: int, *, wait_when_full: bool = False
+        self,
+        target: Target,
+        rate: float,
+        max_outstanding: int,
+        max_calls: int,
+        *,
+        wait_when_full: bool = False,
+        arrivals: str = "uniform",
+        seed: int = 0,
+        from_schedule: bool = False,
     ) -> None:
         if rate <= 0 or max_outstanding < 1 or max_calls < 1:
             raise ValueError(
                 f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, {max_calls}"
             )
+        if arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
         self.target, self.rate, self.max_outstanding, self.max_calls = target, rate, max_outstanding, max_calls
-        self.wait_when_full = wait_when_full
+        self.wait_when_full, self.arrivals, self.seed, self.from_schedule = (
+            wait_when_full,
+            arrivals,
+            seed,
+            from_schedule,
+        )
         self.total = Tally()  # the whole run
         self.interval = Tally()  # since the last `take()`
+        self.lags = array("d")  # per scheduled call: actual send (or skip) - due, seconds
         self.sent = 0
         self.stopping = False
         self._pending: set[asyncio.Task] = set()
@@ -218,8 +267,12 @@ class OpenLoop:
     def stop(self) -> None:
         self.stopping = True
 
-    async def _one(self) -> None:
-        started = time.perf_counter()
+    def lag_ms(self, quantiles: Sequence[float]) -> list[float]:
+        """Quantiles (0-100) of the generator's lag behind its schedule, in ms (0 for no call)."""
+        return percentiles(np.frombuffer(self.lags, dtype=np.float64) * 1000.0, quantiles, empty=0.0)
+
+    async def _one(self, due: float) -> None:
+        started = due if self.from_schedule else time.perf_counter()
         error = await self.target.call()
         status, seconds = error or OK, time.perf_counter() - started
         for tally in (self.total, self.interval):
@@ -227,18 +280,21 @@ class OpenLoop:
 
     async def run(self, duration: float) -> None:
         perf = time.perf_counter
-        period = 1.0 / self.rate
+        offsets = arrival_offsets(self.rate, self.arrivals, self.seed)
         begin = perf()
         scheduled = 0
-        while not self.stopping and scheduled < self.max_calls and scheduled * period < duration:
-            due = begin + scheduled * period
+        offset = next(offsets)
+        while not self.stopping and scheduled < self.max_calls and offset < duration:
+            due = begin + offset
             now = perf()
             if due > now:
                 await asyncio.sleep(due - now)
                 continue
+            self.lags.append(now - due)
             for tally in (self.total, self.interval):
                 tally.max_lag = max(tally.max_lag, now - due)
             scheduled += 1
+            offset = next(offsets)
             if len(self._pending) >= self.max_outstanding:
                 if not self.wait_when_full:
                     for tally in (self.total, self.interval):
@@ -247,7 +303,7 @@ class OpenLoop:
                 while len(self._pending) >= self.max_outstanding:
                     await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.sent += 1
-            task = asyncio.ensure_future(self._one())
+            task = asyncio.ensure_future(self._one(due))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         if self._pending:

@@ -19,7 +19,7 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES
+from backend.tensors import RAW_DTYPES, datatype_name
 from client.proto import inference_pb2
 
 M = TypeVar("M", bound=Message)
@@ -92,8 +92,9 @@ def _strip_scheme(url: str) -> str:
 class GrpcTarget:
     """One gRPC method called with prebuilt requests, in turn.
 
-    `images` (FP32 arrays of `batch` images) replace the random data; `expected` (the flat first output each of them
-    should get) makes every answer checked, a mismatch counted in `wrong`.
+    `images` (FP32 arrays of `batch` images) replace the random data, or `inputs` (each a request's arrays by input
+    name, for models with several inputs or integer ones: the text models, sequences of mixed lengths); `expected`
+    (the flat first output each of them should get) makes every answer checked, a mismatch counted in `wrong`.
     """
 
     name: str
@@ -107,17 +108,23 @@ class GrpcTarget:
         *,
         images: Sequence[np.ndarray] | None = None,
         expected: Sequence[np.ndarray] | None = None,
+        inputs: Sequence[dict[str, np.ndarray]] | None = None,
         seed: int = 0,
         timeout_s: float = CALL_TIMEOUT_S,
     ) -> None:
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
+        if images is not None and inputs is not None:
+            raise ValueError("give images or inputs, not both")
         if images is not None and any(len(image) != batch for image in images):
             raise ValueError(f"every array of images must hold a batch of {batch}")
-        if expected is not None and (images is None or len(expected) != len(images)):
-            raise ValueError("expected outputs need one array of images each")
+        if inputs is not None and any(len(array) != batch for named in inputs for array in named.values()):
+            raise ValueError(f"every input array must hold a batch of {batch}")
+        requests = images if images is not None else inputs
+        if expected is not None and (requests is None or len(expected) != len(requests)):
+            raise ValueError("expected outputs need one array of images each (or one request's inputs)")
         self.url, self.model, self.batch, self.timeout_s = _strip_scheme(url), model, batch, timeout_s
-        self.images, self.expected, self.seed = images, expected, seed
+        self.images, self.inputs, self.expected, self.seed = images, inputs, expected, seed
         self.payloads: list[bytes] = []
         self.wrong = 0  # answers unlike `expected`
         self._next = 0
@@ -228,6 +235,12 @@ class KServeTarget(GrpcTarget):
         specs = metadata.inputs
         if self.images is not None:
             return [self._request({specs[0].name: (specs[0].datatype, image)}) for image in self.images]
+        if self.inputs is not None:
+            datatypes = {spec.name: spec.datatype for spec in specs}
+            return [
+                self._request({name: (datatypes[name], array) for name, array in named.items()})
+                for named in self.inputs
+            ]
         rng = np.random.default_rng(self.seed)
         arrays = {}
         for spec in specs:
@@ -311,6 +324,8 @@ class FacadeTarget(GrpcTarget):
 
     async def _build(self) -> list[bytes]:
         rng = np.random.default_rng(self.seed)
+        if self.inputs is not None:
+            return [self._named_request(named) for named in self.inputs]
         if self.text_inputs:
             shape = [self.batch, TEXT_SEQUENCE]
             request = inference_pb2.PredictRequest(model_name=self.model)
@@ -325,6 +340,17 @@ class FacadeTarget(GrpcTarget):
         if self.images is not None:
             return [self._image_request(image) for image in self.images]
         return [self._image_request(random_tensor("input", "FP32", [self.batch, *self.image_shape], rng))]
+
+    def _named_request(self, named: dict[str, np.ndarray]) -> bytes:
+        """Named raw inputs of any type in the dtype table (the text models' INT64 ids and mask)."""
+        request = inference_pb2.PredictRequest(model_name=self.model)
+        for name, array in named.items():
+            datatype = datatype_name(array.dtype)
+            raw = array.astype(RAW_DTYPES[datatype], copy=False).tobytes()
+            request.inputs.add(
+                name=name, dtype=inference_pb2.ElementType.Value(datatype), shape=array.shape, raw_data=raw
+            )
+        return request.SerializeToString()
 
     def _image_request(self, image: np.ndarray) -> bytes:
         request = inference_pb2.PredictRequest(model_name=self.model, shape=image.shape)

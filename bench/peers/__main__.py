@@ -7,6 +7,9 @@ measured first or last. The servers: tritonnx (Triton direct and the facade), th
 in its documented layouts, and the peers PyTriton, LitServe, Ray Serve, MLServer and BentoML,
 each from a venv of its own under build/peers/ (made on first use from
 bench/peers/<peer>/requirements.txt). Writes bench/results/<UTC time>-peers/{report.md,results.json}.
+
+With --open-loop it measures goodput at a latency objective instead (bench/peers/goodput.py): Poisson arrivals at
+rates stepped up to 2x each server's capacity; bench/results/<UTC time>-peers-open/, with plots and gates.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,9 @@ from bench.baseline.workers import measured_split, setups
 from bench.limit import measure_limit
 from bench.load import loops
 from bench.load.targets import VerificationError
-from bench.output import CORES, machine, run_folder, say, settings, write_json
-from bench.peers import servers, venvs
+from bench.output import CORES, machine, run_folder, say, settings, verdict, write_json
+from bench.peers import goodput, servers, venvs
+from bench.peers.open_report import write_open_report
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.table import servers_table
 from bench.usage import tree_memory
@@ -164,13 +169,66 @@ def write_report(out: Path, results: dict) -> None:
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
+def open_loop(args: argparse.Namespace) -> int:
+    """Goodput per model and server at the objective; the report, its plots and gates; 1 when a gate failed."""
+    started, out = run_folder(args.out, "peers-open")
+    workdir = out / "logs"
+    workdir.mkdir(exist_ok=True)
+    results: dict[str, Any] = {
+        "started": started,
+        "machine": machine(),
+        "settings": settings(args),
+        "objective": {"factor": args.objective_factor, "floor_ms": args.objective_floor_ms, "why": OBJECTIVE_WHY},
+        "models": {},
+    }
+    for model in args.models:
+        onnx_file = REPOSITORY / model / "1" / "model.onnx"
+        say(f"{model}: in-process single request ...")
+        single_p50, single_p99 = goodput.single_request_ms(model, onnx_file, args.limit_seconds)
+        objective = goodput.objective_ms(single_p50, args.objective_factor, args.objective_floor_ms)
+        say(f"  p50 {single_p50:.2f} ms, p99 {single_p99:.2f} ms: objective p99 <= {objective:.1f} ms")
+        data: dict = {"single_p50_ms": single_p50, "single_p99_ms": single_p99, "objective_ms": objective}
+        data["servers"], data["not_measured"] = {}, {}
+        names = args.servers
+        if goodput.is_text(model):
+            skipped = [n for n in names if n not in goodput.TEXT_SERVERS]
+            data["not_measured"].update({name: goodput.TEXT_NOT_MEASURED for name in skipped})
+            names = [n for n in names if n in goodput.TEXT_SERVERS]
+        results["models"][model] = data
+        for server in make_servers(names, model, workdir / model):
+            (workdir / model).mkdir(parents=True, exist_ok=True)
+            say(f"{model}: {server.name} ({server.description}) ...")
+            record = goodput.measure_open(server, model, onnx_file, objective, args)
+            if "error" in record:
+                say(f"  {server.name}: {record['error']}")
+            data["servers"][server.name] = {"setup": server.description, **record}
+            write_json(out / "results.json", results)  # what is done so far survives an interruption
+    results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
+    judged = goodput.gates(results)
+    results["gates"] = [asdict(gate) for gate in judged]
+    text = write_open_report(out, results, judged)
+    print(text)
+    say(f"report: {out / 'report.md'}")
+    return verdict(judged)
+
+
+OBJECTIVE_WHY = (
+    "the floor keeps a model that runs in a fraction of a millisecond (text_classifier) from an objective no served "
+    "round trip here can meet"
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.peers",
         description="Every server beside the in-process limit: tritonnx, FastAPI and the peers, in interleaved rounds.",
         epilog="Example (about 25 minutes): python -m bench.peers --models mobilenet_v3_small --rounds 3 --duration 10",
     )
-    parser.add_argument("--models", nargs="+", default=["mobilenet_v3_small"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        help="default: mobilenet_v3_small; with --open-loop resnet50 mobilenet_v3_small text_classifier",
+    )
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="default: all")
     parser.add_argument("--rounds", type=int, default=3, help="default: %(default)s")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[16, 1], help="default: %(default)s")
@@ -178,15 +236,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-seconds", type=float, default=3.0, help="per in-process point; default: %(default)s")
     parser.add_argument("--smoke", action="store_true", help="one round, 2 s per point: proves each server answers")
     parser.add_argument("--build-only", action="store_true", help="make the peers' venvs and stop")
-    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-peers")
+    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-peers[-open]")
+    parser.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="goodput at a latency objective: Poisson arrivals stepped to 2x capacity",
+    )
+    parser.add_argument(
+        "--step-seconds", type=float, default=5.0, help="open loop: per offered rate; default: %(default)s"
+    )
+    parser.add_argument(
+        "--capacity-seconds", type=float, default=3.0, help="open loop: the closed loop at c=16; default: %(default)s"
+    )
+    parser.add_argument("--objective-factor", type=float, default=goodput.OBJECTIVE_FACTOR, help="x in-process p50")
+    parser.add_argument("--objective-floor-ms", type=float, default=goodput.OBJECTIVE_FLOOR_MS)
     args = parser.parse_args(argv)
+    if args.models is None:
+        args.models = (
+            ["resnet50", "mobilenet_v3_small", "text_classifier"] if args.open_loop else ["mobilenet_v3_small"]
+        )
     if args.smoke:
         args.rounds, args.duration, args.limit_seconds = 1, 2.0, 0.5
+        args.step_seconds, args.capacity_seconds = 1.0, 1.0
     if args.build_only:
         for name in (n for n in args.servers if n in servers.PEERS):
             interpreter = servers.PYTRITON_PYTHON if name == "pytriton" else venvs.DEFAULT_PYTHON
             say(f"{name}: {venvs.ensure(name, interpreter, say)}")
         return 0
+    if args.open_loop:
+        return open_loop(args)
     started, out = run_folder(args.out, "peers")
     workdir = out / "logs"
     workdir.mkdir(exist_ok=True)

@@ -7,6 +7,7 @@ images then keep comparing every answer under load (`wrong`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from bench.load import loops
 from bench.load.targets import IMAGE_SHAPE, Target, VerificationError
 
 SAMPLES = 4
+SEQUENCE_LENGTHS = (8, 16, 32, 64, 128)  # the text models take up to 128 positions
 
 
 def sample_images(count: int = SAMPLES, seed: int = 1) -> list[np.ndarray]:
@@ -24,11 +26,33 @@ def sample_images(count: int = SAMPLES, seed: int = 1) -> list[np.ndarray]:
     return [rng.standard_normal((1, *IMAGE_SHAPE), dtype=np.float32) for _ in range(count)]
 
 
-def reference_outputs(onnx_file: Path, images: list[np.ndarray]) -> list[np.ndarray]:
-    """The first output of each batch, flat, from ONNX Runtime in this process."""
+def sample_sequences(count: int = SAMPLES, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    """`count` single-sequence requests for the text models, of mixed lengths (SEQUENCE_LENGTHS in turn).
+
+    Ids in [1, 1000) (the demo models' vocabulary), the mask all ones: the server batches sequences of different
+    lengths, padding them, and each answer must still be the sequence's own.
+    """
+    rng = np.random.default_rng(seed)
+    lengths = [SEQUENCE_LENGTHS[index % len(SEQUENCE_LENGTHS)] for index in range(count)]
+    return [
+        {
+            "input_ids": rng.integers(1, 1000, size=(1, length), dtype=np.int64),
+            "attention_mask": np.ones((1, length), dtype=np.int64),
+        }
+        for length in lengths
+    ]
+
+
+def reference_outputs(onnx_file: Path, requests: Sequence[np.ndarray | dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """The first output of each request, flat, from ONNX Runtime in this process.
+
+    A request is a batch of the first input (an image batch) or its arrays by input name.
+    """
     session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
-    return [session.run(None, {name: image})[0].ravel() for image in images]
+    return [
+        session.run(None, request if isinstance(request, dict) else {name: request})[0].ravel() for request in requests
+    ]
 
 
 def check_answers(target: Target, samples: int) -> None:

@@ -121,13 +121,15 @@ class Tritonnx(Server):
         assert self._stack is not None
         return self._stack.triton.pid
 
-    def target(self, images=None, expected=None) -> Target:
+    def target(self, images=None, expected=None, inputs=None) -> Target:
+        """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""
         assert self._stack is not None
         if self.facade:
             assert self._stack.facade is not None
-            return FacadeTarget(self._stack.facade.grpc_url, self.model, 1, images=images, expected=expected)
+            url = self._stack.facade.grpc_url
+            return FacadeTarget(url, self.model, 1, images=images, expected=expected, inputs=inputs)
         assert self._stack.triton is not None
-        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected)
+        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected, inputs=inputs)
 
 
 @dataclass(eq=False)
@@ -143,7 +145,7 @@ class FastApi(Server):
         self.name = f"FastAPI {self.setup.workers}x{self.setup.threads}"
         self.description = (
             f"FastAPI + uvicorn + ONNX Runtime, {self.setup.name} ({self.setup.why}); gunicorn --reuse-port; "
-            "raw float32 body, no batching"
+            "raw float32 body (text models: named raw inputs, x-inputs), no batching"
         )
 
     def start(self) -> None:
@@ -170,9 +172,10 @@ class FastApi(Server):
     def worker_pids(self) -> list[int]:
         return self._server.worker_pids() if self._server else []
 
-    def target(self, images=None, expected=None) -> Target:
+    def target(self, images=None, expected=None, inputs=None) -> Target:
+        """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""
         assert self._server is not None
-        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected)
+        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected, inputs=inputs)
 
 
 @dataclass(frozen=True)

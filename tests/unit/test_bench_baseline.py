@@ -244,3 +244,45 @@ def test_an_unspread_run_is_run_once_more_and_reported():
         for process in (busy, idle):
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def two_int_inputs_onnx(tmp_path_factory) -> Path:
+    """output = sum over the sequence of float(ids * mask): INT64 input_ids, attention_mask [batch, seq] -> [batch, 1]."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "sequence"])
+    out = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", 1])
+    nodes = [
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+        helper.make_node("Cast", ["kept"], ["floats"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["floats", "axes"], ["output"], keepdims=1),
+    ]
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    graph = helper.make_graph(nodes, "two_ints", [ids, mask], [out], [axes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    path = tmp_path_factory.mktemp("two_ints") / "model.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_named_inputs_of_any_type_travel_in_x_inputs(two_int_inputs_onnx, tmp_path):
+    """The text models' way into the baseline: both INT64 inputs named, sequences of any length."""
+    from bench.load.http import named_raw
+
+    with baseline(two_int_inputs_onnx, tmp_path, workers=1) as running:
+        for length in (3, 8):
+            ids = np.arange(1, length + 1, dtype=np.int64).reshape(1, length)
+            mask = np.ones((1, length), np.int64)
+            mask[0, -1] = 0  # padding: its id drops out
+            body, headers = named_raw({"input_ids": ids, "attention_mask": mask})
+            status, answer_headers, answer = post(f"{running.url}/predict", body, headers)
+            assert status == 200 and answer_headers["x-shape"] == "1,1"
+            assert np.frombuffer(answer, "<f4").tolist() == [float(ids[0, :-1].sum())]
+        # Every input and byte accounted for, or 400; an integer model cannot be called the float32 way.
+        status, _, answer = post(f"{running.url}/predict", body[:-8], headers)
+        assert status == 400 and b"x-inputs" in answer
+        only_ids = {"x-inputs": headers["x-inputs"].split(";")[0]}
+        assert post(f"{running.url}/predict", body[: len(body) // 2], only_ids)[0] == 400
+        status, _, answer = post(f"{running.url}/predict", body, {"x-shape": "1,8"})
+        assert status == 400 and b"x-inputs" in answer

@@ -1,9 +1,15 @@
-"""The open loop (bench.load.loops.OpenLoop): its pacing, its outstanding cap and its accounting."""
+"""The open loop (bench.load.loops.OpenLoop): its pacing (uniform or Poisson), its outstanding cap, its accounting and
+the latency it charges from the schedule; the goodput steps' sorting of outcomes (bench.load.offered)."""
 
 import asyncio
+import itertools
 import time
 
-from bench.load.loops import OpenLoop
+import numpy as np
+import pytest
+
+from bench.load.loops import OpenLoop, arrival_offsets
+from bench.load.offered import offer
 
 
 class _Target:
@@ -77,3 +83,95 @@ def test_waiting_when_full_sends_every_scheduled_call_and_never_more_at_once():
     assert loop.sent == 20 and loop.total.skipped == 0 and loop.total.count() == 20
     assert max(in_flight) <= 2  # the call itself included
     assert loop.total.max_lag > 0.1  # its schedule slipped behind the cap instead of skipping
+
+
+def test_poisson_arrivals_have_the_mean_rate_and_exponential_gaps():
+    offsets = list(itertools.islice(arrival_offsets(100.0, "poisson", seed=3), 20_000))
+    gaps = np.diff(offsets)
+    assert offsets[0] == 0.0 and (gaps >= 0).all()
+    assert 20_000 / offsets[-1] == pytest.approx(100.0, rel=0.03)  # the mean rate
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: as spread as they are long
+    uniform = list(itertools.islice(arrival_offsets(100.0), 5))
+    assert uniform == pytest.approx([0.0, 0.01, 0.02, 0.03, 0.04])
+
+
+def test_a_seeded_poisson_schedule_is_replayed_exactly_and_another_seed_differs():
+    def first(seed: int) -> list[float]:
+        return list(itertools.islice(arrival_offsets(50.0, "poisson", seed=seed), 5000))
+
+    assert first(7) == first(7)
+    assert first(7) != first(8)
+    with pytest.raises(ValueError, match="arrivals"):
+        OpenLoop(_Target(0.0), rate=1, max_outstanding=1, max_calls=1, arrivals="bursty")
+
+
+def test_a_slow_server_does_not_slow_the_poisson_schedule_down():
+    target = _Target(0.2)  # every answer takes 0.2 s: a closed loop of 2 would send 5 a second
+    in_flight = []
+    call = target.call
+
+    async def counted():
+        in_flight.append(loop.outstanding)
+        return await call()
+
+    target.call = counted
+    loop = OpenLoop(target, rate=200, max_outstanding=1000, max_calls=10_000, arrivals="poisson", seed=1)
+    asyncio.run(loop.run(0.5))
+    scheduled = sum(1 for offset in itertools.takewhile(lambda o: o < 0.5, arrival_offsets(200, "poisson", seed=1)))
+    assert loop.sent == scheduled and loop.total.skipped == 0 and loop.total.count() == scheduled
+    assert len(loop.lags) == scheduled
+    assert max(in_flight) > 10  # calls overlapped: each went on its schedule, not after the previous answer
+
+
+def test_latency_counts_from_the_scheduled_send_when_the_sender_stalls():
+    """The first call holds the event loop 0.3 s: the calls due meanwhile go late, and are charged for it."""
+    stall = 0.3
+
+    class _Stalling(_Target):
+        async def call(self):
+            if self.calls == 0:
+                time.sleep(stall)  # blocks the loop: a stalled sender (another process on the core, a GC pause)
+            return await super().call()
+
+    def run(from_schedule: bool) -> OpenLoop:
+        loop = OpenLoop(
+            _Stalling(0.0), rate=100, max_outstanding=1000, max_calls=10_000, arrivals="poisson", seed=2,
+            from_schedule=from_schedule,
+        )  # fmt: skip
+        asyncio.run(loop.run(0.6))
+        return loop
+
+    timed = run(from_schedule=True)
+    due_in_stall = sum(1 for o in itertools.takewhile(lambda o: o < stall / 2, arrival_offsets(100, "poisson", seed=2)))
+    # Every call due in the stall's first half waited at least the other half, and its latency says so.
+    assert (timed.total.ms() >= 1000 * stall / 2).sum() >= due_in_stall
+    assert timed.lag_ms([100])[0] >= 1000 * stall / 2 and timed.total.max_lag >= stall / 2
+    # Timed from the actual send, the wait before the send is not seen (coordinated omission).
+    from_send = run(from_schedule=False)
+    assert (from_send.total.ms() >= 1000 * stall / 2).sum() < (timed.total.ms() >= 1000 * stall / 2).sum()
+    assert timed.sent == from_send.sent  # the same schedule: nothing skipped either way
+
+
+def test_offer_sorts_every_scheduled_call_by_how_it_ended():
+    class _Mixed(_Target):
+        name, model = "fake", "m"
+        wrong = 0
+        outcomes = [None, None, "UNAVAILABLE", "DEADLINE_EXCEEDED", "INTERNAL", "429", "TimeoutError", None]
+
+        async def call(self):
+            await super().call()
+            outcome = self.outcomes[(self.calls - 1) % len(self.outcomes)]
+            if outcome is None and self.calls % 16 == 1:
+                self.wrong += 1  # the target's own check found the answer wrong
+            return outcome
+
+    target = _Mixed(0.001)
+    result = asyncio.run(offer(target, rate=400, seconds=0.5, seed=4))
+    assert result.scheduled == target.calls + result.generator_refused > 100
+    counted = result.answered + result.wrong + result.refused + result.timed_out + sum(result.other_errors.values())
+    assert counted == result.scheduled and result.errors == result.scheduled - result.answered
+    assert result.refused > 0 and result.timed_out > 0 and set(result.other_errors) == {"INTERNAL"}
+    assert result.wrong == target.wrong > 0
+    figures = result.as_dict()
+    assert figures["refused_share"] == result.refused / result.scheduled
+    assert figures["error_share"] == pytest.approx(5 / 8 + result.wrong / result.scheduled, abs=0.05)

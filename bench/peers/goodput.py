@@ -1,0 +1,195 @@
+"""Goodput at a latency objective, open loop (python -m bench.peers --open-loop): what each server sustains in time.
+
+Per model, the objective is OBJECTIVE_FACTOR x the model's in-process single-request p50 (ONNX Runtime, no server),
+at least OBJECTIVE_FLOOR_MS. Per server: its answers are checked against in-process ONNX Runtime, its capacity is
+found with a short closed loop at c=16, then Poisson arrivals are offered at STEPS x that capacity for a few seconds
+each (and lower, LOW_STEPS, while none kept the objective) (bench.load.offered: latency from the scheduled send, every answer checked, a deadline on every call). Goodput
+is the highest offered rate whose answered p99 is within the objective with at most MAX_ERROR_SHARE errors; then
+1.5x and 2x the goodput are offered and measured (not interpolated), to show what each server does when overloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from backend.server.process import ServerError
+from bench.limit import measure_single_image
+from bench.load import loops
+from bench.load.offered import MAX_OUTSTANDING, OfferedResult, offer, summary
+from bench.load.targets import Target, VerificationError
+from bench.output import CORES, Gate, say
+from bench.peers import servers
+from bench.peers.reference import check_answers, reference_outputs, sample_images, sample_sequences
+from bench.venvs import VenvError
+
+OBJECTIVE_FACTOR = 5.0
+# 5x the text model's 0.2 ms in-process would be 1 ms, below any served round trip here (the Python backend's own
+# floor is 0.6-0.8 ms of CPU per request): every server would have no goodput at all and the study would say nothing.
+OBJECTIVE_FLOOR_MS = 10.0
+STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
+LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
+OVERLOADS = (1.5, 2.0)  # x the goodput
+MAX_ERROR_SHARE = 0.001
+CAPACITY_CONCURRENCY = 16
+DEADLINE_S = 2.0  # every call's; past it the call counts as timed out
+TEXT_SERVERS = ("triton", "facade", "fastapi")  # the servers that carry the text models' two INT64 inputs
+TEXT_NOT_MEASURED = (
+    "not measured on text models: its server (bench/peers/<peer>/server.py) takes one float32 image input; two "
+    "INT64 inputs of mixed lengths need a payload of their own in each peer"
+)
+
+
+def is_text(model: str) -> bool:
+    return "text" in model.lower()
+
+
+def objective_ms(single_p50_ms: float, factor: float = OBJECTIVE_FACTOR, floor_ms: float = OBJECTIVE_FLOOR_MS) -> float:
+    return max(factor * single_p50_ms, floor_ms)
+
+
+def within(step: dict, objective: float) -> bool:
+    """The step kept its promise: answers came, their p99 within the objective, errors at most MAX_ERROR_SHARE."""
+    return step["answered"] > 0 and step["p99_ms"] <= objective and step["error_share"] <= MAX_ERROR_SHARE
+
+
+def goodput(steps: Sequence[dict], objective: float) -> float:
+    """The highest offered rate (req/s) of the steps that kept the objective; 0 when none did."""
+    return max((step["offered_rps"] for step in steps if within(step, objective)), default=0.0)
+
+
+def sample_requests(model: str, onnx_file: Path) -> tuple[list, list[np.ndarray]]:
+    """The requests a server is driven with (images, or text sequences of mixed lengths) and their expected outputs."""
+    requests: list = sample_sequences(10) if is_text(model) else sample_images()
+    return requests, reference_outputs(onnx_file, requests)
+
+
+def single_request_ms(model: str, onnx_file: Path, seconds: float) -> tuple[float, float]:
+    """In-process p50 and p99 ms of one request (an image, or the text samples' mixed lengths in turn)."""
+    feeds = sample_sequences(10) if is_text(model) else None
+    return measure_single_image(onnx_file, threads=CORES, seconds=seconds, feeds=feeds)
+
+
+def checked_target(server: servers.Server, model: str, requests: list, expected: list[np.ndarray]) -> Target:
+    if is_text(model):
+        if not isinstance(server, (servers.Tritonnx, servers.FastApi)):
+            raise ValueError(f"{server.name}: {TEXT_NOT_MEASURED}")
+        target = server.target(inputs=requests, expected=expected)
+    else:
+        target = server.target(requests, expected)
+    target.timeout_s = DEADLINE_S
+    return target
+
+
+async def _capacity_and_steps(target: Target, args: argparse.Namespace, objective: float) -> dict:
+    await target.open(MAX_OUTSTANDING)
+    try:
+        closed = await loops.run_load(target, CAPACITY_CONCURRENCY, args.capacity_seconds, warmup_s=1.0, verify=False)
+        capacity = closed.throughput_rps
+        say(f"    capacity at c={CAPACITY_CONCURRENCY}: {capacity:.1f} req/s (p99 {closed.p99_ms:.1f} ms)")
+        record: dict = {"capacity": closed.as_dict(), "capacity_rps": capacity, "steps": [], "overloads": {}}
+        if capacity <= 0:
+            record["error"] = f"no capacity: errors {closed.errors}"
+            return record
+        for index, factor in enumerate(STEPS):
+            step = await _step(target, capacity * factor, args, seed=index)
+            record["steps"].append({"factor": factor, **step})
+        for index, factor in enumerate(LOW_STEPS):
+            if goodput(record["steps"], objective) > 0:
+                break
+            step = await _step(target, capacity * factor, args, seed=len(STEPS) + index)
+            record["steps"].append({"factor": factor, **step})
+        record["goodput_rps"] = goodput(record["steps"], objective)
+        say(f"    goodput {record['goodput_rps']:.1f} req/s (objective p99 <= {objective:.1f} ms)")
+        for index, factor in enumerate(OVERLOADS):
+            if record["goodput_rps"] > 0:
+                step = await _step(target, record["goodput_rps"] * factor, args, seed=100 + index)
+                record["overloads"][str(factor)] = step
+        return record
+    finally:
+        await target.close()
+
+
+async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int) -> dict:
+    result: OfferedResult = await offer(target, rate, args.step_seconds, seed=seed)
+    say(f"    {summary(result)}")
+    return result.as_dict()
+
+
+def measure_open(
+    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
+) -> dict:
+    """Start the server, check its answers, find its capacity, offer the steps, stop it; failures are recorded."""
+    started = time.monotonic()
+    try:
+        server.start()
+    except (ServerError, VenvError) as error:
+        return {"error": f"did not start: {error}"}
+    record: dict = {"ready_seconds": round(time.monotonic() - started, 2)}
+    try:
+        requests, expected = sample_requests(model, onnx_file)
+        try:
+            check_answers(checked_target(server, model, requests, expected), len(requests))
+        except VerificationError as error:
+            return {**record, "error": f"wrong answers, not measured: {error}"}
+        target = checked_target(server, model, requests, expected)
+        record.update(asyncio.run(_capacity_and_steps(target, args, objective)))
+        record["wrong"] = getattr(target, "wrong", 0)
+    finally:
+        server.stop()
+    return record
+
+
+def best_fastapi(data: dict) -> tuple[str, float] | None:
+    """The FastAPI layout with the highest goodput on a model, if any was measured."""
+    measured = [
+        (name, record["goodput_rps"])
+        for name, record in data["servers"].items()
+        if name.startswith("FastAPI") and "goodput_rps" in record
+    ]
+    return max(measured, key=lambda item: item[1]) if measured else None
+
+
+GOALS = (  # (server, model, goodput at least this x the best FastAPI layout's)
+    ("tritonnx, Triton direct", "resnet50", 1.3),
+    ("tritonnx, Triton direct", "text_classifier", 1.3),
+    ("tritonnx, Triton direct", "mobilenet_v3_small", 1.0),
+    ("tritonnx facade", "resnet50", 1.1),
+)
+
+
+def gates(results: dict) -> list[Gate]:
+    """The issue's goals, judged on this run's figures; a goal whose figures the run lacks fails, saying why."""
+    judged: list[Gate] = []
+    with_fastapi = "fastapi" in results["settings"]["servers"]
+    for server, model, ratio in GOALS:
+        data = results["models"].get(model)
+        if data is None or server not in data["servers"] or not with_fastapi:
+            continue  # not part of this run
+        name = f"{model}: {server} goodput >= {ratio}x the best FastAPI layout"
+        best = best_fastapi(data)
+        mine = data["servers"][server].get("goodput_rps")
+        if best is None or mine is None:
+            why = "no FastAPI layout has a goodput in this run" if best is None else f"{server} has no goodput"
+            judged.append(Gate(name, False, f"not judged: {why}"))
+            continue
+        detail = f"{mine:.1f} vs {best[0]} {best[1]:.1f} req/s"
+        judged.append(Gate(name, best[1] > 0 and mine >= ratio * best[1], detail))
+    for model, data in results["models"].items():
+        for server in ("tritonnx, Triton direct", "tritonnx facade"):
+            record = data["servers"].get(server)
+            if record is None:
+                continue
+            at_2x = record.get("overloads", {}).get("2.0")
+            name = f"{model}: {server} at 2x its goodput, answered p99 <= objective"
+            if at_2x is None:
+                judged.append(Gate(name, False, f"not judged: {record.get('error', 'no goodput to double')}"))
+                continue
+            detail = f"p99 {at_2x['p99_ms']:.1f} ms, objective {data['objective_ms']:.1f} ms"
+            judged.append(Gate(name, at_2x["answered"] > 0 and at_2x["p99_ms"] <= data["objective_ms"], detail))
+    return judged

@@ -1,0 +1,162 @@
+"""The open-loop goodput report (python -m bench.peers --open-loop): a table per model, plots, gates."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from bench.output import Gate, gates_section, write_json  # noqa: E402
+from bench.peers.goodput import (  # noqa: E402
+    CAPACITY_CONCURRENCY,
+    DEADLINE_S,
+    LOW_STEPS,
+    MAX_ERROR_SHARE,
+    OVERLOADS,
+    STEPS,
+    best_fastapi,
+)
+
+LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is called out
+
+
+def _ms(value: float) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:.1f}"
+
+
+def _at(step: dict | None) -> str:
+    """p50 / p99 ms, refused and timed-out share of one overload step, or n/a."""
+    if step is None:
+        return "n/a | n/a"
+    return (
+        f"{_ms(step['p50_ms'])} / {_ms(step['p99_ms'])} | {step['refused_share']:.1%} / {step['timed_out_share']:.1%}"
+    )
+
+
+def _lag(record: dict) -> str:
+    steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+    if not steps:
+        return "n/a"
+    return f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}"
+
+
+def model_table(data: dict) -> list[str]:
+    """One row per server: goodput, its ratio to the best FastAPI layout, and what 1.5x and 2x goodput did."""
+    best = best_fastapi(data)
+    header = " | ".join(f"at {factor}x goodput: p50 / p99 ms | refused / timed out" for factor in OVERLOADS)
+    lines = [
+        f"| server | goodput req/s | vs best FastAPI | capacity req/s (c={CAPACITY_CONCURRENCY}) | {header} | "
+        "generator lag p99 / max ms |",
+        "|---|---|---|---|" + "---|---|" * len(OVERLOADS) + "---|",
+    ]
+    for name, record in data["servers"].items():
+        if "goodput_rps" not in record:
+            lines.append(f"| {name} | not measured: {record.get('error', '?')} |")
+            continue
+        ratio = f"{record['goodput_rps'] / best[1]:.2f}x" if best and best[1] > 0 else "n/a"
+        overloads = " | ".join(_at(record["overloads"].get(str(factor))) for factor in OVERLOADS)
+        lines.append(
+            f"| {name} | {record['goodput_rps']:.1f} | {ratio} | {record['capacity_rps']:.1f} | {overloads} | "
+            f"{_lag(record)} |"
+        )
+    return lines
+
+
+def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
+    """results.json, the plots and report.md; returns the report's text."""
+    write_json(out / "results.json", results)
+    settings = results["settings"]
+    objective = results["objective"]
+    lines = [
+        f"# Goodput at a latency objective, open loop {results['started']}",
+        "",
+        f"Machine: {results['machine']}. Per model, the objective is the answered calls' p99 <= "
+        f"{objective['factor']:g}x the model's in-process single-request p50 (ONNX Runtime, no server), at least "
+        f"{objective['floor_ms']:g} ms ({objective['why']}). Per server: answers checked against in-process ONNX "
+        f"Runtime, capacity from a closed loop at c={CAPACITY_CONCURRENCY} for {settings['capacity_seconds']:g} s, "
+        f"then Poisson arrivals offered at {', '.join(f'{s:g}' for s in STEPS)}x that capacity for "
+        f"{settings['step_seconds']:g} s each (then {' and '.join(f'{s:g}' for s in LOW_STEPS)}x in turn while no "
+        "step kept the objective), every call timed from its scheduled send time (no coordinated "
+        f"omission), with a {DEADLINE_S:g} s deadline, every answer checked. **Goodput** is the highest offered rate "
+        f"whose answered p99 is within the objective with at most {MAX_ERROR_SHARE:.1%} errors (refused, timed out, "
+        "wrong, failed, or not sent because the generator's bound on calls in flight was reached); "
+        f"{' and '.join(f'{f:g}x' for f in OVERLOADS)} the goodput were then offered and measured. Refused: "
+        "RESOURCE_EXHAUSTED / UNAVAILABLE / HTTP 429 / 503. The generator's lag is how late it sent against its "
+        "own schedule (the worst step's).",
+        "",
+        "![goodput](goodput.png)",
+        "",
+    ]
+    for model, data in results["models"].items():
+        lines += [
+            f"## {model}",
+            "",
+            f"In-process single request: p50 {data['single_p50_ms']:.2f} ms, p99 {data['single_p99_ms']:.2f} ms; "
+            f"objective: p99 <= **{data['objective_ms']:.1f} ms**.",
+            "",
+            *model_table(data),
+            "",
+        ]
+        behind = [
+            f"{name} at {step['offered_rps']:.0f} req/s ({step['lag_p99_ms']:.1f} ms)"
+            for name, record in data["servers"].items()
+            for step in record.get("steps", []) + list(record.get("overloads", {}).values())
+            if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]
+        ]
+        if behind:
+            lines += [
+                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99), "
+                "so these steps' latencies hold its own lag too: " + "; ".join(behind) + ".",
+                "",
+            ]
+        if data.get("not_measured"):
+            lines += [f"- {name}: {why}" for name, why in data["not_measured"].items()] + [""]
+        lines += [f"![{model}]({model}_open.png)", ""]
+        plot_model(out, model, data)
+    plot_goodput(out, results)
+    lines += [gates_section(judged)]
+    text = "\n".join(lines)
+    (out / "report.md").write_text(text)
+    return text
+
+
+def plot_goodput(out: Path, results: dict) -> None:
+    """Goodput per server, one group of bars per model."""
+    models = list(results["models"])
+    names = list(dict.fromkeys(name for data in results["models"].values() for name in data["servers"]))
+    figure, axis = plt.subplots(figsize=(10, 5))
+    width = 0.8 / max(len(names), 1)
+    for index, name in enumerate(names):
+        values = [results["models"][m]["servers"].get(name, {}).get("goodput_rps", 0.0) for m in models]
+        axis.bar([i + index * width for i in range(len(models))], values, width, label=name)
+    axis.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(models))], models)
+    axis.set(ylabel="goodput, req / s", title="goodput at the latency objective")
+    axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(out / "goodput.png", dpi=110)
+    plt.close(figure)
+
+
+def plot_model(out: Path, model: str, data: dict) -> None:
+    """Answered p99 (with the objective) and the refused share against the offered rate, every server."""
+    figure, (latency, refused) = plt.subplots(1, 2, figsize=(12, 5))
+    for name, record in data["servers"].items():
+        steps = sorted(
+            record.get("steps", []) + list(record.get("overloads", {}).values()), key=lambda s: s["offered_rps"]
+        )
+        if not steps:
+            continue
+        rates = [s["offered_rps"] for s in steps]
+        line = latency.plot(rates, [s["p99_ms"] for s in steps], marker="o", label=name)[0]
+        refused.plot(rates, [100 * s["refused_share"] for s in steps], marker="o", color=line.get_color(), label=name)
+    latency.axhline(data["objective_ms"], color="black", linestyle="--", label="objective")
+    latency.set(xlabel="offered req / s", ylabel="answered p99 ms (from scheduled send)", yscale="log", title=model)
+    refused.set(xlabel="offered req / s", ylabel="refused, % of calls", title=f"{model}: refusals")
+    latency.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / f"{model}_open.png", dpi=110)
+    plt.close(figure)

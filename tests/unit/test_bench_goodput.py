@@ -1,0 +1,158 @@
+"""The open-loop goodput mode of the peers benchmark (bench/peers/goodput.py, open_report.py): its rule, gates, report."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+
+import pytest
+
+from bench.peers import goodput
+from bench.peers.goodput import best_fastapi, gates, objective_ms, within
+from bench.peers.open_report import write_open_report
+
+
+def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
+    return {
+        "offered_rps": rate,
+        "p50_ms": p99 / 2,
+        "p99_ms": p99,
+        "answered": answered,
+        "error_share": errors,
+        "refused_share": errors,
+        "timed_out_share": 0.0,
+        "lag_p99_ms": 0.5,
+        "lag_max_ms": 2.0,
+        **more,
+    }
+
+
+def test_goodput_is_the_highest_rate_within_the_objective_and_the_error_budget():
+    steps = [_step(10, 5), _step(20, 8), _step(30, 9.9), _step(40, 12), _step(50, 400)]
+    assert goodput.goodput(steps, objective=10.0) == 30
+    # Errors over 0.1% disqualify a step however fast its answers were; 0.1% itself is allowed.
+    steps[2]["error_share"] = 0.0011
+    assert goodput.goodput(steps, objective=10.0) == 20
+    steps[1]["error_share"] = 0.001
+    assert goodput.goodput(steps, objective=10.0) == 20
+    # A step with no answers (all refused, p99 nan) keeps no promise; nothing kept gives 0.
+    assert not within(_step(5, math.nan, answered=0), 10.0)
+    assert goodput.goodput([_step(10, 11), _step(20, 30)], objective=10.0) == 0.0
+
+
+def test_the_objective_is_a_multiple_of_the_in_process_latency_with_a_floor():
+    assert objective_ms(4.0) == pytest.approx(goodput.OBJECTIVE_FACTOR * 4.0)
+    assert objective_ms(0.2) == goodput.OBJECTIVE_FLOOR_MS
+    assert objective_ms(3.0, factor=10, floor_ms=1) == 30.0
+
+
+def _record(good: float, at_2x_p99: float | None = None) -> dict:
+    steps = [_step(good / 2, 5), _step(good, 9), _step(good * 2, 80, errors=0.2)]
+    overloads = {"1.5": _step(good * 1.5, 20, errors=0.1), "2.0": _step(good * 2, at_2x_p99 or 50, errors=0.4)}
+    return {"setup": "s", "capacity_rps": good * 1.3, "goodput_rps": good, "steps": steps, "overloads": overloads}
+
+
+def _results() -> dict:
+    return {
+        "started": "20261125T000000Z",
+        "machine": "test machine",
+        "settings": {"servers": ["triton", "facade", "fastapi"], "capacity_seconds": 3.0, "step_seconds": 5.0},
+        "objective": {"factor": 5.0, "floor_ms": 10.0, "why": "a reason"},
+        "models": {
+            "resnet50": {
+                "single_p50_ms": 40.0,
+                "single_p99_ms": 45.0,
+                "objective_ms": 200.0,
+                "servers": {
+                    "tritonnx, Triton direct": _record(30.0, at_2x_p99=150),
+                    "tritonnx facade": _record(20.0, at_2x_p99=250),
+                    "FastAPI 2x1": _record(20.0),
+                    "FastAPI 1x2": _record(15.0),
+                    "LitServe": {"setup": "s", "error": "did not start: no venv"},
+                },
+                "not_measured": {},
+            },
+            "text_classifier": {
+                "single_p50_ms": 0.2,
+                "single_p99_ms": 0.4,
+                "objective_ms": 10.0,
+                "servers": {"tritonnx, Triton direct": _record(300.0, at_2x_p99=8)},
+                "not_measured": {"litserve": goodput.TEXT_NOT_MEASURED},
+            },
+        },
+    }
+
+
+def test_gates_judge_the_goals_on_the_runs_figures_and_fail_what_they_cannot_judge():
+    results = _results()
+    assert best_fastapi(results["models"]["resnet50"]) == ("FastAPI 2x1", 20.0)
+    verdicts = {gate.name: gate for gate in gates(results)}
+    assert verdicts["resnet50: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"].passed  # 30 / 20
+    facade = verdicts["resnet50: tritonnx facade goodput >= 1.1x the best FastAPI layout"]
+    assert not facade.passed and "20.0 vs FastAPI 2x1 20.0" in facade.detail
+    text = verdicts["text_classifier: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"]
+    assert not text.passed and text.detail == "not judged: no FastAPI layout has a goodput in this run"
+    assert verdicts["resnet50: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
+    assert not verdicts["resnet50: tritonnx facade at 2x its goodput, answered p99 <= objective"].passed
+    assert verdicts["text_classifier: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
+    # A run without FastAPI (a smoke of one server) claims no ratio to it.
+    results["settings"]["servers"] = ["triton"]
+    assert not any("FastAPI" in gate.name for gate in gates(results))
+
+
+def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
+    results = _results()
+    judged = gates(results)
+    text = write_open_report(tmp_path, results, judged)
+    assert text == (tmp_path / "report.md").read_text()
+    assert "## resnet50" in text and "## text_classifier" in text
+    assert "objective: p99 <= **200.0 ms**" in text and "at least 10 ms (a reason)" in text
+    # goodput, its ratio to the best FastAPI, the capacity, 1.5x and 2x goodput, the generator's worst lag
+    assert "| tritonnx, Triton direct | 30.0 | 1.50x | 39.0 | 10.0 / 20.0 | 10.0% / 0.0% | 75.0 / 150.0 | " in text
+    assert "| 40.0% / 0.0% | 0.5 / 2.0 |" in text
+    assert "| LitServe | not measured: did not start: no venv |" in text
+    assert f"- litserve: {goodput.TEXT_NOT_MEASURED}" in text
+    assert "## Gates" in text and text.count("**FAILED**") == sum(not gate.passed for gate in judged)
+    for png in ("goodput.png", "resnet50_open.png", "text_classifier_open.png"):
+        assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in text
+    assert (tmp_path / "results.json").exists()
+
+
+class _Fake:
+    """A target whose every answer takes `delay` seconds (the loops' Target, no server)."""
+
+    name, model, batch, timeout_s, wrong = "fake", "m", 1, 1.0, 0
+
+    def __init__(self, delay: float) -> None:
+        self.delay, self.is_open = delay, False
+
+    async def open(self, concurrency: int = 1) -> None:
+        self.is_open = True
+
+    async def close(self) -> None:
+        self.is_open = False
+
+    async def verify(self) -> None: ...
+
+    async def call(self) -> str | None:
+        await asyncio.sleep(self.delay)
+        return None
+
+
+def _args() -> argparse.Namespace:
+    return argparse.Namespace(step_seconds=0.05, capacity_seconds=0.1)
+
+
+def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found():
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), objective=1000.0))
+    assert [step["factor"] for step in record["steps"]] == list(goodput.STEPS)
+    assert record["goodput_rps"] == record["steps"][-1]["offered_rps"] > 0  # every step kept a 1 s objective
+    assert list(record["overloads"]) == ["1.5", "2.0"]
+    assert record["overloads"]["2.0"]["offered_rps"] == pytest.approx(2 * record["goodput_rps"])
+
+
+def test_lower_steps_are_tried_while_none_keeps_the_objective_and_no_goodput_means_no_overload():
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.02), _args(), objective=1.0))  # 20 ms answers, 1 ms
+    assert [step["factor"] for step in record["steps"]] == [*goodput.STEPS, *goodput.LOW_STEPS]
+    assert record["goodput_rps"] == 0.0 and record["overloads"] == {}
