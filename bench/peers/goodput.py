@@ -29,9 +29,11 @@ from bench.peers.reference import check_answers, reference_outputs, sample_image
 from bench.venvs import VenvError
 
 OBJECTIVE_FACTOR = 5.0
-# 5x the text model's 0.2 ms in-process would be 1 ms, below any served round trip here (the Python backend's own
-# floor is 0.6-0.8 ms of CPU per request): every server would have no goodput at all and the study would say nothing.
-OBJECTIVE_FLOOR_MS = 10.0
+# A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes
+# 3.5-4 ms (bench/reports/2026-11-25-lone-request) and the Python load generator, on the same cores, sends up to 5-20 ms
+# behind its schedule at p99 while a server computes: 5x the in-process 1.5 ms (or the text model's 0.2 ms) would
+# leave every server without goodput and the study would say nothing. 25 ms is an interactive API's budget.
+OBJECTIVE_FLOOR_MS = 25.0
 STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
 LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
 OVERLOADS = (1.5, 2.0)  # x the goodput
