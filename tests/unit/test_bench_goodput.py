@@ -42,7 +42,7 @@ def test_goodput_is_the_highest_rate_within_the_objective_and_the_error_budget()
 
 
 def test_the_objective_is_a_multiple_of_the_in_process_latency_with_a_floor():
-    assert objective_ms(4.0) == pytest.approx(goodput.OBJECTIVE_FACTOR * 4.0)
+    assert objective_ms(40.0) == pytest.approx(goodput.OBJECTIVE_FACTOR * 40.0)
     assert objective_ms(0.2) == goodput.OBJECTIVE_FLOOR_MS
     assert objective_ms(3.0, factor=10, floor_ms=1) == 30.0
 
