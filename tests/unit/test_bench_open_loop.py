@@ -4,6 +4,7 @@ the latency it charges from the schedule; the goodput steps' sorting of outcomes
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -68,16 +69,22 @@ def test_open_loop_skips_calls_beyond_the_outstanding_cap_and_stops_at_max_calls
     assert slow.sent == 2 and slow.total.skipped == 18 and slow.total.count() == 2
 
 
-def test_waiting_when_full_sends_every_scheduled_call_and_never_more_at_once():
-    target = _Target(0.05)
-    in_flight = []
+def _in_flight_at_each_call(target: _Target, loop: Callable[[], OpenLoop]) -> list[int]:
+    """The loop's calls in flight as each call starts (itself included), recorded by wrapping `target.call`."""
+    seen: list[int] = []
     call = target.call
 
     async def counted():
-        in_flight.append(loop.outstanding)
+        seen.append(loop().outstanding)
         return await call()
 
     target.call = counted
+    return seen
+
+
+def test_waiting_when_full_sends_every_scheduled_call_and_never_more_at_once():
+    target = _Target(0.05)
+    in_flight = _in_flight_at_each_call(target, lambda: loop)
     loop = OpenLoop(target, rate=200, max_outstanding=2, max_calls=20, wait_when_full=True)
     asyncio.run(loop.run(5.0))
     assert loop.sent == 20 and loop.total.skipped == 0 and loop.total.count() == 20
@@ -107,14 +114,7 @@ def test_a_seeded_poisson_schedule_is_replayed_exactly_and_another_seed_differs(
 
 def test_a_slow_server_does_not_slow_the_poisson_schedule_down():
     target = _Target(0.2)  # every answer takes 0.2 s: a closed loop of 2 would send 5 a second
-    in_flight = []
-    call = target.call
-
-    async def counted():
-        in_flight.append(loop.outstanding)
-        return await call()
-
-    target.call = counted
+    in_flight = _in_flight_at_each_call(target, lambda: loop)
     loop = OpenLoop(target, rate=200, max_outstanding=1000, max_calls=10_000, arrivals="poisson", seed=1)
     asyncio.run(loop.run(0.5))
     scheduled = sum(1 for offset in itertools.takewhile(lambda o: o < 0.5, arrival_offsets(200, "poisson", seed=1)))
