@@ -60,6 +60,23 @@ def cpu_instance_count(model_config: dict) -> int:
     return max(1, sum(int(g.get("count", 1)) for g in groups if g.get("kind", "KIND_CPU") == "KIND_CPU"))
 
 
+def priority_queue_stall(model_config: dict) -> str | None:
+    """Why a dynamic batcher with priority levels in front of a single instance is a latency trap, or None.
+
+    Measured with tritonserver 2.51 (bench/reports/2026-11-25-lone-request): one caller sending its next request as
+    soon as an answer comes finds it waiting about 500 ms in Triton's queue now and then (p99 504 ms against 5 ms with
+    two instances or without priority levels), since it arrives while the one instance is still finishing the last.
+    """
+    levels = int((model_config.get("dynamic_batching") or {}).get("priority_levels", 0) or 0)
+    if levels < 1 or cpu_instance_count(model_config) > 1:
+        return None
+    return (
+        f"{levels} priority levels in front of one instance: tritonserver 2.51 can hold a request about 500 ms in its "
+        "queue when it arrives while the instance finishes the one before; give the model 2 instances (instance_group "
+        "count) or no priority levels"
+    )
+
+
 def _parameters(model_config: dict) -> dict[str, str]:
     return {k: v.get("string_value", "") for k, v in (model_config.get("parameters") or {}).items()}
 

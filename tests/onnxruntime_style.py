@@ -31,7 +31,8 @@ REPOSITORY = {
     "no_config": (None, "model.onnx"),
     # tritonnx's own `nice` too: its instance runs at a lower CPU priority (a model beside its latency lane).
     "named_tritonnx": (
-        'backend: "tritonnx"\nmax_batch_size: 4\nparameters { key: "nice" value: { string_value: "5" } }\n',
+        'backend: "tritonnx"\nmax_batch_size: 4\nparameters { key: "nice" value: { string_value: "5" } }\n'
+        "dynamic_batching { priority_levels: 2 default_priority_level: 2 }\n",
         "model.onnx",
     ),
     "own_file_name": ('platform: "onnxruntime_onnx"\ndefault_model_filename: "model.int8.onnx"\n', "model.int8.onnx"),

@@ -99,6 +99,13 @@ def test_the_servers_global_threadpool_thread_counts_reach_the_onnxruntime_model
     assert threads("named_tritonnx") == {"2"}  # another backend's name: the cores of its one instance
 
 
+def test_priority_levels_in_front_of_a_single_instance_are_warned_of(served):
+    stack, _ = served
+    log = stack.triton.log_file.read_text(errors="replace")
+    warned = set(re.findall(r"model '(\w+)': \d+ priority levels in front of one instance", log))
+    assert warned == {"named_tritonnx"}  # its one instance; the onnxruntime-named models have two and no levels
+
+
 @pytest.mark.parametrize("model", [m for m in REPOSITORY if m != "custom_op"])
 def test_answers_equal_onnx_runtime_in_process(served, client, model):
     assert_served_as_in_process(client, model, served[1][model])

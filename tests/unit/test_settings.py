@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from backend.errors import ModelConfigError
-from backend.settings import SessionSettings, cpu_instance_count
+from backend.settings import SessionSettings, cpu_instance_count, priority_queue_stall
 
 
 def config(instances: int = 1, level: int | None = None, **params: str) -> dict:
@@ -109,6 +109,17 @@ def test_instance_count_adds_cpu_groups():
     cfg = {"instance_group": [{"kind": "KIND_CPU", "count": 2}, {"kind": "KIND_CPU", "count": 3}]}
     assert cpu_instance_count(cfg) == 5
     assert cpu_instance_count({}) == 1
+
+
+def test_priority_levels_in_front_of_one_instance_are_named_as_a_latency_trap():
+    # Triton's JSON writes uint64 fields as strings.
+    levels = {"dynamic_batching": {"priority_levels": "2", "default_priority_level": "2"}}
+    stall = priority_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 1}]})
+    assert stall is not None and "2 priority levels in front of one instance" in stall and "2 instances" in stall
+    assert priority_queue_stall(levels) is not None  # no instance group: Triton's one instance
+    assert priority_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}) is None
+    assert priority_queue_stall({"dynamic_batching": {}, "instance_group": [{"count": 1}]}) is None
+    assert priority_queue_stall({}) is None
 
 
 def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
