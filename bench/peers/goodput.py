@@ -36,6 +36,7 @@ OBJECTIVE_FACTOR = 5.0
 OBJECTIVE_FLOOR_MS = 25.0
 STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
 LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
+REFINEMENTS = 2  # bisections between the goodput and the next rate above it
 OVERLOADS = (1.5, 2.0)  # x the goodput
 MAX_ERROR_SHARE = 0.001
 CAPACITY_CONCURRENCY = 16
@@ -106,6 +107,7 @@ async def _capacity_and_steps(target: Target, args: argparse.Namespace, objectiv
                 break
             step = await _step(target, capacity * factor, args, seed=len(STEPS) + index)
             record["steps"].append({"factor": factor, **step})
+        await _refine(target, record["steps"], capacity, objective, args)
         record["goodput_rps"] = goodput(record["steps"], objective)
         say(f"    goodput {record['goodput_rps']:.1f} req/s (objective p99 <= {objective:.1f} ms)")
         for index, factor in enumerate(OVERLOADS):
@@ -115,6 +117,25 @@ async def _capacity_and_steps(target: Target, args: argparse.Namespace, objectiv
         return record
     finally:
         await target.close()
+
+
+async def _refine(
+    target: Target, steps: list[dict], capacity: float, objective: float, args: argparse.Namespace
+) -> None:
+    """Halve the gap between the goodput and the next rate offered above it, REFINEMENTS times (steps appended).
+
+    The grid alone knows the goodput only to within its spacing (0.5 to 0.7x capacity is a factor of 1.4).
+    """
+    low = goodput(steps, objective)
+    above = [step["offered_rps"] for step in steps if step["offered_rps"] > low]
+    if low <= 0 or not above:
+        return
+    high = min(above)
+    for index in range(REFINEMENTS):
+        middle = (low + high) / 2
+        step = await _step(target, middle, args, seed=200 + index)
+        steps.append({"factor": round(middle / capacity, 3), **step})
+        low, high = (middle, high) if within(step, objective) else (low, middle)
 
 
 async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int) -> dict:

@@ -156,3 +156,17 @@ def test_lower_steps_are_tried_while_none_keeps_the_objective_and_no_goodput_mea
     record = asyncio.run(goodput._capacity_and_steps(_Fake(0.02), _args(), objective=1.0))  # 20 ms answers, 1 ms
     assert [step["factor"] for step in record["steps"]] == [*goodput.STEPS, *goodput.LOW_STEPS]
     assert record["goodput_rps"] == 0.0 and record["overloads"] == {}
+
+
+def test_refinement_bisects_between_the_goodput_and_the_next_rate_above_it(monkeypatch):
+    offered = []
+
+    async def step(target, rate, args, seed):  # p99 within a 10 ms objective below 70 req/s
+        offered.append(rate)
+        return _step(rate, 5.0 if rate < 70 else 50.0)
+
+    monkeypatch.setattr(goodput, "_step", step)
+    steps = [_step(50, 5.0), _step(80, 50.0), _step(100, 50.0)]
+    asyncio.run(goodput._refine(_Fake(0.0), steps, 100.0, 10.0, _args()))
+    assert offered == [65.0, 72.5]  # halfway to 80 kept it, halfway to 80 from 65 did not
+    assert goodput.goodput(steps, 10.0) == 65.0 and steps[-1]["factor"] == 0.725
