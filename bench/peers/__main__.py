@@ -37,14 +37,22 @@ from bench.venvs import VenvError
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
+# The open loop only: Triton direct with its queues timing out at half the objective (a latency budget to refuse by).
+BOUNDED = "triton-bounded"
 
 
-def make_servers(names: list[str], model: str, workdir: Path) -> list[servers.Server]:
+def make_servers(
+    names: list[str], model: str, workdir: Path, objective_ms: float | None = None
+) -> list[servers.Server]:
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
     policy = servers.Policy.of(REPOSITORY / model, CORES)
     made: list[servers.Server] = []
     for name in names:
-        if name in TRITONNX:
+        if name == BOUNDED:
+            if objective_ms is None:
+                raise ValueError(f"{BOUNDED} needs an objective: the open loop's (--open-loop)")
+            made.append(servers.Tritonnx(REPOSITORY, model, workdir, queue_timeout_ms=objective_ms / 2))
+        elif name in TRITONNX:
             made.append(servers.Tritonnx(REPOSITORY, model, workdir, facade=name == "facade"))
         elif name == "fastapi":
             made += [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
@@ -195,7 +203,7 @@ def open_loop(args: argparse.Namespace) -> int:
             data["not_measured"].update({name: goodput.TEXT_NOT_MEASURED for name in skipped})
             names = [n for n in names if n in goodput.TEXT_SERVERS]
         results["models"][model] = data
-        for server in make_servers(names, model, workdir / model):
+        for server in make_servers(names, model, workdir / model, objective):
             (workdir / model).mkdir(parents=True, exist_ok=True)
             say(f"{model}: {server.name} ({server.description}) ...")
             record = goodput.measure_open(server, model, onnx_file, objective, args)
@@ -229,7 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         help="default: mobilenet_v3_small; with --open-loop resnet50 mobilenet_v3_small text_classifier",
     )
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS), help="default: all")
+    parser.add_argument(
+        "--servers",
+        nargs="+",
+        choices=[*SERVERS, BOUNDED],
+        help=f"default: all ({BOUNDED}, Triton direct with its queues timing out at half the objective: --open-loop)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="default: %(default)s")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[16, 1], help="default: %(default)s")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per point; default: %(default)s")
@@ -255,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         args.models = (
             ["resnet50", "mobilenet_v3_small", "text_classifier"] if args.open_loop else ["mobilenet_v3_small"]
         )
+    if args.servers is None:
+        args.servers = [*SERVERS[:1], BOUNDED, *SERVERS[1:]] if args.open_loop else list(SERVERS)
     if args.smoke:
         args.rounds, args.duration, args.limit_seconds = 1, 2.0, 0.5
         args.step_seconds, args.capacity_seconds = 1.0, 1.0

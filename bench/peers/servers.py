@@ -10,6 +10,8 @@ MLServer, HTTP with the peer's own payload otherwise.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
@@ -23,7 +25,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from backend.server.process import ManagedProcess, ServerError, free_ports
-from backend.server.repository import read_config
+from backend.server.repository import CONFIG_FILE, link_models, read_config
 from backend.server.stack import ServingStack
 from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import Setup
@@ -91,6 +93,9 @@ class Tritonnx(Server):
     model: str
     workdir: Path
     facade: bool = False
+    # Triton's queue timeout (both priorities' queues, REJECT) in place of the config's: a request that waited this
+    # long is refused instead of served late.
+    queue_timeout_ms: float | None = None
     _stack: ServingStack | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -100,11 +105,29 @@ class Tritonnx(Server):
             if self.facade
             else "Triton 2.51 + the project's Python backend, the model's config.pbtxt; KServe v2 gRPC, raw tensors"
         )
+        if self.queue_timeout_ms is not None:
+            self.name += f", queue timeout {self.queue_timeout_ms:.0f} ms"
+            self.description += f"; the queues' default_timeout_microseconds {self.queue_timeout_ms * 1000:.0f}"
+
+    def _served_repository(self) -> Path:
+        """The repository, or a copy of the model whose queues time out at `queue_timeout_ms`."""
+        if self.queue_timeout_ms is None:
+            return self.repository
+        config, replaced = re.subn(
+            r"default_timeout_microseconds:\s*\d+",
+            f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}",
+            (self.repository / self.model / CONFIG_FILE).read_text(),
+        )
+        if not replaced:
+            raise ServerError(f"{self.model}'s config.pbtxt has no queue policy whose timeout could be set")
+        folder = self.workdir / f"repository-queue-{self.queue_timeout_ms:.0f}ms"
+        shutil.rmtree(folder, ignore_errors=True)
+        return link_models(folder, {self.model: self.repository / self.model}, {self.model: config})
 
     def start(self) -> None:
         facade_args = ["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"]
         self._stack = ServingStack(
-            self.repository, self.workdir / self.name.replace(" ", "_").replace(",", ""),
+            self._served_repository(), self.workdir / self.name.replace(" ", "_").replace(",", ""),
             backend_dir=self.workdir / "backends", facade_args=facade_args,
         )  # fmt: skip
         self._stack.start_triton()

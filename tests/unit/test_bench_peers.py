@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
 from aiohttp import web
 
+from bench import REPOSITORY
 from bench.load.http import Base64Json, FileUpload, HttpTarget, RawFloat32
 from bench.load.targets import VerificationError
 from bench.peers import servers, venvs
@@ -191,3 +193,13 @@ def test_make_bench_tables_count_only_spread_fastapi_runs():
     assert counted(data["fastapi"]["2 worker(s) x 1 thread(s)"]["points"]) == [point(1, 190.0, 5.1)]
     table = "\n".join(worker_rows(data))
     assert "| 2 worker(s) x 1 thread(s) | 16 | 95% / 5% | **no: not counted** | 2 |" in table
+
+
+def test_the_bounded_triton_serves_the_model_with_its_queues_timing_out_at_the_given_budget(tmp_path):
+    server = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path, queue_timeout_ms=96.5)
+    config = (server._served_repository() / "resnet50" / "config.pbtxt").read_text()
+    timeouts = re.findall(r"default_timeout_microseconds:\s*(\d+)", config)
+    assert timeouts == ["96500", "96500"]  # the default queue's and priority 1's
+    assert "queue timeout 96 ms" in server.name  # beside the plain one in the report
+    plain = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path)
+    assert plain._served_repository() == REPOSITORY and plain.name == "tritonnx, Triton direct"
