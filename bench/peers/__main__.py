@@ -37,21 +37,21 @@ from bench.venvs import VenvError
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
-# The open loop only: Triton direct with its queues timing out at half the objective (a latency budget to refuse by).
+# The open loop only: Triton direct with the model's policy bounded for the objective (servers.LatencyBound).
 BOUNDED = "triton-bounded"
 
 
 def make_servers(
-    names: list[str], model: str, workdir: Path, objective_ms: float | None = None
+    names: list[str], model: str, workdir: Path, bound: servers.LatencyBound | None = None
 ) -> list[servers.Server]:
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
     policy = servers.Policy.of(REPOSITORY / model, CORES)
     made: list[servers.Server] = []
     for name in names:
         if name == BOUNDED:
-            if objective_ms is None:
+            if bound is None:
                 raise ValueError(f"{BOUNDED} needs an objective: the open loop's (--open-loop)")
-            made.append(servers.Tritonnx(REPOSITORY, model, workdir, queue_timeout_ms=objective_ms / 2))
+            made.append(servers.Tritonnx(REPOSITORY, model, workdir, bound=bound))
         elif name in TRITONNX:
             made.append(servers.Tritonnx(REPOSITORY, model, workdir, facade=name == "facade"))
         elif name == "fastapi":
@@ -203,7 +203,10 @@ def open_loop(args: argparse.Namespace) -> int:
             data["not_measured"].update({name: goodput.TEXT_NOT_MEASURED for name in skipped})
             names = [n for n in names if n in goodput.TEXT_SERVERS]
         results["models"][model] = data
-        for server in make_servers(names, model, workdir / model, objective):
+        bound = servers.LatencyBound.for_objective(
+            objective, single_p50, servers.Policy.of(REPOSITORY / model, CORES).max_batch_size
+        )
+        for server in make_servers(names, model, workdir / model, bound):
             (workdir / model).mkdir(parents=True, exist_ok=True)
             say(f"{model}: {server.name} ({server.description}) ...")
             record = goodput.measure_open(server, model, onnx_file, objective, args)
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "--servers",
         nargs="+",
         choices=[*SERVERS, BOUNDED],
-        help=f"default: all ({BOUNDED}, Triton direct with its queues timing out at half the objective: --open-loop)",
+        help=f"default: all ({BOUNDED}: Triton direct with its policy bounded for the objective, with --open-loop)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="default: %(default)s")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[16, 1], help="default: %(default)s")

@@ -85,6 +85,38 @@ class Server(ABC):
         """A load target; with `images` and `expected`, one that compares every answer."""
 
 
+@dataclass(frozen=True)
+class LatencyBound:
+    """A model's policy for a latency objective: wait at most half of it in the queue, run batches that fit the rest.
+
+    Triton refuses (UNAVAILABLE) a request that waited `queue_timeout_ms` in either priority's queue instead of
+    answering it late; `max_batch_size` is the largest batch whose run, at the in-process single-request latency per
+    row, fits in the other half (a batch of 16 resnet50 images takes most of a second on 2 cores).
+    """
+
+    queue_timeout_ms: float
+    max_batch_size: int
+
+    @classmethod
+    def for_objective(cls, objective_ms: float, single_ms: float, max_batch_size: int) -> LatencyBound:
+        half = objective_ms / 2
+        return cls(half, max(1, min(max_batch_size, int(half // single_ms))))
+
+    def describe(self) -> str:
+        return f"queue timeout {self.queue_timeout_ms:.0f} ms, batches <= {self.max_batch_size}"
+
+    def apply(self, config: str) -> str:
+        config, timeouts = re.subn(
+            r"default_timeout_microseconds:\s*\d+",
+            f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}",
+            config,
+        )
+        config, batches = re.subn(r"(?m)^max_batch_size:\s*\d+", f"max_batch_size: {self.max_batch_size}", config)
+        if not timeouts or batches != 1:
+            raise ServerError("the model's config.pbtxt has no queue policy or no max_batch_size to rewrite")
+        return config
+
+
 @dataclass(eq=False)
 class Tritonnx(Server):
     """tritonnx: Triton direct (KServe v2 gRPC) or through the facade (`facade=True`)."""
@@ -93,9 +125,7 @@ class Tritonnx(Server):
     model: str
     workdir: Path
     facade: bool = False
-    # Triton's queue timeout (both priorities' queues, REJECT) in place of the config's: a request that waited this
-    # long is refused instead of served late.
-    queue_timeout_ms: float | None = None
+    bound: LatencyBound | None = None  # the model's policy rewritten for a latency objective
     _stack: ServingStack | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,22 +135,16 @@ class Tritonnx(Server):
             if self.facade
             else "Triton 2.51 + the project's Python backend, the model's config.pbtxt; KServe v2 gRPC, raw tensors"
         )
-        if self.queue_timeout_ms is not None:
-            self.name += f", queue timeout {self.queue_timeout_ms:.0f} ms"
-            self.description += f"; the queues' default_timeout_microseconds {self.queue_timeout_ms * 1000:.0f}"
+        if self.bound is not None:
+            self.name += f", {self.bound.describe()}"
+            self.description += f"; {self.bound.describe()} (the config's, rewritten for the objective)"
 
     def _served_repository(self) -> Path:
-        """The repository, or a copy of the model whose queues time out at `queue_timeout_ms`."""
-        if self.queue_timeout_ms is None:
+        """The repository, or a copy of the model with the bound's policy."""
+        if self.bound is None:
             return self.repository
-        config, replaced = re.subn(
-            r"default_timeout_microseconds:\s*\d+",
-            f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}",
-            (self.repository / self.model / CONFIG_FILE).read_text(),
-        )
-        if not replaced:
-            raise ServerError(f"{self.model}'s config.pbtxt has no queue policy whose timeout could be set")
-        folder = self.workdir / f"repository-queue-{self.queue_timeout_ms:.0f}ms"
+        config = self.bound.apply((self.repository / self.model / CONFIG_FILE).read_text())
+        folder = self.workdir / "repository-bounded"
         shutil.rmtree(folder, ignore_errors=True)
         return link_models(folder, {self.model: self.repository / self.model}, {self.model: config})
 

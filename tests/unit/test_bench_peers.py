@@ -195,11 +195,15 @@ def test_make_bench_tables_count_only_spread_fastapi_runs():
     assert "| 2 worker(s) x 1 thread(s) | 16 | 95% / 5% | **no: not counted** | 2 |" in table
 
 
-def test_the_bounded_triton_serves_the_model_with_its_queues_timing_out_at_the_given_budget(tmp_path):
-    server = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path, queue_timeout_ms=96.5)
+def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tmp_path):
+    bound = servers.LatencyBound.for_objective(objective_ms=193.0, single_ms=38.5, max_batch_size=16)
+    assert (bound.queue_timeout_ms, bound.max_batch_size) == (96.5, 2)  # two images run in about half of it
+    assert servers.LatencyBound.for_objective(25.0, 0.2, 8).max_batch_size == 8  # never above the model's own
+    assert servers.LatencyBound.for_objective(25.0, 40.0, 8).max_batch_size == 1
+    server = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path, bound=bound)
     config = (server._served_repository() / "resnet50" / "config.pbtxt").read_text()
-    timeouts = re.findall(r"default_timeout_microseconds:\s*(\d+)", config)
-    assert timeouts == ["96500", "96500"]  # the default queue's and priority 1's
-    assert "queue timeout 96 ms" in server.name  # beside the plain one in the report
+    assert re.findall(r"default_timeout_microseconds:\s*(\d+)", config) == ["96500", "96500"]  # both priorities
+    assert re.findall(r"(?m)^max_batch_size:\s*(\d+)", config) == ["2"]
+    assert server.name == "tritonnx, Triton direct, queue timeout 96 ms, batches <= 2"
     plain = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path)
     assert plain._served_repository() == REPOSITORY and plain.name == "tritonnx, Triton direct"
