@@ -101,16 +101,21 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
             *model_table(data),
             "",
         ]
-        behind = [
-            f"{name} at {step['offered_rps']:.0f} req/s ({step['lag_p99_ms']:.1f} ms)"
-            for name, record in data["servers"].items()
-            for step in record.get("steps", []) + list(record.get("overloads", {}).values())
-            if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]
-        ]
+        behind = []
+        for name, record in data["servers"].items():
+            steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+            late = [step for step in steps if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]]
+            if late:
+                worst = max(late, key=lambda step: step["lag_p99_ms"])
+                first = min(step["offered_rps"] for step in late)
+                behind.append(
+                    f"{name}: {len(late)} of {len(steps)} steps, from {first:.0f} req/s, the worst "
+                    f"{worst['lag_p99_ms']:.1f} ms at {worst['offered_rps']:.0f} req/s"
+                )
         if behind:
             lines += [
-                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99), "
-                "so these steps' latencies hold its own lag too: " + "; ".join(behind) + ".",
+                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) in "
+                "these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".",
                 "",
             ]
         if data.get("not_measured"):
