@@ -60,20 +60,26 @@ def cpu_instance_count(model_config: dict) -> int:
     return max(1, sum(int(g.get("count", 1)) for g in groups if g.get("kind", "KIND_CPU") == "KIND_CPU"))
 
 
-def priority_queue_stall(model_config: dict) -> str | None:
-    """Why a dynamic batcher with priority levels in front of a single instance is a latency trap, or None.
+def single_instance_queue_stall(model_config: dict) -> str | None:
+    """Why the model's queue in front of a single instance is a latency trap, or None.
 
-    Measured with tritonserver 2.51 (bench/reports/2026-11-25-lone-request): one caller sending its next request as
-    soon as an answer comes finds it waiting about 500 ms in Triton's queue now and then (p99 504 ms against 5 ms with
-    two instances or without priority levels), since it arrives while the one instance is still finishing the last.
+    Measured with tritonserver 2.51 (bench/reports/2026-11-26-lone-request): with priority levels or a queue policy
+    in the dynamic batcher and one instance, one caller sending its next request as soon as an answer comes finds it
+    waiting about 500 ms in Triton's queue now and then (p99 504 ms), since it arrives while the instance is still
+    finishing the last; with two instances, or a batcher with neither, p99 stays at a few ms.
     """
-    levels = int((model_config.get("dynamic_batching") or {}).get("priority_levels", 0) or 0)
-    if levels < 1 or cpu_instance_count(model_config) > 1:
+    batcher = model_config.get("dynamic_batching") or {}
+    levels = int(batcher.get("priority_levels", 0) or 0)
+    policy = bool(batcher.get("default_queue_policy") or batcher.get("priority_queue_policy"))
+    if not (levels or policy) or cpu_instance_count(model_config) > 1:
         return None
+    what = " and ".join(
+        part for part, present in ((f"{levels} priority levels", levels), ("a queue policy", policy)) if present
+    )
     return (
-        f"{levels} priority levels in front of one instance: tritonserver 2.51 can hold a request about 500 ms in its "
-        "queue when it arrives while the instance finishes the one before; give the model 2 instances (instance_group "
-        "count) or no priority levels"
+        f"a dynamic batcher with {what} in front of one instance: tritonserver 2.51 can hold a request about 500 ms "
+        "in its queue when it arrives while the instance finishes the one before; give the model 2 instances "
+        "(instance_group count), or a batcher with neither"
     )
 
 

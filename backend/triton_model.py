@@ -55,7 +55,7 @@ class OnnxRuntimeModel:
         import onnxruntime as ort
 
         from backend.runner import OnnxModelRunner
-        from backend.settings import SessionSettings, cpu_instance_count, priority_queue_stall
+        from backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
 
         started = time.perf_counter()
         config = json.loads(args["model_config"])
@@ -76,7 +76,7 @@ class OnnxRuntimeModel:
             f"max_batch_size={config.get('max_batch_size', 0)}, ragged={sorted(ragged) or 'none'}, "
             f"providers={','.join(self.runner.session.get_providers())} (onnxruntime {ort.__version__})"
         )
-        stall = priority_queue_stall(config)
+        stall = single_instance_queue_stall(config)
         if stall:
             pb_utils.Logger.log_warn(f"model '{name}': {stall}")
 

@@ -30,7 +30,7 @@ from bench.venvs import VenvError
 
 OBJECTIVE_FACTOR = 5.0
 # A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes
-# 3.5-4 ms (bench/reports/2026-11-25-lone-request) and the Python load generator, on the same cores, sends up to 5-20 ms
+# 3.5-4 ms (bench/reports/2026-11-26-lone-request) and the Python load generator, on the same cores, sends up to 5-20 ms
 # behind its schedule at p99 while a server computes: 5x the in-process 1.5 ms (or the text model's 0.2 ms) would
 # leave every server without goodput and the study would say nothing. 25 ms is an interactive API's budget.
 OBJECTIVE_FLOOR_MS = 25.0

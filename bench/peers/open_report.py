@@ -17,6 +17,7 @@ from bench.peers.goodput import (  # noqa: E402
     LOW_STEPS,
     MAX_ERROR_SHARE,
     OVERLOADS,
+    REFINEMENTS,
     STEPS,
     best_fastapi,
 )
@@ -80,7 +81,8 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         f"Runtime, capacity from a closed loop at c={CAPACITY_CONCURRENCY} for {settings['capacity_seconds']:g} s, "
         f"then Poisson arrivals offered at {', '.join(f'{s:g}' for s in STEPS)}x that capacity for "
         f"{settings['step_seconds']:g} s each (then {' and '.join(f'{s:g}' for s in LOW_STEPS)}x in turn while no "
-        "step kept the objective), every call timed from its scheduled send time (no coordinated "
+        f"step kept the objective, then {REFINEMENTS} bisections between the goodput and the next rate above it), "
+        "every call timed from its scheduled send time (no coordinated "
         f"omission), with a {DEADLINE_S:g} s deadline, every answer checked. **Goodput** is the highest offered rate "
         f"whose answered p99 is within the objective with at most {MAX_ERROR_SHARE:.1%} errors (refused, timed out, "
         "wrong, failed, or not sent because the generator's bound on calls in flight was reached); "

@@ -1,8 +1,8 @@
 """python -m bench.studies.lone: where a lone request's time goes, served through Triton, against in-process.
 
 One caller (perf_analyzer, c=1, inputs in system shared memory) against Triton direct, for each arm: the model's own
-config, the same without priority levels, with 2 intra-op threads per instance, and one instance with and without
-priority levels. The served model is the stock one with its
+config, the same without priority levels, with 2 intra-op threads per instance, and one instance with the model's
+queue (priority levels and a queue policy), with its queue policy alone, and with a plain batcher. The served model is the stock one with its
 steps timed (bench/studies/timed_model.py): reading the inputs, the runner (validation, grouping, ONNX Runtime),
 ONNX Runtime's `run` alone, the responses. With perf_analyzer's server-side averages (queue, input, infer, output)
 every millisecond of the average call is placed: client and gRPC, Triton, the Python backend's round trip to its
@@ -47,27 +47,35 @@ _PRIORITIES = re.compile(
     r"\n\s*(?:priority_levels|default_priority_level):[^\n]*"
     r"|\n\s*priority_queue_policy\s*\{\s*key:\s*\d+\s*value\s*\{[^}]*\}\s*\}"
 )
+_QUEUE_POLICY = re.compile(r"\n\s*default_queue_policy\s*\{[^}]*\}")
 
 
-def without_priorities(config: str) -> str:
-    """The config with no priority levels (and no queue of their own); the default queue's policy stays."""
-    plain, removed = _PRIORITIES.subn("", config)
+def without(pattern: re.Pattern[str], what: str, config: str) -> str:
+    plain, removed = pattern.subn("", config)
     if not removed:
-        raise ValueError("the config has no priority levels to remove")
+        raise ValueError(f"the config has no {what} to remove")
     return plain
 
 
 def arms(model: str) -> dict[str, str]:
-    """Each arm's config.pbtxt: the model's own, without priority levels, 2 threads per instance, one instance."""
+    """Each arm's config.pbtxt.
+
+    The model's own, without priority levels, 2 threads per instance, and one instance with the model's queue, without
+    its priority levels, and with a plain batcher (no priority levels, no policy).
+    """
     own = (REPOSITORY / model / "config.pbtxt").read_text()
     count = Policy.of(REPOSITORY / model, CORES).triton_instances
     one = apply(own, Candidate(1, 1, 0, ()))
+    one_policy_only = without(_PRIORITIES, "priority levels", one)
     return {
-        f"own config ({count} instances x 1 thread, 2 priority levels)": own,
-        "own config without priority levels": without_priorities(own),
+        f"own config ({count} instances x 1 thread, 2 priority levels, queue policy)": own,
+        "own config without priority levels": without(_PRIORITIES, "priority levels", own),
         f"{count} instances x 2 threads": apply(own, Candidate(count, 2, 0, ())),
-        "1 instance, 2 priority levels": one,
-        "1 instance, no priority levels": without_priorities(one),
+        "1 instance, 2 priority levels, queue policy": one,
+        "1 instance, queue policy, no priority levels": one_policy_only,
+        "1 instance, plain batcher (no priority levels, no queue policy)": without(
+            _QUEUE_POLICY, "queue policy", one_policy_only
+        ),
     }
 
 

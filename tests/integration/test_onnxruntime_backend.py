@@ -102,7 +102,7 @@ def test_the_servers_global_threadpool_thread_counts_reach_the_onnxruntime_model
 def test_priority_levels_in_front_of_a_single_instance_are_warned_of(served):
     stack, _ = served
     log = stack.triton.log_file.read_text(errors="replace")
-    warned = set(re.findall(r"model '(\w+)': \d+ priority levels in front of one instance", log))
+    warned = set(re.findall(r"model '(\w+)': a dynamic batcher with \d+ priority levels in front of one instance", log))
     assert warned == {"named_tritonnx"}  # its one instance; the onnxruntime-named models have two and no levels
 
 

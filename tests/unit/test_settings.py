@@ -7,7 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from backend.errors import ModelConfigError
-from backend.settings import SessionSettings, cpu_instance_count, priority_queue_stall
+from backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
 
 
 def config(instances: int = 1, level: int | None = None, **params: str) -> dict:
@@ -111,15 +111,19 @@ def test_instance_count_adds_cpu_groups():
     assert cpu_instance_count({}) == 1
 
 
-def test_priority_levels_in_front_of_one_instance_are_named_as_a_latency_trap():
+def test_priority_levels_or_a_queue_policy_in_front_of_one_instance_are_named_as_a_latency_trap():
     # Triton's JSON writes uint64 fields as strings.
     levels = {"dynamic_batching": {"priority_levels": "2", "default_priority_level": "2"}}
-    stall = priority_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 1}]})
-    assert stall is not None and "2 priority levels in front of one instance" in stall and "2 instances" in stall
-    assert priority_queue_stall(levels) is not None  # no instance group: Triton's one instance
-    assert priority_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}) is None
-    assert priority_queue_stall({"dynamic_batching": {}, "instance_group": [{"count": 1}]}) is None
-    assert priority_queue_stall({}) is None
+    stall = single_instance_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 1}]})
+    assert stall is not None and "with 2 priority levels in front of one instance" in stall and "2 instances" in stall
+    assert single_instance_queue_stall(levels) is not None  # no instance group: Triton's one instance
+    assert single_instance_queue_stall({**levels, "instance_group": [{"kind": "KIND_CPU", "count": 2}]}) is None
+    policy = {"dynamic_batching": {"default_queue_policy": {"max_queue_size": "8"}}}
+    assert "with a queue policy in front of one instance" in (single_instance_queue_stall(policy) or "")
+    both = {"dynamic_batching": {**levels["dynamic_batching"], **policy["dynamic_batching"]}}
+    assert "with 2 priority levels and a queue policy in" in (single_instance_queue_stall(both) or "")
+    assert single_instance_queue_stall({"dynamic_batching": {}, "instance_group": [{"count": 1}]}) is None
+    assert single_instance_queue_stall({}) is None
 
 
 def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
