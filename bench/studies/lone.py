@@ -35,7 +35,7 @@ from bench.load.targets import KServeTarget, VerificationError
 from bench.output import CORES, Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.servers import Policy
-from bench.perf import run_perf_analyzer
+from bench.perf import PerfAnalyzerError, run_perf_analyzer
 from bench.tune import Candidate, apply
 
 TIMED_MODEL = Path(__file__).with_name("timed_model.py")
@@ -218,12 +218,16 @@ def report(results: dict, judged: list[Gate]) -> str:
 
 def judge(results: dict) -> list[Gate]:
     points = [(arm, point) for data in results["rounds"] for arm, point in data["served"].items()]
-    failed = [f"{arm}: {point['error']}" for arm, point in points if "error" in point]
+    failed = [f"{arm}: {point['error']}" for arm, point in points if point.get("wrong_answers")]
+    unmeasured = [
+        f"{arm}: {point['error']}" for arm, point in points if "error" in point and not point.get("wrong_answers")
+    ]
     measured = [(arm, point) for arm, point in points if "error" not in point]
     batched = [f"{arm}: {point['avg_batch']}" for arm, point in measured if point["avg_batch"] != 1]
     untimed = [arm for arm, point in measured if point["executions_timed"] < point["execution_count"]]
     return [
         Gate("every arm answered like in-process ONNX Runtime", not failed, "; ".join(failed) or "all arms"),
+        Gate("every arm measured (perf_analyzer found stable windows)", not unmeasured, "; ".join(unmeasured) or "all"),
         Gate("every measured call ran alone (Triton's average batch 1)", not batched, "; ".join(batched) or "all 1"),
         Gate("the timed stub recorded every execution", not untimed, ", ".join(untimed) or "every arm"),
     ]
@@ -255,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 data["served"][arm] = served(args.model, configs[arm], workdir, args.measurement_ms, args.busy)
             except VerificationError as error:
-                data["served"][arm] = {"error": str(error)}
+                data["served"][arm] = {"error": str(error), "wrong_answers": True}
+            except PerfAnalyzerError as error:  # no stable window: a stalling arm in short windows
+                data["served"][arm] = {"error": f"not measured: {str(error).splitlines()[-1]}"}
             say(f"round {index + 1}, {arm}: {data['served'][arm]}")
         data["served"] = {arm: data["served"][arm] for arm in configs}  # the report's order, whatever the run's
         floor_dir = out / "logs" / f"round{index + 1}-floor"

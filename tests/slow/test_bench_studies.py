@@ -73,6 +73,17 @@ def test_the_burst_study_runs_and_reports(tmp_path):
     assert len(facade["overloaded"]) == len(facade["priority_reserve"]) == 1
 
 
+def test_the_lone_request_study_places_the_average_call_and_reports(tmp_path):
+    from bench.studies.lone import main
+
+    code = main(["--rounds", "1", "--measurement-ms", "1000", "--runs", "20", "--busy", "2", "--out", str(tmp_path)])
+    gates = judged(tmp_path, code, ["## In-process ONNX Runtime", "## Served at c=1", "## The same arms at c=2"])
+    assert gates["the timed stub recorded every execution"]
+    [data] = json.loads((tmp_path / "results.json").read_text())["rounds"]
+    own = next(point for point in data["served"].values() if "error" not in point)  # a stalling arm may not be
+    assert own["executions_timed"] >= own["execution_count"] > 0 and own["stub_mean"]["run_ms"] > 0
+
+
 @pytest.mark.skipif(bool(netfaults_unavailable()), reason=netfaults_unavailable() or "")
 def test_the_netfaults_study_runs_and_reports(tmp_path):
     from bench.studies.netfaults import main
