@@ -1,8 +1,8 @@
 """The facade's calls to Triton: `Gateway`, what the servicer asks of Triton, and `TritonGateway`, its one real form.
 
 TritonGateway calls one or more replicas (see replicas.py), with the model-metadata cache, the shared-memory slots
-inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a call whose replica
-went away. The unit tests' stand-ins (tests/unit/fakes.py) satisfy `Gateway` too, checked by mypy.
+inputs travel in when Triton is one server next to the facade (shm.py), and the one retry of a call (an inference,
+a model's metadata) whose replica went away. The unit tests' stand-ins (tests/unit/fakes.py) satisfy `Gateway` too, checked by mypy.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 import grpc
 from tritonclient.grpc import service_pb2
@@ -32,7 +32,7 @@ from client.facade.errors import (
     replica_may_be_gone,
     restarted,
 )
-from client.facade.replicas import Replicas, channel_options
+from client.facade.replicas import Replica, Replicas, channel_options
 from client.facade.shm import SharedInputPool
 from client.facade.translate import InferCall, ModelInfo
 
@@ -43,6 +43,7 @@ _REGISTRATION_RETRY_SECONDS = 1.0
 # A request refused against model metadata older than this makes the metadata be asked of Triton again
 # (a version with another signature may have gone live): at most once a second per model.
 METADATA_RECHECK_S = 1.0
+T = TypeVar("T")
 
 
 class Gateway(Protocol):
@@ -140,14 +141,18 @@ class TritonGateway:
         cached = self._models.get(key)
         if cached and cached[0] + self._ttl > time.monotonic():
             return cached[1]
-        stub = self._replicas.pick().stub
-        try:
-            metadata, config = await asyncio.gather(
-                stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=timeout),
-                stub.ModelConfig(
-                    service_pb2.ModelConfigRequest(name=name, version=version), timeout=timeout, metadata=self._admin
+
+        async def ask(replica: Replica, left: float | None) -> tuple[Any, Any]:
+            return await asyncio.gather(
+                replica.stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=name, version=version), timeout=left),
+                replica.stub.ModelConfig(
+                    service_pb2.ModelConfigRequest(name=name, version=version), timeout=left, metadata=self._admin
                 ),
             )
+
+        try:
+            # A replica stopping for a restart has unloaded its models already: its NOT_FOUND is not the answer.
+            metadata, config = await self._on_replicas(ask, timeout)
         except grpc.aio.AioRpcError as error:
             if model_not_served(error.code()) or await self._version_not_served(error, name, version):
                 raise await self._not_found(name, version) from None
@@ -173,12 +178,17 @@ class TritonGateway:
     ) -> list[service_pb2.RepositoryIndexResponse.ModelIndex]:
         """Every model version of Triton's repository (an administrative API: sent with the key)."""
         try:
-            index = await self._replicas.pick().stub.RepositoryIndex(
-                service_pb2.RepositoryIndexRequest(ready=ready_only), timeout=timeout, metadata=self._admin
-            )
+            index = await self._index(ready_only, timeout)
         except grpc.aio.AioRpcError as error:
             raise from_triton(error, "", "") from None
         return list(index.models)
+
+    async def _index(self, ready_only: bool, timeout: float | None) -> service_pb2.RepositoryIndexResponse:
+        async def ask(replica: Replica, left: float | None) -> service_pb2.RepositoryIndexResponse:
+            request = service_pb2.RepositoryIndexRequest(ready=ready_only)
+            return await replica.stub.RepositoryIndex(request, timeout=left, metadata=self._admin)
+
+        return await self._on_replicas(ask, timeout)
 
     def knows(self, name: str, version: str) -> bool:
         """Whether the model's metadata is cached, i.e. Triton confirmed it serves it within the TTL."""
@@ -188,9 +198,7 @@ class TritonGateway:
     async def _not_found(self, name: str, version: str) -> NotFound:
         """NotFound, with the models (and versions) Triton serves when it says."""
         try:
-            index = await self._replicas.pick().stub.RepositoryIndex(
-                service_pb2.RepositoryIndexRequest(ready=True), timeout=2.0, metadata=self._admin
-            )
+            index = await self._index(ready_only=True, timeout=2.0)
         except grpc.aio.AioRpcError:
             return not_served(name, version)
         return not_served(name, version, [(m.name, m.version) for m in index.models])
@@ -293,15 +301,16 @@ class TritonGateway:
             if pool is not None and slot is not None:
                 pool.release(slot)
 
-    async def _infer_on_replicas(
-        self, body: bytes, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
-    ) -> service_pb2.ModelInferResponse:
-        """ModelInfer on the next replica; once more on another if the first went away meanwhile."""
+    async def _on_replicas(self, call: Callable[[Replica, float | None], Awaitable[T]], timeout: float | None) -> T:
+        """`call` on the next replica; once more on another if the first went away meanwhile.
+
+        `call` is given the replica and the seconds left of `timeout`.
+        """
         await self._replicas.refresh()
         started = time.monotonic()
         replica = self._replicas.pick()
         try:
-            return await replica.model_infer(body, timeout=timeout, metadata=metadata or None)
+            return await call(replica, timeout)
         except grpc.aio.AioRpcError as error:
             if len(self._replicas) < 2 or not replica_may_be_gone(error.code()) or await replica.ready():
                 raise  # one server, or a replica that answered (a full queue): its answer stands
@@ -314,7 +323,17 @@ class TritonGateway:
                 "replica %s went away (%s); the call goes to %s", replica.address, error.code().name, other.address
             )
             self._on_retry()
-            return await other.model_infer(body, timeout=left, metadata=metadata or None)
+            return await call(other, left)
+
+    async def _infer_on_replicas(
+        self, body: bytes, timeout: float | None, metadata: tuple[tuple[str, str], ...] = ()
+    ) -> service_pb2.ModelInferResponse:
+        """ModelInfer on the replicas (see `_on_replicas`)."""
+
+        async def infer(replica: Replica, left: float | None) -> service_pb2.ModelInferResponse:
+            return await replica.model_infer(body, timeout=left, metadata=metadata or None)
+
+        return await self._on_replicas(infer, timeout)
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -3,15 +3,38 @@ import socket
 
 import grpc
 import pytest
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from client.facade import replicas as replicas_module
-from client.facade.errors import Unavailable
+from client.facade.errors import NotFound, Unavailable
 from client.facade.gateway import TritonGateway
 from client.facade.replicas import Replicas, channel_options
 
 
 def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
+class FakeStub:
+    """A replica's model-metadata calls: `outcome` if it is an error, else a model named `m`."""
+
+    def __init__(self, replica: "FakeReplica") -> None:
+        self._replica = replica
+
+    async def ModelMetadata(self, request, timeout=None):  # noqa: N802 (gRPC's name)
+        self._replica.calls += 1
+        if isinstance(self._replica.outcome, Exception):
+            raise self._replica.outcome
+        return service_pb2.ModelMetadataResponse(name=request.name, versions=["1"])
+
+    async def ModelConfig(self, request, timeout=None, metadata=None):  # noqa: N802
+        if isinstance(self._replica.outcome, Exception):
+            raise self._replica.outcome
+        return service_pb2.ModelConfigResponse(config=model_config_pb2.ModelConfig(name=request.name, max_batch_size=8))
+
+    async def RepositoryIndex(self, request, timeout=None, metadata=None):  # noqa: N802
+        model = service_pb2.RepositoryIndexResponse.ModelIndex(name="m", version="1", state="READY")
+        return service_pb2.RepositoryIndexResponse(models=[model])
 
 
 class FakeReplica:
@@ -21,6 +44,7 @@ class FakeReplica:
         self.address, self.outcome, self._ready, self.calls = address, outcome, ready, 0
         self.rested = 0
         self.metadata = []
+        self.stub = FakeStub(self)
 
     @property
     def down(self) -> bool:
@@ -94,13 +118,38 @@ def test_an_invalid_request_is_never_retried_and_one_server_has_no_retry():
     assert asyncio.run(scenario()) == ([], [])
 
 
+def test_metadata_asked_of_a_replica_stopping_for_a_restart_comes_from_another():
+    # A replica stopping (SIGTERM) unloads its models first and says NOT_FOUND, while it no longer answers ready.
+    async def scenario():
+        stopping = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.NOT_FOUND, "unknown model"), ready=False)
+        serving = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        gateway, retried = gateway_over(stopping, serving)
+        info = await gateway.model_info("m", "", 5.0)
+        return info, retried, stopping.calls, serving.calls
+
+    info, retried, stopping_calls, serving_calls = asyncio.run(scenario())
+    assert (info.name, info.max_batch_size) == ("m", 8)
+    assert retried == [1] and stopping_calls == serving_calls == 1
+
+
+def test_a_model_no_replica_serves_is_not_found_after_one_retry():
+    async def scenario():
+        replicas = [FakeReplica(f"127.0.0.1:{p}", rpc_error(grpc.StatusCode.NOT_FOUND), ready=True) for p in (1, 2)]
+        gateway, retried = gateway_over(*replicas)
+        with pytest.raises(NotFound) as raised:
+            await gateway.model_info("nonexistent", "", 5.0)
+        return raised.value.message, retried, [r.calls for r in replicas]
+
+    message, retried, calls = asyncio.run(scenario())
+    assert "'nonexistent'" in message and "ready models: m" in message
+    assert retried == [] and calls == [1, 0]  # a ready replica's NOT_FOUND is the answer: not sent elsewhere
+
+
 def test_the_facade_maps_a_retry_that_fails_too_like_any_failure():
     async def scenario():
         first = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
         second = FakeReplica("127.0.0.1:2", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
         gateway, retried = gateway_over(first, second)
-        from tritonclient.grpc import service_pb2
-
         from client.facade.translate import InferCall
 
         with pytest.raises(Unavailable):
