@@ -126,8 +126,10 @@ def test_traffic_spreads_over_the_three_replicas(replicas, expected):
     before = [inferences(s) for s in stacks]
     load = Load(facade.grpc_url, expected)
     thread = load.start()
-    time.sleep(6)
-    load.finish(thread)
+    try:
+        wait_until(lambda: load.statuses["OK"] >= 150, 60, "150 answers through the facade")
+    finally:
+        load.finish(thread)
     served = [inferences(s) - b for s, b in zip(stacks, before, strict=True)]
     assert load.statuses["OK"] > 60 and set(load.statuses) == {"OK"} and load.wrong == 0, (load.statuses, load.wrong)
     assert all(n > 0.2 * sum(served) for n in served), served  # round robin: about a third each
@@ -148,14 +150,16 @@ def test_a_replica_killed_under_load_costs_no_request_and_gets_traffic_again(rep
     load = Load(facade.grpc_url, expected)
     thread = load.start()
     try:
-        time.sleep(2)
+        wait_until(lambda: inferences(victim) >= 10, 30, "traffic on the victim")
         os.killpg(victim.triton.pid, signal.SIGKILL)  # tritonserver and its stubs, at once
         victim.triton.process.wait()
-        time.sleep(3)  # the two others carry the load
+        answered = load.statuses["OK"]
+        wait_until(lambda: load.statuses["OK"] >= answered + 50, 30, "the two others carrying the load")
         restart(victim)
         back, ready_at = inferences(victim), time.monotonic()
         rebalance = time_of(lambda: inferences(victim) > back, 5, "traffic to the restarted replica") - ready_at
-        time.sleep(1)
+        answered = load.statuses["OK"]
+        wait_until(lambda: load.statuses["OK"] >= answered + 20, 30, "answers after the rebalance")
     finally:
         load.finish(thread)
     retried = metrics(facade.http_url).value("tritonnx_facade_triton_retries_total") - retries_before
