@@ -211,7 +211,8 @@ class Load:
 
     def __enter__(self) -> Load:
         self._thread.start()
-        time.sleep(1.0)  # every caller busy before anything changes
+        # Every caller busy before anything changes.
+        wait_until(lambda: all(len(t.answers) >= CLIENTS for t in self.targets), 30, "answers to every target")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
