@@ -1,6 +1,7 @@
 """perf_analyzer (from the tritonclient 2.51 wheel) against Triton over KServe v2 gRPC.
 
-One run per concurrency, bounded by perf_analyzer's measurement window and trial count; the
+One run per concurrency (a closed loop) or per request rate (an open loop: Poisson arrivals, asynchronous calls),
+bounded by perf_analyzer's measurement window and trial count; the
 figures come from its verbose CSV (client latencies, server-side queue and compute times) and its
 report of inference and execution counts (the average batch size Triton formed).
 """
@@ -44,6 +45,7 @@ class PerfPoint:
     inference_count: int
     execution_count: int
     client_cpu: float = 0.0  # perf_analyzer's own CPU seconds per wall second (1.0 = one core)
+    request_rate: float = 0.0  # the rate offered (an open loop); 0: a closed loop at `concurrency`
 
     @property
     def avg_batch(self) -> float:
@@ -71,15 +73,24 @@ def run_perf_analyzer(
     shapes: tuple[str, ...] = (),
     input_data: str = "random",
     headers: dict[str, str] | None = None,
+    request_rate: float = 0.0,
+    stability_percentage: int = 100,
 ) -> PerfPoint:
-    """One perf_analyzer measurement.
+    """One perf_analyzer measurement: a closed loop of `concurrency` callers, or `request_rate` calls a second.
 
     With `shared_memory`, inputs and outputs travel through system shared memory registered once, as a local client of
     Triton can do: the client's copies then cost next to nothing on the cores the server runs on. `shapes` are
     perf_analyzer `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
     perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary). `headers` go
-    with every call (Triton's restricted APIs need `TritonServer.admin_headers`).
+    with every call (Triton's restricted APIs need `TritonServer.admin_headers`). A `request_rate` is offered with
+    Poisson arrivals and asynchronous calls from `concurrency` threads, so that a slow answer does not hold the next
+    call back. perf_analyzer merges its last 3 windows once they vary by at most `stability_percentage`.
     """
+    if request_rate > 0:
+        load = ["--request-rate-range", f"{request_rate:.3f}", "--request-distribution", "poisson", "--async",
+                "--max-threads", str(concurrency)]  # fmt: skip
+    else:
+        load = ["--concurrency-range", f"{concurrency}:{concurrency}"]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
@@ -92,14 +103,13 @@ def run_perf_analyzer(
             url,
             "-b",
             str(batch),
-            "--concurrency-range",
-            f"{concurrency}:{concurrency}",
+            *load,
             "--measurement-interval",
             str(measurement_ms),
             "--max-trials",
             str(max_trials),
             "--stability-percentage",
-            "100",
+            str(stability_percentage),
             "-f",
             str(report),
             "--verbose-csv",
@@ -132,7 +142,8 @@ def parse(model: str, batch: int, csv_text: str, stdout: str, client_cpu: float 
     us = lambda key: float(row[key]) / 1000.0  # noqa: E731 - microseconds to milliseconds
     return PerfPoint(
         model=model,
-        concurrency=int(row["Concurrency"]),
+        concurrency=int(row.get("Concurrency") or 0),
+        request_rate=float(row.get("Request Rate") or 0),
         batch=batch,
         throughput=float(row["Inferences/Second"]),
         p50_ms=us("p50 latency"),

@@ -84,6 +84,20 @@ def test_the_lone_request_study_places_the_average_call_and_reports(tmp_path):
     assert own["executions_timed"] >= own["execution_count"] > 0 and own["stub_mean"]["run_ms"] > 0
 
 
+def test_the_generators_study_offers_every_rate_with_both_generators_and_reports(tmp_path):
+    from bench.studies.generators import main
+
+    args = ["--models", "text_classifier", "--step-seconds", "1", "--single-seconds", "0.5", "--out", str(tmp_path)]
+    gates = judged(tmp_path, main(args), ["## text_classifier", "| offered req/s |"])
+    assert all(gates.values()), gates  # answers right; every rate measured by both (or refused by Triton)
+    record = json.loads((tmp_path / "results.json").read_text())["models"]["text_classifier"]
+    python, perf = record["python"], record["perf_analyzer"]
+    assert len(python) == len(perf) == 8 and all(step["answered"] > 0 for step in python)
+    # The sequences of mixed lengths reached Triton through perf_analyzer's input data.
+    assert perf[0]["inference_count"] > 0 and set(record["goodput_rps"]) == {"Python open loop", "perf_analyzer"}
+    assert (tmp_path / "generators.png").stat().st_size > 0
+
+
 @pytest.mark.skipif(bool(netfaults_unavailable()), reason=netfaults_unavailable() or "")
 def test_the_netfaults_study_runs_and_reports(tmp_path):
     from bench.studies.netfaults import main

@@ -30,6 +30,14 @@ def test_perf_analyzer_csv_and_counts_are_read():
     assert point.as_dict()["avg_batch"] == 5.12 and point.client_cpu == 0.4
 
 
+def test_an_open_loop_measurement_is_read_with_its_rate():
+    # --request-rate-range writes "Request Rate" where a closed loop writes "Concurrency".
+    rate_csv = CSV.replace("Concurrency,", "Request Rate,").replace("\n16,433.379,", "\n100,95.136,")
+    point = parse("mobilenet_v3_small", 1, rate_csv, STDOUT)
+    assert (point.request_rate, point.concurrency, point.throughput) == (100.0, 0, pytest.approx(95.136))
+    assert point.p99_ms == pytest.approx(78.976)
+
+
 def test_unreadable_perf_analyzer_output_is_an_error():
     with pytest.raises(PerfAnalyzerError, match="no measurement"):
         parse("m", 1, CSV.splitlines()[0] + "\n", STDOUT)
