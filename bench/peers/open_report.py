@@ -14,6 +14,7 @@ from bench.output import Gate, gates_section, write_json  # noqa: E402
 from bench.peers.goodput import (  # noqa: E402
     CAPACITY_CONCURRENCY,
     DEADLINE_S,
+    LAG_SHARE,
     LOW_STEPS,
     MAX_ERROR_SHARE,
     OVERLOADS,
@@ -21,8 +22,6 @@ from bench.peers.goodput import (  # noqa: E402
     STEPS,
     best_fastapi,
 )
-
-LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is called out
 
 
 def _ms(value: float) -> str:
@@ -43,6 +42,25 @@ def _lag(record: dict) -> str:
     if not steps:
         return "n/a"
     return f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}"
+
+
+def failed_calls(data: dict) -> list[str]:
+    """Calls failed with statuses other than refusals and timeouts, per server: how many, of what, in how many steps.
+
+    A server that fails calls at any rate has no goodput above the rates where no failure happened to come.
+    """
+    found = []
+    for name, record in data["servers"].items():
+        steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+        counts: dict[str, int] = {}
+        for step in steps:
+            for status, count in step.get("other_errors", {}).items():
+                counts[status] = counts.get(status, 0) + count
+        if counts:
+            hit = sum(1 for step in steps if step.get("other_errors"))
+            statuses = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+            found.append(f"{name}: {statuses} in {hit} of {len(steps)} steps")
+    return found
 
 
 def model_table(data: dict) -> list[str]:
@@ -118,6 +136,14 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
             lines += [
                 f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) in "
                 "these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".",
+                "",
+            ]
+        failed = failed_calls(data)
+        if failed:
+            lines += [
+                "Calls failed with other statuses (each an error of its step, whatever the rate): "
+                + "; ".join(failed)
+                + ".",
                 "",
             ]
         if data.get("not_measured"):

@@ -319,11 +319,16 @@ class VenvPeer(Server):
         assert self._process is not None
         return self._process.pid
 
-    def target(self, images=None, expected=None) -> Target:
+    def target(self, images=None, expected=None, inputs=None) -> Target:
+        """`inputs` (arrays by input name, each request's): the text models, for the KServe peers only."""
         if self.protocol.payload is None:
-            target = KServeTarget(f"127.0.0.1:{self._port}", self.model, 1, images=images, expected=expected)
+            target = KServeTarget(
+                f"127.0.0.1:{self._port}", self.model, 1, images=images, expected=expected, inputs=inputs
+            )
             target.name = self.name
             return target
+        if inputs is not None:
+            raise ValueError(f"{self.name}: its payload carries one float32 image, not named inputs")
         return HttpTarget(f"http://127.0.0.1:{self._port}", 1, name=self.name, model=self.model, path=self.protocol.path,
                           payload=self.protocol.payload, images=images, expected=expected)  # fmt: skip
 

@@ -122,24 +122,24 @@ def test_the_soak_runs_every_phase_publishes_under_load_and_is_judged(tmp_path):
 
 
 def test_the_open_loop_goodput_mode_steps_every_rate_with_every_answer_checked(tmp_path):
-    """`make bench-peers PEERS_ARGS="--open-loop --smoke"` on tritonnx's two paths, with the text model.
+    """`make bench-peers PEERS_ARGS="--open-loop --smoke"` on tritonnx's two paths and PyTriton, with the text model.
 
     Behaviour, not figures: every step ran and sorted every scheduled call, no answer was wrong, the text model's
-    sequences of mixed lengths (named INT64 inputs, the newest path of the targets) went through both paths, and the
-    report with its plots and gates was written. About 40 s.
+    sequences of mixed lengths (named INT64 inputs) went through both paths and a KServe peer from its own venv, and
+    the report with its plots and gates was written. About a minute.
     """
     from bench.peers.goodput import STEPS
 
     out = tmp_path / "open"
     command = [sys.executable, "-m", "bench.peers", "--open-loop", "--smoke", "--models", "text_classifier",
-               "--servers", "triton", "facade", "--out", str(out)]  # fmt: skip
+               "--servers", "triton", "facade", "pytriton", "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     print(done.stdout[-5000:], done.stderr[-3000:])
     judged(out, done.returncode, ["## text_classifier"])
     results = json.loads((out / "results.json").read_text())
     for model, data in results["models"].items():
         assert data["objective_ms"] >= 5 * data["single_p50_ms"] > 0
-        assert sorted(data["servers"]) == ["tritonnx facade", "tritonnx, Triton direct"], model
+        assert sorted(data["servers"]) == ["PyTriton", "tritonnx facade", "tritonnx, Triton direct"], model
         for name, record in data["servers"].items():
             assert "error" not in record, (model, name, record.get("error"))
             assert record["capacity_rps"] > 0 and record["wrong"] == 0

@@ -96,6 +96,18 @@ def test_gates_judge_the_goals_on_the_runs_figures_and_fail_what_they_cannot_jud
     assert verdicts["resnet50: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
     assert not verdicts["resnet50: tritonnx facade at 2x its goodput, answered p99 <= objective"].passed
     assert verdicts["text_classifier: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
+    # Without the generator's lag FastAPI would have kept the 200 ms objective at 40 req/s (p99 230 less a 40 ms lag),
+    # Triton direct not above 30: the verdict depends on counting the lag, so it is not judged.
+    fastapi_above = results["models"]["resnet50"]["servers"]["FastAPI 2x1"]["steps"][2]
+    fastapi_above.update(p99_ms=230.0, lag_p99_ms=40.0, error_share=0.0)
+    name = "resnet50: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"
+    lagged = {g.name: g for g in gates(results)}[name]
+    assert not lagged.passed and lagged.detail.startswith("not judged (30.0 vs FastAPI 2x1 20.0 req/s)")
+    assert "without the generator's lag, 30.0 vs 40.0 req/s says otherwise" in lagged.detail
+    fastapi_above["lag_p99_ms"] = 20.0  # 230 - 20 ms is over the objective: FastAPI missed it itself
+    assert {g.name: g for g in gates(results)}[name].passed
+    fastapi_above.update(lag_p99_ms=40.0, error_share=0.01)  # errors broke that step, not the lag
+    assert {g.name: g for g in gates(results)}[name].passed
     # A run without FastAPI (a smoke of one server) claims no ratio to it.
     results["settings"]["servers"] = ["triton"]
     assert not any("FastAPI" in gate.name for gate in gates(results))
@@ -105,6 +117,8 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     results = _results()
     text_record = results["models"]["text_classifier"]["servers"]["tritonnx, Triton direct"]
     text_record["steps"][1]["lag_p99_ms"] = 3.0  # over a tenth of the 10 ms objective
+    text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
+    text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
     judged = gates(results)
     text = write_open_report(tmp_path, results, judged)
     assert text == (tmp_path / "report.md").read_text()
@@ -116,6 +130,8 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     steps = len(text_record["steps"]) + len(text_record["overloads"])
     late = f"tritonnx, Triton direct: 1 of {steps} steps, from 300 req/s, the worst 3.0 ms at 300 req/s"
     assert late in text and text.count("fell behind") == 1  # resnet50's lag is within its objective's tenth
+    assert f"tritonnx, Triton direct: 5 INTERNAL, 2 UNKNOWN in 2 of {steps} steps" in text
+    assert text.count("failed with other statuses") == 1
     assert "| LitServe | not measured: did not start: no venv |" in text
     assert f"- litserve: {goodput.TEXT_NOT_MEASURED}" in text
     assert "## Gates" in text and text.count("**FAILED**") == sum(not gate.passed for gate in judged)

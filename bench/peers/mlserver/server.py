@@ -20,12 +20,15 @@ from pathlib import Path
 
 from bench.peers.common import HOST, arguments, session
 
+DATATYPES = {"tensor(float)": "FP32", "tensor(int64)": "INT64", "tensor(int32)": "INT32"}  # ONNX -> KServe v2
+
 
 def settings(args, folder: Path) -> None:  # noqa: ANN001 - the parsed arguments
     """settings.json (the server) and <name>/model-settings.json (the model) in `folder`."""
     onnx = session(args.model)
     tensors = lambda specs: [  # noqa: E731
-        {"name": s.name, "datatype": "FP32", "shape": [d if isinstance(d, int) else -1 for d in s.shape]} for s in specs
+        {"name": s.name, "datatype": DATATYPES[s.type], "shape": [d if isinstance(d, int) else -1 for d in s.shape]}
+        for s in specs
     ]
     server = {"host": HOST, "http_port": args.http_port, "grpc_port": args.port, "metrics_port": args.metrics_port,
               "parallel_workers": args.workers, "debug": False}  # fmt: skip
