@@ -7,7 +7,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -64,8 +64,14 @@ def verdict(gates: list[Gate]) -> int:
     return 0 if all(g.passed for g in gates) else 1
 
 
-def finish(out: Path, text: str, judged: list[Gate]) -> int:
-    """Write `text`, the report with its Gates section, to out/report.md and print it; the gates' exit code."""
+def finish(out: Path, text: str, judged: list[Gate], results: dict | None = None) -> int:
+    """Write `text`, the report with its Gates section, to out/report.md and print it; the gates' exit code.
+
+    With `results`, the gates go into them and they are written to out/results.json.
+    """
+    if results is not None:
+        results["gates"] = [asdict(gate) for gate in judged]
+        write_json(out / "results.json", results)
     (out / "report.md").write_text(text)
     print(text)
     print(f"report: {out / 'report.md'}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -146,10 +146,14 @@ async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int
     return result.as_dict()
 
 
-def measure_open(
-    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
+def measure_checked(
+    server: servers.Server, model: str, onnx_file: Path, measure: Callable[[Target, list], dict]
 ) -> dict:
-    """Start the server, check its answers, find its capacity, offer the steps, stop it; failures are recorded."""
+    """Start the server, check its answers, `measure` a checked target (given the requests), stop the server.
+
+    What `measure` returns goes into the record, with the start-up time and the wrong answers seen; a server that does
+    not start or answers unlike ONNX Runtime is recorded with its error instead.
+    """
     started = time.monotonic()
     try:
         server.start()
@@ -163,11 +167,20 @@ def measure_open(
         except VerificationError as error:
             return {**record, "error": f"wrong answers, not measured: {error}"}
         target = checked_target(server, model, requests, expected)
-        record.update(asyncio.run(_capacity_and_steps(target, args, objective)))
+        record.update(measure(target, requests))
         record["wrong"] = getattr(target, "wrong", 0)
     finally:
         server.stop()
     return record
+
+
+def measure_open(
+    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
+) -> dict:
+    """Capacity, the steps and the overloads of one server (`measure_checked`)."""
+    return measure_checked(
+        server, model, onnx_file, lambda target, _: asyncio.run(_capacity_and_steps(target, args, objective))
+    )
 
 
 def goodput_without_lag(record: dict, objective: float) -> float:

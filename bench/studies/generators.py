@@ -22,23 +22,20 @@ import sys
 import time
 from pathlib import Path
 
-from backend.server.process import ServerError
 from bench import REPOSITORY
 from bench.load import loops
 from bench.load.offered import MAX_OUTSTANDING, offer, summary
-from bench.load.targets import KServeTarget, Target, VerificationError
+from bench.load.targets import KServeTarget, Target
 from bench.output import Gate, finish, gates_section, machine, run_folder, say, settings, write_json
 from bench.peers import servers
 from bench.peers.goodput import (
     CAPACITY_CONCURRENCY,
-    MAX_ERROR_SHARE,
     STEPS,
-    checked_target,
+    measure_checked,
     objective_ms,
-    sample_requests,
     single_request_ms,
+    within,
 )
-from bench.peers.reference import check_answers
 from bench.perf import PerfAnalyzerError, run_perf_analyzer
 
 import matplotlib  # isort: skip
@@ -104,30 +101,17 @@ def measure(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     single_p50, _ = single_request_ms(model, onnx_file, args.single_seconds)
     record: dict = {"single_p50_ms": single_p50, "objective_ms": objective_ms(single_p50)}
     say(f"{model}: objective p99 <= {record['objective_ms']:.1f} ms")
-    server = servers.Tritonnx(REPOSITORY, model, workdir)
-    try:
-        server.start()
-    except ServerError as error:
-        return {**record, "error": f"did not start: {error}"}
-    try:
-        requests, expected = sample_requests(model, onnx_file)
-        try:
-            check_answers(checked_target(server, model, requests, expected), len(requests))
-        except VerificationError as error:
-            return {**record, "error": f"wrong answers, not measured: {error}"}
-        target = checked_target(server, model, requests, expected)
+
+    def both(target: Target, requests: list) -> dict:
         assert isinstance(target, KServeTarget)  # Triton direct
         capacity, python = asyncio.run(_python_steps(target, args.step_seconds))
         input_data = perf_input_data(requests, workdir)
         perf = [_perf_step(model, target.url, step["offered_rps"], args.step_seconds, input_data) for step in python]
-        record.update(capacity_rps=capacity, python=python, perf_analyzer=perf, wrong=getattr(target, "wrong", 0))
-    finally:
-        server.stop()
+        return {"capacity_rps": capacity, "python": python, "perf_analyzer": perf}
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    record.update(measure_checked(servers.Tritonnx(REPOSITORY, model, workdir), model, onnx_file, both))
     return record
-
-
-def python_kept(step: dict, objective: float) -> bool:
-    return step["answered"] > 0 and step["p99_ms"] <= objective and step["error_share"] <= MAX_ERROR_SHARE
 
 
 def perf_kept(step: dict, objective: float) -> bool:
@@ -138,7 +122,7 @@ def perf_kept(step: dict, objective: float) -> bool:
 def goodputs(record: dict) -> dict[str, float]:
     objective = record["objective_ms"]
     return {
-        "Python open loop": max((s["offered_rps"] for s in record["python"] if python_kept(s, objective)), default=0),
+        "Python open loop": max((s["offered_rps"] for s in record["python"] if within(s, objective)), default=0),
         "perf_analyzer": max((s["offered_rps"] for s in record["perf_analyzer"] if perf_kept(s, objective)), default=0),
     }
 
@@ -241,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out / "results.json", results)
     plot(results, out / "generators.png")
     judged = judge(results)
-    results["gates"] = [gate.__dict__ for gate in judged]
-    write_json(out / "results.json", results)
-    return finish(out, report(results, judged), judged)
+    return finish(out, report(results, judged), judged, results)
 
 
 if __name__ == "__main__":

@@ -270,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out / "results.json", results)
     shutil.rmtree(out / "logs", ignore_errors=True)
     judged = judge(results)
-    results["gates"] = [gate.__dict__ for gate in judged]
-    write_json(out / "results.json", results)
-    return finish(out, report(results, judged), judged)
+    return finish(out, report(results, judged), judged, results)
 
 
 if __name__ == "__main__":
