@@ -32,7 +32,7 @@ import onnxruntime as ort
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from backend.tensors import RAW_DTYPES
+from bench.peers.common import decode_named
 
 # gunicorn's workers import this module by name once forked, so the settings they need travel in
 # the environment rather than as arguments.
@@ -85,26 +85,18 @@ def health() -> dict[str, str]:
 
 
 def parse_inputs(header: str, body: bytes, session: ort.InferenceSession) -> dict[str, np.ndarray]:
-    """The named inputs of an `x-inputs` request: `name:DATATYPE:d0,d1;...`, their raw bytes one after another."""
+    """The named inputs of an `x-inputs` request (`decode_named`), checked against the model's inputs."""
     declared = {i.name: i for i in session.get_inputs()}
-    arrays: dict[str, np.ndarray] = {}
-    offset = 0
     try:
-        for part in header.split(";"):
-            name, datatype, dims = part.split(":")
-            dtype = RAW_DTYPES[datatype]
-            if name not in declared:
-                raise HTTPException(400, f"{INPUTS_HEADER}: the model has no input {name!r}")
-            shape = parse_shape(dims, declared[name].shape)
-            size = math.prod(shape) * dtype.itemsize
-            arrays[name] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
-            offset += size
-    except (KeyError, ValueError):
-        raise HTTPException(
-            400, f"{INPUTS_HEADER} must be name:DATATYPE:d0,d1;... fitting the body, got {header!r}"
-        ) from None
-    if offset != len(body) or set(arrays) != set(declared):
-        raise HTTPException(400, f"{INPUTS_HEADER} {header!r} does not account for every input and byte")
+        arrays = decode_named(header, body)
+    except ValueError as error:
+        raise HTTPException(400, str(error)) from None
+    for name, array in arrays.items():
+        if name not in declared:
+            raise HTTPException(400, f"{INPUTS_HEADER}: the model has no input {name!r}")
+        parse_shape(",".join(map(str, array.shape)), declared[name].shape)
+    if set(arrays) != set(declared):
+        raise HTTPException(400, f"{INPUTS_HEADER} {header!r} does not name every input of the model")
     return arrays
 
 

@@ -41,6 +41,10 @@ class Payload(Protocol):
         """The first output of an answer, flat float32; ValueError if the body is not one."""
         ...
 
+    def encode_named(self, inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        """The request body and its headers for named inputs of any type (the text models)."""
+        ...
+
 
 class RawFloat32:
     """Raw little-endian float32 bytes both ways, the shape in an `x-shape` header (the FastAPI baseline, Ray Serve)."""
@@ -54,11 +58,14 @@ class RawFloat32:
             raise ValueError(f"{len(body)} bytes are not float32 values")
         return np.frombuffer(body, "<f4")
 
+    def encode_named(self, inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        return named_raw(inputs)
+
 
 def named_raw(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    """Named inputs of any type for the FastAPI baseline: `x-inputs: name:DATATYPE:d0,d1;...`, raw bytes in that order.
+    """Named inputs of any type: `x-inputs: name:DATATYPE:d0,d1;...`, raw bytes in that order.
 
-    How the text models (two INT64 inputs) travel; the answer is RawFloat32's.
+    `bench.peers.common.decode_named` reads them. How the text models (two INT64 inputs) travel to the FastAPI baseline and Ray Serve; each other payload wraps it.
     """
     parts, chunks = [], []
     for name, array in inputs.items():
@@ -84,6 +91,12 @@ class Base64Json:
         except (KeyError, TypeError, json.JSONDecodeError, ValueError) as error:
             raise ValueError(f"not a base64 float32 answer: {error}") from None
 
+    def encode_named(self, inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        """`{"inputs": <named_raw's x-inputs>, "data": <its raw bytes, base64>}`."""
+        raw, headers = named_raw(inputs)
+        data = base64.b64encode(raw).decode("ascii")
+        return json.dumps({"inputs": headers["x-inputs"], "data": data}).encode(), {"content-type": "application/json"}
+
 
 class FileUpload:
     """The raw float32 bytes as a file in multipart/form-data (field `input`) in, a JSON array out (BentoML's files)."""
@@ -91,12 +104,22 @@ class FileUpload:
     boundary = "tritonnx-bench-boundary"
 
     def encode(self, images: np.ndarray) -> tuple[bytes, dict[str, str]]:
+        return self._file(images.astype("<f4", copy=False).tobytes()), self._headers()
+
+    def encode_named(self, inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        """`named_raw`'s bytes as the file, its `x-inputs` header beside the form's."""
+        raw, headers = named_raw(inputs)
+        return self._file(raw), {**self._headers(), "x-inputs": headers["x-inputs"]}
+
+    def _file(self, content: bytes) -> bytes:
         head = (
             f'--{self.boundary}\r\nContent-Disposition: form-data; name="input"; filename="input.bin"\r\n'
             "Content-Type: application/octet-stream\r\n\r\n"
         ).encode()
-        body = head + images.astype("<f4", copy=False).tobytes() + f"\r\n--{self.boundary}--\r\n".encode()
-        return body, {"content-type": f"multipart/form-data; boundary={self.boundary}"}
+        return head + content + f"\r\n--{self.boundary}--\r\n".encode()
+
+    def _headers(self) -> dict[str, str]:
+        return {"content-type": f"multipart/form-data; boundary={self.boundary}"}
 
     def decode(self, body: bytes) -> np.ndarray:
         try:
@@ -109,7 +132,7 @@ class HttpTarget:
     """POST {url}{path} with a float32 batch of [batch, 3, 224, 224] images in `payload`'s format.
 
     Expects 200 and batch x 1000 float32 outputs. `images` (arrays of `batch` images) replace the random data, or
-    `inputs` (each request's arrays by name, sent as `named_raw`: the FastAPI baseline's text models); `expected` (the
+    `inputs` (each request's arrays by name, in the payload's `encode_named`: the text models); `expected` (the
     flat first output each should get) makes every answer decoded and compared, a mismatch counted in `wrong`, and
     sets the output size checked. One aiohttp session for all workers.
     """
@@ -144,7 +167,7 @@ class HttpTarget:
         self.name, self.model, self.batch, self.seed, self.timeout_s = name, model, batch, seed, timeout_s
         self.payload = payload or RawFloat32()
         if inputs is not None:
-            self.requests = [named_raw(named) for named in inputs]
+            self.requests = [self.payload.encode_named(named) for named in inputs]
         else:
             if images is None:
                 images = [random_tensor("input", "FP32", [batch, *IMAGE_SHAPE], np.random.default_rng(seed))]

@@ -196,12 +196,8 @@ def open_loop(args: argparse.Namespace) -> int:
         objective = goodput.objective_ms(single_p50, args.objective_factor, args.objective_floor_ms)
         say(f"  p50 {single_p50:.2f} ms, p99 {single_p99:.2f} ms: objective p99 <= {objective:.1f} ms")
         data: dict = {"single_p50_ms": single_p50, "single_p99_ms": single_p99, "objective_ms": objective}
-        data["servers"], data["not_measured"] = {}, {}
+        data["servers"] = {}
         names = args.servers
-        if goodput.is_text(model):
-            skipped = [n for n in names if n not in goodput.TEXT_SERVERS]
-            data["not_measured"].update({name: goodput.TEXT_NOT_MEASURED for name in skipped})
-            names = [n for n in names if n in goodput.TEXT_SERVERS]
         results["models"][model] = data
         bound = servers.LatencyBound.for_objective(
             objective, single_p50, servers.Policy.of(REPOSITORY / model, CORES).max_batch_size

@@ -1,16 +1,19 @@
-"""What every peer's server shares, inside the peer's own venv: the ONNX session and the command line.
+"""What every peer's server shares, inside the peer's own venv: the ONNX session, named inputs, the command line.
 
-Standard library, numpy and onnxruntime only (every peer venv has them); the servers are started
-by `bench.peers.servers` with the same options, so each runs the same model.onnx the same way.
+Standard library, numpy and onnxruntime only (every peer venv has them), and the project's dtype table; the servers
+are started by `bench.peers.servers` with the same options, so each runs the same model.onnx the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+
+from backend.tensors import RAW_DTYPES  # numpy only: the peers' venvs import it from this checkout
 
 HOST = "127.0.0.1"
 
@@ -27,6 +30,45 @@ def run(onnx_session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
     """The first output for a float32 batch of the first input."""
     name = onnx_session.get_inputs()[0].name
     return onnx_session.run(None, {name: np.ascontiguousarray(images, dtype=np.float32)})[0]
+
+
+def decode_named(header: str, body: bytes) -> dict[str, np.ndarray]:
+    """The named inputs of an `x-inputs` request (`bench.load.http.named_raw`).
+
+    The header is `name:DATATYPE:d0,d1;...`, the body their raw bytes one after another in that order. ValueError when
+    the header is malformed or does not account for the body.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    offset = 0
+    try:
+        for part in header.split(";"):
+            name, datatype, dims = part.split(":")
+            shape = tuple(int(dim) for dim in dims.split(","))
+            dtype = RAW_DTYPES[datatype]
+            arrays[name] = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
+            offset += math.prod(shape) * dtype.itemsize
+    except (KeyError, ValueError) as error:
+        raise ValueError(f"x-inputs must be name:DATATYPE:d0,d1;... fitting the body, got {header!r}") from error
+    if offset != len(body):
+        raise ValueError(f"x-inputs {header!r} accounts for {offset} bytes, the body has {len(body)}")
+    return arrays
+
+
+def run_grouped(onnx_session: ort.InferenceSession, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """The first output of each request's named inputs, in order: requests of the same shapes run as one batch.
+
+    Sequences of different lengths cannot share a batch without padding, which this peer does not do.
+    """
+    groups: dict[tuple, list[int]] = {}
+    for index, feed in enumerate(feeds):
+        groups.setdefault(tuple((name, array.shape) for name, array in feed.items()), []).append(index)
+    outputs: list[np.ndarray] = [np.empty(0)] * len(feeds)
+    for members in groups.values():
+        batch = {name: np.concatenate([feeds[i][name] for i in members]) for name in feeds[members[0]]}
+        rows = np.cumsum([len(next(iter(feeds[i].values()))) for i in members])[:-1]
+        for i, part in zip(members, np.split(onnx_session.run(None, batch)[0], rows), strict=True):
+            outputs[i] = part
+    return outputs
 
 
 def arguments(description: str, prog: str) -> argparse.ArgumentParser:

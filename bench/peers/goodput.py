@@ -42,12 +42,6 @@ MAX_ERROR_SHARE = 0.001
 LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is its own, not the server's, latency
 CAPACITY_CONCURRENCY = 16
 DEADLINE_S = 2.0  # every call's; past it the call counts as timed out
-# The servers that carry the text models' two INT64 inputs: tritonnx, FastAPI (`x-inputs`) and the KServe v2 peers.
-TEXT_SERVERS = ("triton", "triton-bounded", "facade", "fastapi", "pytriton", "mlserver")
-TEXT_NOT_MEASURED = (
-    "not measured on text models: its HTTP payload (bench/peers/<peer>/server.py, bench/load/http.py) carries one "
-    "float32 image; two INT64 inputs of mixed lengths need a payload of their own in each such peer"
-)
 
 
 def is_text(model: str) -> bool:
@@ -82,8 +76,6 @@ def single_request_ms(model: str, onnx_file: Path, seconds: float) -> tuple[floa
 
 def checked_target(server: servers.Server, model: str, requests: list, expected: list[np.ndarray]) -> Target:
     if is_text(model):
-        if not isinstance(server, (servers.Tritonnx, servers.FastApi, servers.VenvPeer)):
-            raise ValueError(f"{server.name}: {TEXT_NOT_MEASURED}")
         target = server.target(inputs=requests, expected=expected)
     else:
         target = server.target(requests, expected)

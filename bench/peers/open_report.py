@@ -146,8 +146,6 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
                 + ".",
                 "",
             ]
-        if data.get("not_measured"):
-            lines += [f"- {name}: {why}" for name, why in data["not_measured"].items()] + [""]
         lines += [f"![{model}]({model}_open.png)", ""]
         plot_model(out, model, data)
     plot_goodput(out, results)

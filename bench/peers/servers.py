@@ -80,9 +80,12 @@ class Server(ABC):
 
     @abstractmethod
     def target(
-        self, images: Sequence[np.ndarray] | None = None, expected: Sequence[np.ndarray] | None = None
+        self,
+        images: Sequence[np.ndarray] | None = None,
+        expected: Sequence[np.ndarray] | None = None,
+        inputs: Sequence[dict[str, np.ndarray]] | None = None,
     ) -> Target:
-        """A load target; with `images` and `expected`, one that compares every answer."""
+        """A load target; with `images` or `inputs` (each request's arrays by name) and `expected`, a checking one."""
 
 
 @dataclass(frozen=True)
@@ -320,17 +323,15 @@ class VenvPeer(Server):
         return self._process.pid
 
     def target(self, images=None, expected=None, inputs=None) -> Target:
-        """`inputs` (arrays by input name, each request's): the text models, for the KServe peers only."""
+        """`inputs` (arrays by input name, each request's): the text models."""
         if self.protocol.payload is None:
             target = KServeTarget(
                 f"127.0.0.1:{self._port}", self.model, 1, images=images, expected=expected, inputs=inputs
             )
             target.name = self.name
             return target
-        if inputs is not None:
-            raise ValueError(f"{self.name}: its payload carries one float32 image, not named inputs")
         return HttpTarget(f"http://127.0.0.1:{self._port}", 1, name=self.name, model=self.model, path=self.protocol.path,
-                          payload=self.protocol.payload, images=images, expected=expected)  # fmt: skip
+                          payload=self.protocol.payload, images=images, expected=expected, inputs=inputs)  # fmt: skip
 
 
 # Debian's python3.11 for PyTriton (see bench/peers/pytriton/requirements.txt), PYTRITON_PYTHON to change it.

@@ -71,14 +71,12 @@ def _results() -> dict:
                     "FastAPI 1x2": _record(15.0),
                     "LitServe": {"setup": "s", "error": "did not start: no venv"},
                 },
-                "not_measured": {},
             },
             "text_classifier": {
                 "single_p50_ms": 0.2,
                 "single_p99_ms": 0.4,
                 "objective_ms": 10.0,
                 "servers": {"tritonnx, Triton direct": _record(300.0, at_2x_p99=8)},
-                "not_measured": {"litserve": goodput.TEXT_NOT_MEASURED},
             },
         },
     }
@@ -133,7 +131,6 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     assert f"tritonnx, Triton direct: 5 INTERNAL, 2 UNKNOWN in 2 of {steps} steps" in text
     assert text.count("failed with other statuses") == 1
     assert "| LitServe | not measured: did not start: no venv |" in text
-    assert f"- litserve: {goodput.TEXT_NOT_MEASURED}" in text
     assert "## Gates" in text and text.count("**FAILED**") == sum(not gate.passed for gate in judged)
     for png in ("goodput.png", "resnet50_open.png", "text_classifier_open.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in text

@@ -207,3 +207,50 @@ def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tm
     assert server.name == "tritonnx, Triton direct, queue timeout 96 ms, batches <= 2"
     plain = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path)
     assert plain._served_repository() == REPOSITORY and plain.name == "tritonnx, Triton direct"
+
+
+def test_named_inputs_decode_as_the_load_side_encodes_them_and_misfits_are_refused():
+    from bench.load.http import named_raw
+    from bench.peers.common import decode_named
+
+    sent = {"input_ids": np.array([[3, 1, 4]], np.int64), "attention_mask": np.ones((1, 3), np.int64)}
+    body, headers = named_raw(sent)
+    got = decode_named(headers["x-inputs"], body)
+    assert list(got) == list(sent) and all(np.array_equal(got[n], sent[n]) and got[n].dtype == np.int64 for n in sent)
+    with pytest.raises(ValueError, match="accounts for 48 bytes, the body has 56"):
+        decode_named(headers["x-inputs"], body + b"12345678")
+    with pytest.raises(ValueError, match="name:DATATYPE"):
+        decode_named("input_ids:INT64", body)
+
+
+def test_requests_of_the_same_shapes_share_a_batch_and_each_gets_its_own_rows():
+    from bench.peers.common import run_grouped
+
+    class Echo:  # the first output is the input, as a batch: which rows ran together is recorded
+        batches: list[tuple[int, ...]] = []
+
+        def run(self, outputs, feed):
+            Echo.batches.append(feed["x"].shape)
+            return [feed["x"] * 10]
+
+    feeds = [{"x": np.full((1, length), index)} for index, length in enumerate([2, 3, 2, 3, 2])]
+    outputs = run_grouped(Echo(), feeds)  # type: ignore[arg-type]
+    assert [out.tolist() for out in outputs] == [[[10 * i] * n] for i, n in enumerate([2, 3, 2, 3, 2])]
+    assert sorted(Echo.batches) == [(2, 3), (3, 2)]  # one batch per sequence length
+
+
+def test_every_http_payload_carries_named_inputs_its_own_way():
+    from bench.load.http import named_raw
+    from bench.peers.common import decode_named
+
+    sent = {"input_ids": np.array([[7, 8]], np.int64), "attention_mask": np.ones((1, 2), np.int64)}
+    raw, headers = named_raw(sent)
+    assert RawFloat32().encode_named(sent) == (raw, headers)
+    body, json_headers = Base64Json().encode_named(sent)
+    wrapped = json.loads(body)
+    assert json_headers["content-type"] == "application/json" and wrapped["inputs"] == headers["x-inputs"]
+    assert decode_named(wrapped["inputs"], base64.b64decode(wrapped["data"]))["input_ids"].tolist() == [[7, 8]]
+    upload = FileUpload()
+    body, file_headers = upload.encode_named(sent)
+    assert file_headers["x-inputs"] == headers["x-inputs"] and file_headers["content-type"].startswith("multipart/")
+    assert raw in body and body.count(upload.boundary.encode()) == 2

@@ -10,7 +10,8 @@ core. The image travels as a file, the binary input BentoML documents (a `Path` 
 multipart/form-data), holding the raw float32 bytes: BentoML's adaptive batching needs a batchable
 input (an array, sent as JSON numbers), and parsing 150,528 numbers from text per image costs more
 than batching gains (one short run at c=16: 97 img/s with a batched JSON array, 262 with the file).
-The answer is the output array, JSON. POST /predict.
+The text models' named inputs travel the same way, their raw bytes as the file and their names, types and
+shapes in an `x-inputs` header. The answer is the output array, JSON. POST /predict.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import bentoml
 import numpy as np
 
-from bench.peers.common import HOST, arguments, run, session
+from bench.peers.common import HOST, arguments, decode_named, run, run_grouped, session
 
 ENV = "BENCH_BENTOML_"
 
@@ -34,7 +35,10 @@ class OnnxService:
         self.shape = [dim if isinstance(dim, int) else -1 for dim in self.session.get_inputs()[0].shape]
 
     @bentoml.api(route="/predict")
-    def predict(self, input: Path) -> np.ndarray:  # noqa: A002 - the form field's name
+    def predict(self, input: Path, context: bentoml.Context) -> np.ndarray:  # noqa: A002 - the form field's name
+        named = context.request.headers.get("x-inputs")
+        if named is not None:  # the text models: named inputs, their raw bytes as the file
+            return run_grouped(self.session, [decode_named(named, input.read_bytes())])[0]
         images = np.frombuffer(input.read_bytes(), "<f4").reshape(self.shape)
         return run(self.session, images)
 

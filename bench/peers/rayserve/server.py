@@ -7,7 +7,8 @@ The setup Ray Serve's docs give for throughput on CPU: `num_replicas` replicas o
 (`ray_actor_options={"num_cpus": 1}`), dynamic request batching with `@serve.batch`
 (`max_batch_size`, `batch_wait_timeout_s`) and `max_ongoing_requests` above the batch size so a
 replica can gather a batch. The request body is the raw float32 bytes (a Starlette request read
-whole), the answer the first output's raw float32 bytes. A local Ray of its own, on 127.0.0.1, no
+whole), or named inputs of any type (`x-inputs`, the text models; requests of the same shapes batched together), the
+answer the first output's raw float32 bytes. A local Ray of its own, on 127.0.0.1, no
 dashboard; SIGTERM or SIGINT shuts Serve and Ray down.
 """
 
@@ -30,7 +31,7 @@ from ray.serve.schema import LoggingConfig  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 from starlette.responses import Response  # noqa: E402
 
-from bench.peers.common import HOST, arguments, run, session  # noqa: E402
+from bench.peers.common import HOST, arguments, decode_named, run, run_grouped, session  # noqa: E402
 
 READY = "application ready"  # printed once Serve answers; bench.peers.servers waits for it
 
@@ -54,8 +55,19 @@ def deployment(args):  # noqa: ANN001, ANN201 - Ray's deployment types are not p
             sizes = np.cumsum([len(image) for image in images])[:-1]
             return [np.ascontiguousarray(part, "<f4").tobytes() for part in np.split(outputs, sizes)]
 
+        @serve.batch(max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_ms / 1000)
+        async def infer_named(self, feeds: list[dict[str, np.ndarray]]) -> list[bytes]:
+            return [np.ascontiguousarray(out, "<f4").tobytes() for out in run_grouped(self.session, feeds)]
+
         async def __call__(self, request: Request) -> Response:
-            images = np.frombuffer(await request.body(), "<f4").reshape(self.shape)
+            body, named = await request.body(), request.headers.get("x-inputs")
+            if named is not None:  # the text models: named inputs of any type (bench.load.http.named_raw)
+                try:
+                    feed = decode_named(named, body)
+                except ValueError as error:
+                    return Response(str(error), status_code=400)
+                return Response(await self.infer_named(feed), media_type="application/octet-stream")
+            images = np.frombuffer(body, "<f4").reshape(self.shape)
             return Response(await self.infer(images), media_type="application/octet-stream")
 
     return OnnxDeployment
