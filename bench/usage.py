@@ -25,6 +25,22 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by a process and its live descendants (a server's workers or stubs)."""
+    total = 0.0
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return total
+    for process in processes:
+        try:
+            total += cpu_seconds(process)
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 @dataclass(frozen=True)
 class Usage:
     """One process at one moment; open fds and threads only when asked for."""

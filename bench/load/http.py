@@ -29,6 +29,11 @@ from bench.load.targets import (
     random_tensor,
 )
 
+# A pooled connection idle longer than this is not reused. Servers close idle connections (gunicorn's keep-alive, which
+# uvicorn workers take, is 2 s): reusing one the server is closing fails the call (ServerDisconnectedError,
+# ClientOSError), the client's doing, not the server's. It did so after every overloaded step of the goodput study.
+IDLE_REUSE_S = 1.0
+
 
 class Payload(Protocol):
     """How one server carries an image batch in and its first output back."""
@@ -187,7 +192,8 @@ class HttpTarget:
         import aiohttp  # only this target needs it
 
         self._aiohttp = aiohttp
-        connector = aiohttp.TCPConnector(limit=max(concurrency, 1), limit_per_host=max(concurrency, 1))
+        connector = aiohttp.TCPConnector(limit=max(concurrency, 1), limit_per_host=max(concurrency, 1),
+                                         keepalive_timeout=IDLE_REUSE_S)  # fmt: skip
         session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s),
@@ -213,11 +219,12 @@ class HttpTarget:
                     return str(response.status)
         except (self._aiohttp.ClientError, asyncio.TimeoutError) as error:
             return type(error).__name__
-        if self.expected is not None and not self._matches(answer, self.expected[index]):
+        if self.expected is not None and not self.matches(answer, self.expected[index]):
             self.wrong += 1
         return None
 
-    def _matches(self, answer: bytes, expected: np.ndarray) -> bool:
+    def matches(self, answer: bytes, expected: np.ndarray) -> bool:
+        """The answer's body decodes to `expected` (up to float noise)."""
         try:
             return close_enough(self.payload.decode(answer), expected)
         except ValueError:

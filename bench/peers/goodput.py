@@ -26,6 +26,7 @@ from bench.load.targets import Target, VerificationError
 from bench.output import CORES, Gate, say
 from bench.peers import servers
 from bench.peers.reference import check_answers, reference_outputs, sample_images, sample_sequences
+from bench.usage import tree_cpu_seconds
 from bench.venvs import VenvError
 
 OBJECTIVE_FACTOR = 5.0
@@ -83,7 +84,40 @@ def checked_target(server: servers.Server, model: str, requests: list, expected:
     return target
 
 
-async def _capacity_and_steps(target: Target, args: argparse.Namespace, objective: float) -> dict:
+ServerCpu = Callable[[], float]  # CPU seconds the server's processes used so far
+# Before each step the server must have worked off what an earlier one left it: a server that queues without bound
+# (FastAPI) still runs the calls a past overload gave up on, and the next step would inherit that backlog. Idle is
+# under a quarter of a core (a busy server keeps a core or more); polled, for at most SETTLE_MAX_S.
+IDLE_CORES = 0.25
+SETTLE_POLL_S = 0.2
+SETTLE_MAX_S = 10.0
+
+
+def cpu_reader(server: servers.Server) -> ServerCpu:
+    """The started server's CPU seconds so far, its every process counted."""
+    return lambda: sum(tree_cpu_seconds(pid) for pid in server.pids)
+
+
+async def settle(server_cpu: ServerCpu) -> float:
+    """Wait until the server's processes are idle (under IDLE_CORES over a poll); the seconds waited."""
+    started = time.monotonic()
+    before = server_cpu()
+    while time.monotonic() - started < SETTLE_MAX_S:
+        await asyncio.sleep(SETTLE_POLL_S)
+        now = server_cpu()
+        if (now - before) / SETTLE_POLL_S < IDLE_CORES:
+            break
+        before = now
+    return time.monotonic() - started
+
+
+async def _capacity_and_steps(
+    target: Target,
+    args: argparse.Namespace,
+    objective: float,
+    server_cpu: ServerCpu,
+    overloads: Sequence[float] = OVERLOADS,
+) -> dict:
     await target.open(MAX_OUTSTANDING)
     try:
         closed = await loops.run_load(target, CAPACITY_CONCURRENCY, args.capacity_seconds, warmup_s=1.0, verify=False)
@@ -94,19 +128,19 @@ async def _capacity_and_steps(target: Target, args: argparse.Namespace, objectiv
             record["error"] = f"no capacity: errors {closed.errors}"
             return record
         for index, factor in enumerate(STEPS):
-            step = await _step(target, capacity * factor, args, seed=index)
+            step = await _step(target, capacity * factor, args, index, server_cpu)
             record["steps"].append({"factor": factor, **step})
         for index, factor in enumerate(LOW_STEPS):
             if goodput(record["steps"], objective) > 0:
                 break
-            step = await _step(target, capacity * factor, args, seed=len(STEPS) + index)
+            step = await _step(target, capacity * factor, args, len(STEPS) + index, server_cpu)
             record["steps"].append({"factor": factor, **step})
-        await _refine(target, record["steps"], capacity, objective, args)
+        await _refine(target, record["steps"], capacity, objective, args, server_cpu)
         record["goodput_rps"] = goodput(record["steps"], objective)
         say(f"    goodput {record['goodput_rps']:.1f} req/s (objective p99 <= {objective:.1f} ms)")
-        for index, factor in enumerate(OVERLOADS):
+        for index, factor in enumerate(overloads):
             if record["goodput_rps"] > 0:
-                step = await _step(target, record["goodput_rps"] * factor, args, seed=100 + index)
+                step = await _step(target, record["goodput_rps"] * factor, args, 100 + index, server_cpu)
                 record["overloads"][str(factor)] = step
         return record
     finally:
@@ -114,7 +148,12 @@ async def _capacity_and_steps(target: Target, args: argparse.Namespace, objectiv
 
 
 async def _refine(
-    target: Target, steps: list[dict], capacity: float, objective: float, args: argparse.Namespace
+    target: Target,
+    steps: list[dict],
+    capacity: float,
+    objective: float,
+    args: argparse.Namespace,
+    server_cpu: ServerCpu,
 ) -> None:
     """Halve the gap between the goodput and the next rate offered above it, REFINEMENTS times (steps appended).
 
@@ -127,15 +166,20 @@ async def _refine(
     high = min(above)
     for index in range(REFINEMENTS):
         middle = (low + high) / 2
-        step = await _step(target, middle, args, seed=200 + index)
+        step = await _step(target, middle, args, 200 + index, server_cpu)
         steps.append({"factor": round(middle / capacity, 3), **step})
         low, high = (middle, high) if within(step, objective) else (low, middle)
 
 
-async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int) -> dict:
+async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int, server_cpu: ServerCpu) -> dict:
+    """One offered rate once the server `settle`d, with the CPU seconds it and this generator used meanwhile."""
+    settled = await settle(server_cpu)
+    server_before, client_before = server_cpu(), time.process_time()
     result: OfferedResult = await offer(target, rate, args.step_seconds, seed=seed)
-    say(f"    {summary(result)}")
-    return result.as_dict()
+    used = {"server_cpu_s": server_cpu() - server_before, "client_cpu_s": time.process_time() - client_before,
+            "settled_s": settled}  # fmt: skip
+    say(f"    {summary(result)}; CPU server {used['server_cpu_s']:.2f} s, generator {used['client_cpu_s']:.2f} s")
+    return {**result.as_dict(), **used}
 
 
 def measure_checked(
@@ -167,12 +211,19 @@ def measure_checked(
 
 
 def measure_open(
-    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
+    server: servers.Server,
+    model: str,
+    onnx_file: Path,
+    objective: float,
+    args: argparse.Namespace,
+    overloads: Sequence[float] = OVERLOADS,
 ) -> dict:
-    """Capacity, the steps and the overloads of one server (`measure_checked`)."""
-    return measure_checked(
-        server, model, onnx_file, lambda target, _: asyncio.run(_capacity_and_steps(target, args, objective))
-    )
+    """Capacity, the steps and the `overloads` (x the goodput) of one server (`measure_checked`)."""
+
+    def steps(target: Target, _: list) -> dict:
+        return asyncio.run(_capacity_and_steps(target, args, objective, cpu_reader(server), overloads))
+
+    return measure_checked(server, model, onnx_file, steps)
 
 
 def goodput_without_lag(record: dict, objective: float) -> float:

@@ -78,6 +78,11 @@ class Server(ABC):
     def pid(self) -> int:
         """The process whose tree holds the whole server (for its memory)."""
 
+    @property
+    def pids(self) -> list[int]:
+        """The processes whose trees make the server (for its CPU): `pid`'s, unless a process runs beside it."""
+        return [self.pid]
+
     @abstractmethod
     def target(
         self,
@@ -170,6 +175,12 @@ class Tritonnx(Server):
     def pid(self) -> int:
         assert self._stack is not None
         return self._stack.triton.pid
+
+    @property
+    def pids(self) -> list[int]:
+        """Triton's, and the facade's beside it."""
+        assert self._stack is not None
+        return [self.pid] + ([self._stack.facade.pid] if self._stack.facade is not None else [])
 
     def target(self, images=None, expected=None, inputs=None) -> Target:
         """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""

@@ -88,14 +88,35 @@ def test_the_generators_study_offers_every_rate_with_both_generators_and_reports
     from bench.studies.generators import main
 
     args = ["--models", "text_classifier", "--step-seconds", "1", "--single-seconds", "0.5", "--out", str(tmp_path)]
-    gates = judged(tmp_path, main(args), ["## text_classifier", "| offered req/s |"])
+    sections = ["## text_classifier", "### tritonnx, Triton direct", "### FastAPI 2x1", "| offered req/s |"]
+    gates = judged(tmp_path, main(args), sections)
     assert all(gates.values()), gates  # answers right; every rate measured by both (or refused by Triton)
-    record = json.loads((tmp_path / "results.json").read_text())["models"]["text_classifier"]
-    python, perf = record["python"], record["perf_analyzer"]
-    assert len(python) == len(perf) == 8 and all(step["answered"] > 0 for step in python)
-    # The sequences of mixed lengths reached Triton through perf_analyzer's input data.
-    assert perf[0]["inference_count"] > 0 and set(record["goodput_rps"]) == {"Python open loop", "perf_analyzer"}
+    servers = json.loads((tmp_path / "results.json").read_text())["models"]["text_classifier"]["servers"]
+    triton, fastapi = servers["tritonnx, Triton direct"], servers["FastAPI 2x1"]
+    for record in (triton, fastapi):
+        assert len(record["python"]) == len(record["compiled"]) == 8
+        assert all(step["answered"] > 0 for step in record["python"])
+    # The sequences of mixed lengths reached Triton through perf_analyzer's input data, and FastAPI through
+    # poisson-http, which checked every answer.
+    assert triton["compiled"][0]["inference_count"] > 0
+    assert fastapi["compiled"][0]["answered"] > 0 and fastapi["compiled"][0]["wrong"] == 0
+    assert set(fastapi["goodput_rps"]) == {"Python open loop", "poisson-http"}
     assert (tmp_path / "generators.png").stat().st_size > 0
+
+
+def test_the_goodput_rounds_study_measures_every_server_each_round_and_reports(tmp_path):
+    from bench.studies.goodput_rounds import main
+
+    args = ["--rounds", "2", "--step-seconds", "0.5", "--capacity-seconds", "0.5", "--single-seconds", "0.5",
+            "--out", str(tmp_path)]  # fmt: skip
+    gates = judged(tmp_path, main(args), ["| round |", "| 2 |", "| median |"])
+    assert gates["every server answered right and was measured in every round"]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [set(r) for r in results["rounds"]] == [{"tritonnx, Triton direct", "FastAPI 1x2", "FastAPI 2x1"}] * 2
+    # Two rounds are too few for a 90% interval: the goal is not judged met or missed on them.
+    goal = next(g for g in results["gates"] if "goodput >=" in g["name"])
+    assert not goal["passed"] and goal["detail"].startswith("undecided: too few rounds")
+    assert (tmp_path / "rounds.png").stat().st_size > 0
 
 
 @pytest.mark.skipif(bool(netfaults_unavailable()), reason=netfaults_unavailable() or "")

@@ -20,19 +20,28 @@ def test_text_requests_become_perf_analyzer_steps_without_the_batch_dimension(tm
     assert perf_input_data([np.zeros((1, 3, 224, 224), np.float32)], tmp_path) == "random"
 
 
-def python_step(rate: float, p99: float, error_share: float = 0.0) -> dict:
+def open_step(rate: float, p99: float, error_share: float = 0.0) -> dict:
     return {"offered_rps": rate, "answered": 10, "p99_ms": p99, "error_share": error_share}
 
 
 def test_each_generator_finds_the_highest_rate_within_the_objective():
     record = {
-        "objective_ms": 25.0,
-        "python": [python_step(100, 8), python_step(200, 30), python_step(300, 12, error_share=0.01)],
-        "perf_analyzer": [
+        "generator": "perf_analyzer",
+        "python": [open_step(100, 8), open_step(200, 30), open_step(300, 12, error_share=0.01)],
+        "compiled": [
             {"offered_rps": 100, "p99_ms": 5},
             {"offered_rps": 200, "p99_ms": 20},
             {"offered_rps": 300, "refused": True, "error": "Triton refused calls"},
         ],
     }
     # Python: 200/s broke the objective, 300/s had errors; perf_analyzer: a refused step keeps nothing.
-    assert goodputs(record) == {"Python open loop": 100, "perf_analyzer": 200}
+    assert goodputs(record, 25.0) == {"Python open loop": 100, "perf_analyzer": 200}
+
+
+def test_poisson_http_steps_are_judged_as_the_python_loop_s():
+    record = {
+        "generator": "poisson-http",
+        "python": [open_step(100, 8)],
+        "compiled": [open_step(100, 8), open_step(200, 20, error_share=0.01), open_step(300, 40)],
+    }
+    assert goodputs(record, 25.0) == {"Python open loop": 100, "poisson-http": 100}

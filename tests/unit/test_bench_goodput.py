@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 
 import pytest
@@ -162,8 +163,19 @@ def _args() -> argparse.Namespace:
     return argparse.Namespace(step_seconds=0.05, capacity_seconds=0.1)
 
 
+@pytest.fixture(autouse=True)
+def _quick_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One settle poll before each step, shortened: these fake servers are idle or nearly."""
+    monkeypatch.setattr(goodput, "SETTLE_POLL_S", 0.01)
+
+
+def _idle() -> float:
+    """A server that used no CPU: every step starts after one settle poll."""
+    return 0.0
+
+
 def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found():
-    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), objective=1000.0))
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), 1000.0, _idle))
     assert [step["factor"] for step in record["steps"]] == list(goodput.STEPS)
     assert record["goodput_rps"] == record["steps"][-1]["offered_rps"] > 0  # every step kept a 1 s objective
     assert list(record["overloads"]) == ["1.5", "2.0"]
@@ -171,7 +183,7 @@ def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found():
 
 
 def test_lower_steps_are_tried_while_none_keeps_the_objective_and_no_goodput_means_no_overload():
-    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.02), _args(), objective=1.0))  # 20 ms answers, 1 ms
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.02), _args(), 1.0, _idle))  # 20 ms answers, 1 ms
     assert [step["factor"] for step in record["steps"]] == [*goodput.STEPS, *goodput.LOW_STEPS]
     assert record["goodput_rps"] == 0.0 and record["overloads"] == {}
 
@@ -179,12 +191,23 @@ def test_lower_steps_are_tried_while_none_keeps_the_objective_and_no_goodput_mea
 def test_refinement_bisects_between_the_goodput_and_the_next_rate_above_it(monkeypatch):
     offered = []
 
-    async def step(target, rate, args, seed):  # p99 within a 10 ms objective below 70 req/s
+    async def step(target, rate, args, seed, server_cpu):  # p99 within a 10 ms objective below 70 req/s
         offered.append(rate)
         return _step(rate, 5.0 if rate < 70 else 50.0)
 
     monkeypatch.setattr(goodput, "_step", step)
     steps = [_step(50, 5.0), _step(80, 50.0), _step(100, 50.0)]
-    asyncio.run(goodput._refine(_Fake(0.0), steps, 100.0, 10.0, _args()))
+    asyncio.run(goodput._refine(_Fake(0.0), steps, 100.0, 10.0, _args(), _idle))
     assert offered == [65.0, 72.5]  # halfway to 80 kept it, halfway to 80 from 65 did not
     assert goodput.goodput(steps, 10.0) == 65.0 and steps[-1]["factor"] == 0.725
+
+
+def test_each_step_records_the_cpu_the_server_and_the_generator_used():
+    readings = itertools.count()  # the server's CPU: 1 ms more at every reading, idle by settle's measure
+
+    def used() -> float:
+        return next(readings) / 1000
+
+    record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), 1000.0, used))
+    step = record["steps"][0]
+    assert step["server_cpu_s"] == pytest.approx(0.001) and step["client_cpu_s"] > 0 and step["settled_s"] > 0

@@ -175,3 +175,13 @@ def test_offer_sorts_every_scheduled_call_by_how_it_ended():
     figures = result.as_dict()
     assert figures["refused_share"] == result.refused / result.scheduled
     assert figures["error_share"] == pytest.approx(5 / 8 + result.wrong / result.scheduled, abs=0.05)
+
+
+def test_a_step_waits_until_the_server_has_worked_off_its_backlog():
+    from bench.peers.goodput import SETTLE_POLL_S, settle
+
+    busy_polls = 3
+    used = iter([0.0, *(SETTLE_POLL_S * (i + 1) for i in range(busy_polls)), *[SETTLE_POLL_S * busy_polls] * 9])
+    waited = asyncio.run(settle(lambda: next(used)))  # a core busy for 3 polls, then idle
+    assert busy_polls * SETTLE_POLL_S <= waited < (busy_polls + 3) * SETTLE_POLL_S
+    assert asyncio.run(settle(lambda: 0.0)) < 3 * SETTLE_POLL_S  # an idle server: one poll
