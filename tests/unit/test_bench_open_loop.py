@@ -181,7 +181,10 @@ def test_a_step_waits_until_the_server_has_worked_off_its_backlog():
     from bench.peers.goodput import SETTLE_POLL_S, settle
 
     busy_polls = 3
-    used = iter([0.0, *(SETTLE_POLL_S * (i + 1) for i in range(busy_polls)), *[SETTLE_POLL_S * busy_polls] * 9])
-    waited = asyncio.run(settle(lambda: next(used)))  # a core busy for 3 polls, then idle
-    assert busy_polls * SETTLE_POLL_S <= waited < (busy_polls + 3) * SETTLE_POLL_S
-    assert asyncio.run(settle(lambda: 0.0)) < 3 * SETTLE_POLL_S  # an idle server: one poll
+    readings = [0.0, *(SETTLE_POLL_S * (i + 1) for i in range(busy_polls)), *[SETTLE_POLL_S * busy_polls] * 9]
+    read = iter(readings)
+    asyncio.run(settle(lambda: next(read)))  # a core busy for 3 polls, then idle
+    assert len(readings) - len(list(read)) == 1 + busy_polls + 1  # a first reading, then polls until an idle one
+    idle = iter([0.0] * 9)
+    asyncio.run(settle(lambda: next(idle)))
+    assert len(list(idle)) == 7  # an idle server: a first reading and one poll
