@@ -31,7 +31,7 @@ from bench.load.targets import (
 
 # A pooled connection idle longer than this is not reused. Servers close idle connections (gunicorn's keep-alive, which
 # uvicorn workers take, is 2 s): reusing one the server is closing fails the call (ServerDisconnectedError,
-# ClientOSError), the client's doing, not the server's. It did so after every overloaded step of the goodput study.
+# ClientOSError), the client's doing, not the server's: it did so after overloaded steps of the goodput study.
 IDLE_REUSE_S = 1.0
 
 
