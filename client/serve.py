@@ -2,7 +2,7 @@
 
 Starts the serving stack (backend/server/stack.py): tritonserver with the model repository on
 ports 8000-8002, a supervisor (its metrics on 8003) that reloads a model whose stub process died and restarts
-tritonserver if it exits, and the facade on 50051 (gRPC) and 3000 (HTTP) unless flags after `--` say otherwise,
+tritonserver if it exits, all on loopback unless --host (gRPC), --http-host and --metrics-host say otherwise, and the facade on 50051 (gRPC) and 3000 (HTTP) unless flags after `--` say otherwise,
 ready once a real inference went through; it prints the ports the facade bound. Ctrl-C or SIGTERM drains the facade
 first, then stops Triton.
 
@@ -46,7 +46,21 @@ class ServeSettings:
         env=False,
     )
     host: str = setting(
-        "127.0.0.1", "where Triton listens; 0.0.0.0 in a container with port mappings", env="TRITONNX_TRITON_HOST"
+        "127.0.0.1",
+        "where Triton's gRPC listens; any address but loopback lets callers past the facade (its token, limits and "
+        "checks), so keep it unless they are meant to reach Triton",
+        env="TRITONNX_TRITON_HOST",
+    )
+    http_host: str = setting(
+        "127.0.0.1",
+        "where Triton's HTTP listens, whatever --host says: one JSON request aborts tritonserver 2.51 there "
+        "(docs/operations.md, Security), so it leaves loopback only when asked",
+        env="TRITONNX_TRITON_HTTP_HOST",
+    )
+    metrics_host: str = setting(
+        "",
+        "where Triton's and the supervisor's metrics listen (a pod's IP, 0.0.0.0, for Prometheus); empty: --host",
+        env="TRITONNX_TRITON_METRICS_HOST",
     )
     http_port: int = setting(
         TRITON_HTTP, "Triton's HTTP port", env="TRITONNX_TRITON_HTTP_PORT", flags=("--http-port", "--http_port")
@@ -57,8 +71,8 @@ class ServeSettings:
     metrics_port: int = setting(TRITON_METRICS, "Triton's metrics port", env="TRITONNX_TRITON_METRICS_PORT")
     supervisor_metrics_port: int = setting(
         SUPERVISOR_METRICS,
-        "the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --host; -1 turns "
-        "them off",
+        "the supervisor's Prometheus metrics (models healed, server restarts, models ready), on --metrics-host; -1 "
+        "turns them off",
     )
     log_verbose: int = setting(0, "tritonserver's --log-verbose level", env="TRITONNX_TRITON_LOG_VERBOSE")
     otlp_endpoint: str = setting(
@@ -104,15 +118,15 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
-def addresses(stack: ServingStack, args: ServeSettings, key_place: str) -> str:
+def addresses(stack: ServingStack, args: ServeSettings, supervisor_port: int | None, key_place: str) -> str:
     """Where each part of a started stack answers (the facade's ports: the ones it bound), and how to stop it."""
     triton, facade = stack.triton, stack.facade
     return (
         f"  Triton   {'HTTP ' + triton.http_url if triton.http else 'HTTP off'}  gRPC {triton.grpc_url}  "
         f"metrics {triton.metrics_url}\n"
         + (
-            f"  supervisor  http://{args.host}:{stack.supervisor_metrics_port}/metrics\n"
-            if stack.supervisor_metrics_port is not None
+            f"  supervisor  http://{triton.metrics_address}:{supervisor_port}/metrics\n"
+            if supervisor_port is not None
             else ""
         )
         + (
@@ -164,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
             log_files=not to_terminal,
             host=args.host,
             log_verbose=args.log_verbose,
-            supervisor_metrics_port=args.supervisor_metrics_port if args.supervisor_metrics_port >= 0 else None,
             otlp_endpoint=args.otlp_endpoint,
             trace_ratio=args.trace_ratio,
         )
@@ -172,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     triton = stack.triton
+    # The stack gives Triton one address; here inference stays where --host and --http-host say while the
+    # metrics, Triton's and the supervisor's, go where a scraper reaches them.
+    triton.http_host = args.http_host
+    triton.metrics_host = args.metrics_host or None
+    supervisor_port: int | None = None
     key_place = share_admin_key(stack.admin_key, paths)
     stop = StopRequest()
     started = time.monotonic()
@@ -180,12 +198,17 @@ def main(argv: list[str] | None = None) -> int:
             f"starting tritonserver with {triton.model_repository} (log: {triton.log_file or 'here'}) ...", flush=True
         )
         stack.start_triton()
+        if stack.supervisor is not None and args.supervisor_metrics_port >= 0:
+            supervisor_port = stack.supervisor.metrics.serve(triton.metrics_address, args.supervisor_metrics_port)
         print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states(), repository), flush=True)
         if args.facade:
             print(f"starting the facade (log: {'here' if to_terminal else log_dir / 'facade.log'}) ...", flush=True)
             stack.start_facade()
-        print(f"ready after {time.monotonic() - started:.1f}s\n{addresses(stack, args, key_place)}", flush=True)
+        print(
+            f"ready after {time.monotonic() - started:.1f}s\n{addresses(stack, args, supervisor_port, key_place)}",
+            flush=True,
+        )
         # tritonserver exiting is the supervisor's to heal; the facade exiting ends the run.
         if not stop.wait(*([stack.facade] if stack.facade else [])):
             print("error: the facade exited on its own; stopping tritonserver", file=sys.stderr)

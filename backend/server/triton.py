@@ -145,8 +145,10 @@ class TritonServer(ManagedProcess):
     ports: Ports = field(default_factory=Ports)
     backend_dir: Path = Path("build/backends")
     extra_args: list[str] = field(default_factory=list)
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # Triton's gRPC address, and its HTTP and metrics addresses unless those are given
     http: bool = True  # Triton's HTTP endpoint; the facade and the supervisor need only gRPC
+    http_host: str | None = None  # None: `host`
+    metrics_host: str | None = None  # None: `host`
     startup_models: tuple[str, ...] = ("*",)  # loaded at start; () starts empty (load through model control)
     cwd: Path | None = None  # the server's working directory; None: this process's
     extra_env: dict[str, str] = field(default_factory=dict)  # on top of this process's environment
@@ -169,8 +171,16 @@ class TritonServer(ManagedProcess):
         return {ADMIN_HEADER: self.admin_key}
 
     @property
+    def http_address(self) -> str:
+        return self.http_host or self.host
+
+    @property
+    def metrics_address(self) -> str:
+        return self.metrics_host or self.host
+
+    @property
     def http_url(self) -> str:
-        return f"{self.host}:{self.ports.http}"
+        return f"{self.http_address}:{self.ports.http}"
 
     @property
     def grpc_url(self) -> str:
@@ -178,7 +188,7 @@ class TritonServer(ManagedProcess):
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.ports.metrics}/metrics"
+        return f"http://{self.metrics_address}:{self.ports.metrics}/metrics"
 
     def command(self, install: TritonInstall, backends: Path) -> list[str]:
         return [
@@ -188,7 +198,7 @@ class TritonServer(ManagedProcess):
             *self._http_args(),
             f"--grpc-address={self.host}",
             f"--grpc-port={self.ports.grpc}",
-            f"--metrics-address={self.host}",
+            f"--metrics-address={self.metrics_address}",
             f"--metrics-port={self.ports.metrics}",
             # Whole batches travel through the stub's shared memory: start big enough for a
             # 16-image batch of 224x224 FP32 (9.6 MB) so the region does not grow request by request.
@@ -211,7 +221,7 @@ class TritonServer(ManagedProcess):
         if not self.http:
             return ["--allow-http=false"]
         return [
-            f"--http-address={self.host}",
+            f"--http-address={self.http_address}",
             f"--http-port={self.ports.http}",
             f"--http-restricted-api={RESTRICTED_PROTOCOLS}:{ADMIN_HEADER}={self.admin_key}",
         ]
