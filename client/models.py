@@ -56,10 +56,11 @@ Exit codes: 0 done, 1 refused or failed (the message says why; what served befor
 DESCRIPTION = """\
 Versions of the models Triton serves from the model repository. Each version is a folder
 <model>/<n>/ holding model.onnx (or the config's default_model_filename), and a model.py for a
-backend: "python" model; a retired version moves to <model>/retired/<n>/,
-which Triton ignores, and keeps its number (numbers are never reused). Triton (explicit model
-control) serves what config.pbtxt's version_policy selects, by default the newest version alone:
-a new version loads beside the serving one, which answers until the new one is ready."""
+backend: "python" model; a retired version moves to <model>/retired/<n>/, a version Triton could
+not load or whose publish was killed to <model>/failed/<n>/, both of which Triton ignores, and
+keeps its number (numbers are never reused). Triton (explicit model control) serves what
+config.pbtxt's version_policy selects, by default the newest version alone: a new version loads
+beside the serving one, which answers until the new one is ready."""
 
 COMMANDS = {
     "publish": (
@@ -70,7 +71,8 @@ them, fit the served version's: the same names, datatypes and ranks, a fixed inp
 dynamic, the served outputs first in their order), write it as version n+1 (through a staging
 folder Triton ignores, then one rename), with the newest version's model.py for a backend: "python"
 model, and have Triton load it. A file that fails a check is refused before anything is written; one Triton cannot load
-is removed again. Either way the serving version keeps serving.
+is moved to <model>/failed/<n>/. Either way the serving version keeps serving. A publish killed before Triton
+reported its version READY leaves it unfinished: the next server start or publish moves it to failed/.
 
 Examples:
   python -m client.models publish resnet50 path/to/new.onnx
@@ -91,9 +93,10 @@ beside the version as quantization.json. See docs/versions.md.
     "list": (
         "list the versions on disk and their state in Triton",
         """\
-For each model: its version_policy, and every version in the repository, in retired/ or known
-only to Triton (a failed or removed version: Triton keeps its last state), with Triton's state
-(READY, UNAVAILABLE, LOADING, UNLOADING) and which version serves requests that name none.
+For each model: its version_policy, and every version in the repository ("unfinished": its
+publish is under way or was killed), in retired/, in failed/, or known only to Triton ("gone":
+Triton keeps the last state of a version removed by hand), with Triton's state (READY,
+UNAVAILABLE, LOADING, UNLOADING) and which version serves requests that name none.
 
 Examples:
   python -m client.models list

@@ -1,8 +1,9 @@
 """The supervisor's Prometheus metrics: what it healed, and which models Triton calls ready.
 
-Triton's own metrics (port 8002) say nothing of a stub that died and was reloaded, nor of a
-tritonserver that was restarted, nor (in 2.51) whether a model is ready; the supervisor knows all
-three. Served on their own port (`tritonnx-serve --supervisor-metrics-port`, default 8003).
+Triton's own metrics (port 8002) say nothing of a stub that died and was reloaded (or whose reload
+waited for its back-off), nor of a hung model whose stubs the watchdog killed, nor of a tritonserver
+that was restarted, nor (in 2.51) whether a model is ready; the supervisor knows all of them. Served
+on their own port (`tritonnx-serve --supervisor-metrics-port`, default 8003).
 """
 
 from __future__ import annotations
@@ -23,6 +24,19 @@ class SupervisorMetrics:
             ["model"],
             registry=self.registry,
         )
+        self.reload_backoffs = Counter(
+            "tritonnx_supervisor_reload_backoffs",
+            "Reloads of a model put off because its stubs died again within a minute of its last reload",
+            ["model"],
+            registry=self.registry,
+        )
+        self.watchdog_kills = Counter(
+            "tritonnx_supervisor_watchdog_kills",
+            "Times the watchdog killed a model's stubs: requests waiting and no execution finished, or a stub stopped, "
+            "for the model's watchdog seconds",
+            ["model"],
+            registry=self.registry,
+        )
         self.server_restarts = Counter(
             "tritonnx_supervisor_server_restarts",
             "Times tritonserver exited and the supervisor started it again",
@@ -37,10 +51,11 @@ class SupervisorMetrics:
         self._server: WSGIServer | None = None
 
     def set_model_states(self, ready: dict[str, bool]) -> None:
-        """Every model of the repository index, ready or not; a model's reload counter starts at 0."""
+        """Every model of the repository index, ready or not; a model's counters start at 0."""
         for model, is_ready in ready.items():
             self.model_ready.labels(model).set(1 if is_ready else 0)
-            self.model_reloads.labels(model)
+            for counter in (self.model_reloads, self.reload_backoffs, self.watchdog_kills):
+                counter.labels(model)
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics on host:port (0: a free port) from a thread; the port."""

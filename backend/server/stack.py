@@ -6,8 +6,10 @@ One context manager for `make serve`, the benchmarks and the tests:
         stub = InferenceServiceStub(grpc.insecure_channel(stack.facade.grpc_url))
 
 Logs go to `workdir` (tritonserver.log, facade.log); Triton's Python backend is assembled in
-`workdir/backends` unless `backend_dir` says otherwise. Stopping drains the facade first, then
-stops the supervisor and tritonserver with its stubs.
+`workdir/backends` unless `backend_dir` says otherwise. Before tritonserver starts, the versions whose
+publish never finished are set aside (versions.recover_repository), so that its `--load-model=*`
+never serves one unchecked. Stopping drains the facade first, then stops the supervisor and
+tritonserver with its stubs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pathlib import Path
 from backend.server.admin import new_admin_key
 from backend.server.facade import FacadeProcess, start_facade
 from backend.server.process import ServerError, free_ports
-from backend.server.supervisor import TritonSupervisor
+from backend.server.supervisor import DEFAULT_WATCHDOG_SECONDS, TritonSupervisor
 from backend.server.tracing import check_ratio, triton_trace_args
 from backend.server.triton import Ports, TritonServer
+from backend.server.versions import recover_repository
 
 PORT_ATTEMPTS = 3
 # tritonserver's words when one of its ports is taken: "Socket '127.0.0.1:8001' already in use".
@@ -38,6 +41,9 @@ class ServingStack:
     supervised: bool = False
     supervisor_interval: float = 0.2  # seconds between its looks at the stubs
     supervisor_metrics_port: int | None = None  # its /metrics (0: a free port); None: not served
+    # The supervisor's watchdog: seconds a model may keep requests waiting without finishing an execution (0: off);
+    # a model's config.pbtxt overrides it (supervisor.WATCHDOG_PARAMETER).
+    watchdog_seconds: float = DEFAULT_WATCHDOG_SECONDS
     triton_http: bool = True
     startup_models: tuple[str, ...] = ("*",)
     all_models_ready: bool = True  # a model that failed to load fails the start (else: listed by model_states)
@@ -87,7 +93,9 @@ class ServingStack:
             netns=self.triton_netns,
         )
         if self.supervised:
-            self.supervisor = TritonSupervisor(self.triton, self.supervisor_interval, self.ready_timeout)
+            self.supervisor = TritonSupervisor(
+                self.triton, self.supervisor_interval, self.ready_timeout, watchdog_seconds=self.watchdog_seconds
+            )
 
     def start(self) -> ServingStack:
         """Tritonserver (and its supervisor), then the facade when the stack has one."""
@@ -97,6 +105,7 @@ class ServingStack:
         return self
 
     def start_triton(self) -> TritonServer:
+        recover_repository(self.repository)
         for attempt in range(PORT_ATTEMPTS):
             self.triton.start()
             try:

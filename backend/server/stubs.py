@@ -8,6 +8,7 @@ every few tenths of a second; `InstanceWatch` turns those looks into the version
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,18 @@ def live_stubs(server_pid: int) -> dict[int, Stub]:
         except (psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return stubs
+
+
+def stopped(stubs: Iterable[Stub]) -> set[int]:
+    """The pids of `stubs` stopped by a signal (SIGSTOP); a debugger's stop is another state, left out."""
+    found = set()
+    for stub in stubs:
+        try:
+            if psutil.Process(stub.pid).status() == psutil.STATUS_STOPPED:
+                found.add(stub.pid)
+        except psutil.Error:
+            continue
+    return found
 
 
 def instance_counts(live: dict[int, Stub]) -> Counter[Version]:

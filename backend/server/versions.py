@@ -10,9 +10,21 @@ number as a version (it reads "2abc" as version 2) and ignores the others with a
   compiled there too: Triton reloads, at the model's next load, every version whose folder holds a
   file newer than its last load, and the stub would otherwise write `__pycache__/` into the folder;
 - a retired version moves to `<model>/retired/<n>/`, out of Triton's sight and kept: publishing its
-  `model.onnx` again serves it again. Numbers are never reused (clients and the facade's result
-  cache remember what a number answered), so the next version is one above every number on disk,
-  retired ones included.
+  `model.onnx` again serves it again;
+- a version that Triton could not load, or whose publish never finished, moves to `<model>/failed/<n>/`
+  (one rename: a failed version never lingers half-deleted where Triton would load it).
+
+Numbers are never reused (clients and the facade's result cache remember what a number answered): the
+next version is one above every number ever used, in the repository, retired, failed or recorded.
+
+A publish survives being killed at any step. Before anything appears in the model's folder it records
+its intent, `<model>/.publish/<n>.intent`, and only once Triton has reported the version READY does it
+record `<n>.published` (and drop the intent). A version with an intent and no published record was
+never confirmed: a server started over the repository (`recover_repository`, before tritonserver
+starts), the supervisor before it restarts or reloads a model, and the next publish move it to
+`failed/<n>/` and clear its intent, so that Triton's `--load-model=*` never serves it unchecked. A
+version without an intent (put there by hand) is never touched. Every rename and record that matters
+is fsynced with its folder, so the on-disk state after a power loss is one of the states a kill leaves.
 
 Triton, in explicit model-control mode, loads what the model's `version_policy` selects from those
 folders whenever it is asked to load the model; what it did is read back from its repository index.
@@ -24,9 +36,12 @@ they were. One operation at a time per model: they take a lock file in the model
 from __future__ import annotations
 
 import fcntl
+import json
+import logging
 import os
 import py_compile
 import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,19 +56,31 @@ from backend.server.repository import CONFIG_FILE, STOCK_MODEL_PY, read_config
 from backend.server.signature import Signature, SignatureError, check_onnx, check_signature
 
 RETIRED = "retired"
+FAILED = "failed"
 STAGING_PREFIX = ".staging-"
+RECORDS = ".publish"  # <n>.intent and <n>.published, one pair per publish
+INTENT = ".intent"
+PUBLISHED = ".published"
 LOCK_FILE = ".versions.lock"
+# `list`'s place of a version in the repository whose publish has not finished (under way, or killed).
+UNFINISHED = "unfinished"
 
 Log = Callable[[str], None]
+
+logger = logging.getLogger("tritonnx.versions")
 
 
 class VersionError(Exception):
     """An operation refused or failed; the message says what is wrong and what to do."""
 
 
+class Busy(VersionError):
+    """Another operation holds the model's lock."""
+
+
 @dataclass(frozen=True)
 class ModelFolder:
-    """`<repository>/<model>`: its versions, retired versions and config.pbtxt."""
+    """`<repository>/<model>`: its versions, retired and failed versions, publish records and config.pbtxt."""
 
     path: Path
 
@@ -78,17 +105,32 @@ class ModelFolder:
     def retired(self) -> list[int]:
         return _numbered(self.path / RETIRED)
 
+    def failed(self) -> list[int]:
+        return _numbered(self.path / FAILED)
+
+    def intents(self) -> list[int]:
+        """Versions whose publish started and has not been settled (published, failed or set aside)."""
+        return _recorded(self.path / RECORDS, INTENT)
+
+    def published(self) -> list[int]:
+        """Versions Triton reported READY when they were published."""
+        return _recorded(self.path / RECORDS, PUBLISHED)
+
     def next_version(self) -> int:
-        return max(self.versions() + self.retired(), default=0) + 1
+        used = self.versions() + self.retired() + self.failed() + self.intents() + self.published()
+        return max(used, default=0) + 1
 
     def version_policy(self) -> dict:
         return self.config().get("version_policy", {})
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """One operation at a time on this model (other commands wait)."""
+    def locked(self, wait: bool = True) -> Iterator[None]:
+        """One operation at a time on this model: others wait, or with `wait=False` get Busy."""
         with open(self.path / LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                raise Busy(f"another operation on {self.name} is under way") from None
             try:
                 yield
             finally:
@@ -106,46 +148,180 @@ class ModelFolder:
         `extra_files` (name: text) are written beside the model file, e.g. a quantization report: Triton loads only
         the model file and the backend's model.py from a version folder.
 
-        Written in a staging folder Triton ignores, then renamed into place.
+        Written in a staging folder Triton ignores, synced, then renamed into place. A failure removes the staging
+        folder; a kill leaves it to `recover`.
         """
         config = self.config()
         staging = self.path / f"{STAGING_PREFIX}{number}"
-        shutil.rmtree(staging, ignore_errors=True)  # left by a publish that was killed
         staging.mkdir()
         try:
+            # copyfile follows a symlinked source: the version gets files of its own.
             served = staging / onnx_file_name(config)
             served.parent.mkdir(parents=True, exist_ok=True)
-            _copy_synced(onnx_file, served)
+            shutil.copyfile(onnx_file, served)
             for location in external_data_files(onnx_file):
                 (served.parent / location).parent.mkdir(parents=True, exist_ok=True)
-                _copy_synced(onnx_file.parent / location, served.parent / location)
+                shutil.copyfile(onnx_file.parent / location, served.parent / location)
             if is_python_model(config):
                 newest = self.versions()
                 model_py = self.path / str(newest[-1]) / PYTHON_MODEL_FILE if newest else STOCK_MODEL_PY
-                _copy_synced(model_py if model_py.is_file() else STOCK_MODEL_PY, staging / PYTHON_MODEL_FILE)
+                shutil.copyfile(model_py if model_py.is_file() else STOCK_MODEL_PY, staging / PYTHON_MODEL_FILE)
                 # The stub would write model.py's bytecode into the version folder when it first loads it, and
                 # Triton reloads a version whose folder changed at the model's next load (the next publish).
                 py_compile.compile(str(staging / PYTHON_MODEL_FILE), doraise=True)
             for name, text in (extra_files or {}).items():
                 (staging / name).write_text(text)
+            for folder, _, files in os.walk(staging, topdown=False):
+                for name in files:
+                    _fsync_file(Path(folder) / name)
+                _fsync_dir(Path(folder))
             target = self.path / str(number)
             os.rename(staging, target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            _fsync_dir(self.path)
+        except Exception:
+            shutil.rmtree(staging, ignore_errors=True)  # hidden from Triton: no need for one rename here
             raise
         return target
+
+    def record_intent(self, number: int, source: Path) -> None:
+        """Record that version `number` is being published, before anything of it appears in the folder."""
+        records = self.path / RECORDS
+        if not records.is_dir():
+            records.mkdir()
+            _fsync_dir(self.path)
+        intent = {"version": number, "source": str(source), "pid": os.getpid(), "started": _now()}
+        _write_synced(records / f"{number}{INTENT}", json.dumps(intent) + "\n")
+
+    def record_published(self, number: int) -> None:
+        """Record that Triton reported version `number` READY, then drop its intent."""
+        _write_synced(
+            self.path / RECORDS / f"{number}{PUBLISHED}", json.dumps({"version": number, "published": _now()}) + "\n"
+        )
+        self._clear_intent(number)
+
+    def _clear_intent(self, number: int) -> None:
+        (self.path / RECORDS / f"{number}{INTENT}").unlink(missing_ok=True)
+        _fsync_dir(self.path / RECORDS)
+
+    def set_aside(self, number: int) -> Path | None:
+        """Move version `number` (or its staging folder) to `failed/<n>/` in one rename and clear its intent.
+
+        Returns where it went; None when nothing of it had been written yet.
+        """
+        moved = None
+        for source in (self.path / str(number), self.path / f"{STAGING_PREFIX}{number}"):
+            if source.is_dir():
+                failed = self.path / FAILED
+                if not failed.is_dir():
+                    failed.mkdir()
+                    _fsync_dir(self.path)
+                moved = failed / str(number)
+                if moved.exists():
+                    raise VersionError(f"{moved} already exists: move it away first (version numbers are not reused)")
+                os.rename(source, moved)
+                _fsync_dir(failed)
+                _fsync_dir(self.path)
+        self._clear_intent(number)
+        return moved
+
+    def recover(self, log: Log) -> list[int]:
+        """Settle what killed publishes left: set aside every version with an intent and no published record.
+
+        The caller holds the lock, so no publish is under way. Returns the versions set aside.
+        """
+        published = set(self.published())
+        set_aside = []
+        for number in self.intents():
+            if number in published:  # killed between its two records: it was published
+                self._clear_intent(number)
+                continue
+            started = _intent_text(self.path, number)
+            moved = self.set_aside(number)
+            set_aside.append(number)
+            log(
+                f"{self.name}: the publish of version {number} never finished ({started}); "
+                + (
+                    f"moved it to {moved.relative_to(self.path.parent)}, out of Triton's sight"
+                    if moved is not None
+                    else "nothing of it had been written"
+                )
+            )
+        return set_aside
+
+
+def recover_repository(repository: Path, log: Log = logger.warning) -> list[tuple[str, int]]:
+    """Before a tritonserver starts over `repository`: set aside each version whose publish never finished.
+
+    A model whose lock another operation holds is left to that operation; a model that cannot be settled (its
+    folder not writable) is named and left as it is. Nothing is written where no publish was interrupted, so a
+    read-only repository is fine. Returns the (model, version) pairs set aside.
+    """
+    set_aside: list[tuple[str, int]] = []
+    for config in sorted(repository.glob(f"*/{CONFIG_FILE}")):
+        set_aside += [(config.parent.name, n) for n in recover_model(ModelFolder(config.parent), log)]
+    return set_aside
+
+
+def recover_model(folder: ModelFolder, log: Log = logger.warning) -> list[int]:
+    """`ModelFolder.recover` under the model's lock, when it is free and there is something to settle."""
+    if not folder.intents():
+        return []
+    try:
+        with folder.locked(wait=False):
+            return folder.recover(log)
+    except Busy:
+        log(f"{folder.name}: a version operation is under way; it settles its own version")
+    except (OSError, VersionError) as error:
+        log(f"{folder.name}: cannot set aside unfinished publishes ({error}); Triton may load them")
+    return []
+
+
+def _intent_text(model_dir: Path, number: int) -> str:
+    try:
+        intent = json.loads((model_dir / RECORDS / f"{number}{INTENT}").read_text())
+        return f"started {intent['started']} by process {intent['pid']} from {intent['source']}"
+    except (OSError, ValueError, KeyError):
+        return "its intent record is unreadable"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _recorded(records: Path, suffix: str) -> list[int]:
+    if not records.is_dir():
+        return []
+    stems = (p.name[: -len(suffix)] for p in records.iterdir() if p.name.endswith(suffix))
+    return sorted(int(stem) for stem in stems if stem.isdigit())
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make the entries of `path` (a creation, a rename) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb+") as written:
+        os.fsync(written.fileno())
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """`text` at `path`, whole or not at all: written beside it, synced, renamed, the folder synced."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    _fsync_file(partial)
+    os.replace(partial, path)
+    _fsync_dir(path.parent)
 
 
 def _numbered(folder: Path) -> list[int]:
     if not folder.is_dir():
         return []
     return sorted(int(p.name) for p in folder.iterdir() if p.is_dir() and p.name.isdigit())
-
-
-def _copy_synced(source: Path, target: Path) -> None:
-    shutil.copyfile(source, target)  # follows a symlinked source: the version gets a file of its own
-    with open(target, "rb+") as written:
-        os.fsync(written.fileno())
 
 
 def external_data_files(onnx_file: Path) -> list[str]:
@@ -216,7 +392,8 @@ def publish(
     """Check `onnx_file`, write it (and `extra_files`, name: text) as the model's next version and have Triton load it.
 
     A file that fails a check is refused before anything is written; one that Triton fails to load is
-    removed again, and the versions that were serving keep serving.
+    moved to `failed/`, and the versions that were serving keep serving. What an earlier publish that was
+    killed left is set aside once the file has passed the checks.
     """
     with folder.locked():
         number = folder.next_version()
@@ -234,7 +411,13 @@ def publish(
             check_signature(folder.name, folder.path / CONFIG_FILE, graph, served, allow_signature_change, log)
         except SignatureError as error:
             raise VersionError(f"{onnx_file} was not published: {error}") from None
-        target = folder.stage(number, onnx_file, extra_files)
+        folder.recover(log)  # this publish's load then unloads what Triton may serve of a killed one
+        folder.record_intent(number, onnx_file)
+        try:
+            target = folder.stage(number, onnx_file, extra_files)
+        except Exception:
+            folder.set_aside(number)  # stage removed its staging folder: this clears the intent
+            raise
         log(f"written as version {number} ({target}); loading it in Triton ...")
         try:
             control.load(folder.name)
@@ -242,12 +425,14 @@ def publish(
             if states.get(number, ("", ""))[0] != READY:
                 raise ControlError(f"version {number} is not ready after its load ({states.get(number)})")
         except ControlError as error:
-            shutil.rmtree(target)
+            moved = folder.set_aside(number)
             expected = f"; the served model: {Signature.from_config(served).describe()}" if served else ""
             raise VersionError(
                 f"Triton could not load version {number} of {folder.name}: {error}{expected}\n"
-                f"version {number} was removed from the repository; {_after_restore(folder, control)}"
+                f"version {number} was moved to {moved.relative_to(folder.path) if moved else FAILED} (its number is "
+                f"not used again); {_after_restore(folder, control)}"
             ) from None
+        folder.record_published(number)
         return Outcome(folder.name, number, states)
 
 
@@ -308,14 +493,19 @@ def _retire(folder: ModelFolder, version: int, control: ModelControl, rollback: 
         )
         raise VersionError(f"version {version} is the only version of {folder.name} serving: {hint}")
     retired = folder.path / RETIRED / str(version)
-    retired.parent.mkdir(exist_ok=True)
+    if not retired.parent.is_dir():
+        retired.parent.mkdir()
+        _fsync_dir(folder.path)
     if retired.exists():
         raise VersionError(f"{retired} already exists: move it away first (version numbers are not reused)")
     os.rename(folder.path / str(version), retired)
+    _fsync_dir(retired.parent)
+    _fsync_dir(folder.path)
     try:
         control.load(folder.name)
     except ControlError as error:
         os.rename(retired, folder.path / str(version))
+        _fsync_dir(folder.path)
         raise VersionError(
             f"Triton could not load {folder.name} without version {version}: {error}\n"
             f"version {version} is back in the repository; {_after_restore(folder, control)}"
@@ -325,7 +515,11 @@ def _retire(folder: ModelFolder, version: int, control: ModelControl, rollback: 
 
 @dataclass(frozen=True)
 class VersionRow:
-    """One version: where it is (`repository`, `retired`, or `gone`: known to Triton only), and Triton's state."""
+    """One version: where it is and Triton's state.
+
+    Where: `repository`, `unfinished` (in the repository, its publish under way or killed), `retired`, `failed`, or
+    `gone` (known to Triton only).
+    """
 
     version: int
     place: str
@@ -336,11 +530,15 @@ class VersionRow:
 
 def list_versions(folder: ModelFolder, control: ModelControl) -> list[VersionRow]:
     states = control.states(folder.name)
-    on_disk, retired = set(folder.versions()), set(folder.retired())
+    on_disk, retired, failed = set(folder.versions()), set(folder.retired()), set(folder.failed())
+    unfinished = set(folder.intents()) - set(folder.published())
     ready = ready_versions(states)
     rows = []
-    for version in sorted(on_disk | retired | set(states)):
-        place = "repository" if version in on_disk else RETIRED if version in retired else "gone"
+    for version in sorted(on_disk | retired | failed | set(states)):
+        if version in on_disk:
+            place = UNFINISHED if version in unfinished else "repository"
+        else:
+            place = RETIRED if version in retired else FAILED if version in failed else "gone"
         state, reason = states.get(version, ("", ""))
         rows.append(VersionRow(version, place, state, reason, bool(ready) and version == ready[-1]))
     return rows

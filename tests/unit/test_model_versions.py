@@ -1,7 +1,9 @@
 """Model versions without a server: the signature check of a new file, the version folders (staging,
-retired, numbering), and publish / retire / rollback against a recording stand-in for Triton's model
-control; the command line (client/models.py) and triton_health's view of several versions. Triton
-itself swaps versions in tests/slow/test_model_versions.py."""
+retired, failed, numbering), and publish / retire / rollback against a recording stand-in for Triton's
+model control, a publish interrupted at each step and what a restart sets aside; the command line
+(client/models.py) and triton_health's view of several versions. Triton itself swaps versions in
+tests/slow/test_model_versions.py, and serves the previous version after killed publishes in
+tests/slow/test_publish_crashes.py."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backend.onnx_io import read_graph_io
+from backend.server import versions as versions_module
 from backend.server.model_control import READY, ControlError, States, triton_message
 from backend.server.process import free_ports
 from backend.server.repository import STOCK_MODEL_PY
@@ -26,6 +29,8 @@ from backend.server.signature import (
     incompatibilities,
 )
 from backend.server.versions import (
+    FAILED,
+    RECORDS,
     RETIRED,
     STAGING_PREFIX,
     ModelFolder,
@@ -33,6 +38,7 @@ from backend.server.versions import (
     external_data_files,
     list_versions,
     publish,
+    recover_repository,
     retire,
     rollback,
     selected_versions,
@@ -181,6 +187,14 @@ def test_version_numbers_are_never_reused(tmp_path):
     (folder.path / ".staging-9").mkdir()  # not a version
     assert folder.versions() == [1, 2] and folder.retired() == [5]
     assert folder.next_version() == 6
+    (folder.path / FAILED / "6").mkdir(parents=True)
+    assert folder.failed() == [6] and folder.next_version() == 7
+    # A publish under way holds its number; one published stays recorded, even if its folder is deleted by hand.
+    (folder.path / RECORDS).mkdir()
+    (folder.path / RECORDS / "7.intent").write_text("{}")
+    assert folder.next_version() == 8
+    (folder.path / RECORDS / "8.published").write_text("{}")
+    assert folder.next_version() == 9
 
 
 def test_an_unknown_model_names_the_ones_there(tmp_path):
@@ -298,6 +312,7 @@ def test_publish_writes_the_next_version_and_has_triton_load_it(tmp_path):
     log: list[str] = []
     outcome = publish(folder, identity_graph(tmp_path / "new.onnx"), control, log=log.append)
     assert outcome.version == 2 and control.loads == 1 and control.served == [2]
+    assert folder.published() == [2] and folder.intents() == []  # READY, so recorded as published
     assert outcome.serving == "m serves version 2 (requests without a version: 2)"
     assert any(line.startswith("signature matches the served model") for line in log)
     rows = list_versions(folder, control)
@@ -320,7 +335,7 @@ def test_a_file_that_fails_a_check_is_refused_before_anything_is_written(tmp_pat
     assert publish(folder, renamed, control, allow_signature_change=True, log=lambda _: None).version == 2
 
 
-def test_a_version_triton_cannot_load_is_removed_and_the_served_one_stays(tmp_path):
+def test_a_version_triton_cannot_load_is_moved_to_failed_and_the_served_one_stays(tmp_path):
     folder = make_model(tmp_path / "repo")
     control = RecordingControl(folder)
     new = identity_graph(tmp_path / "new.onnx", outputs=("y", "z"))
@@ -330,11 +345,15 @@ def test_a_version_triton_cannot_load_is_removed_and_the_served_one_stays(tmp_pa
     message = str(refused.value)
     assert message.startswith("Triton could not load version 2 of m: load failed for model 'm'")
     assert "the served model: inputs x (FP32 [-1, 4])" in message
-    assert "version 2 was removed from the repository; m serves version 1" in message
+    assert "version 2 was moved to failed/2 (its number is not used again); m serves version 1" in message
     assert folder.versions() == [1] and control.served == [1] and control.loads == 2  # the load, then the restore
+    assert folder.failed() == [2] and (folder.path / FAILED / "2" / "model.onnx").read_bytes() == new.read_bytes()
     assert not any(p.name.startswith(STAGING_PREFIX) for p in folder.path.iterdir())
-    # The next publish takes the next number: 2 is taken in Triton's memory of the failed load.
-    assert folder.next_version() == 2
+    assert folder.intents() == [] and folder.published() == []
+    assert [(r.version, r.place) for r in list_versions(folder, control)] == [(1, "repository"), (2, FAILED)]
+    # The next publish takes the next number: 2 failed.
+    outcome = publish(folder, identity_graph(tmp_path / "good.onnx"), control, log=lambda _: None)
+    assert outcome.version == 3 and folder.published() == [3]
 
 
 def test_a_specific_policy_that_would_not_serve_the_new_version_refuses_it(tmp_path):
@@ -397,6 +416,115 @@ def test_a_version_named_by_a_specific_policy_is_not_retired(tmp_path):
     )
     with pytest.raises(VersionError, match="names version 2: take it out of the policy first"):
         rollback(folder, RecordingControl(folder))
+
+
+# --- a publish interrupted at each step ------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """Stands for SIGKILL: nothing after it runs, not even the publish's own error handling."""
+
+
+def kill_at(step: str, folder: ModelFolder, control: RecordingControl, monkeypatch) -> None:
+    """Make the publish of version 2 stop dead at `step` (tests/slow/test_publish_crashes.py kills a real one)."""
+    real_rename, real_load = versions_module.os.rename, control.load
+
+    def killed(*args: object) -> None:
+        raise Killed
+
+    def rename(source, target) -> None:
+        if Path(source).name.startswith(STAGING_PREFIX):
+            raise Killed
+        real_rename(source, target)
+
+    def load_unheard(model: str) -> None:
+        real_load(model)
+        raise Killed
+
+    if step == "staged":  # its folder written, not renamed into place
+        monkeypatch.setattr(versions_module.os, "rename", rename)
+    elif step == "renamed":  # in place, Triton not asked yet
+        monkeypatch.setattr(control, "load", killed)
+    elif step == "loading":  # Triton loads it; the publish never hears back
+        monkeypatch.setattr(control, "load", load_unheard)
+    else:  # "loaded": READY in Triton, not recorded as published
+        monkeypatch.setattr(ModelFolder, "record_published", killed)
+
+
+@pytest.mark.parametrize("step", ["staged", "renamed", "loading", "loaded"])
+def test_a_publish_killed_at_any_step_is_set_aside_at_the_next_start_and_the_previous_version_serves(
+    tmp_path, monkeypatch, step
+):
+    repository = tmp_path / "repo"
+    folder = make_model(repository)
+    control = RecordingControl(folder)
+    with monkeypatch.context() as patched:
+        kill_at(step, folder, control, patched)
+        with pytest.raises(Killed):
+            publish(folder, identity_graph(tmp_path / "new.onnx"), control, log=lambda _: None)
+    assert folder.intents() == [2] and folder.published() == []
+    left = (folder.path / "2") if step != "staged" else (folder.path / f"{STAGING_PREFIX}2")
+    assert left.is_dir()
+    if step != "staged":
+        assert [r.place for r in list_versions(folder, control) if r.version == 2] == ["unfinished"]
+
+    logged: list[str] = []
+    assert recover_repository(repository, logged.append) == [("m", 2)]  # as a server starting over it does
+    assert folder.versions() == [1] and folder.failed() == [2] and folder.intents() == []
+    assert (folder.path / FAILED / "2" / "model.onnx").is_file()
+    [line] = logged
+    assert line.startswith("m: the publish of version 2 never finished (started ")
+    assert f"from {tmp_path / 'new.onnx'}" in line and line.endswith("moved it to m/failed/2, out of Triton's sight")
+    restarted = RecordingControl(folder)  # the new server loads what is on disk
+    restarted.load("m")
+    assert restarted.served == [1]
+    assert recover_repository(repository, logged.append) == [] and len(logged) == 1  # settled once
+    assert publish(folder, identity_graph(tmp_path / "next.onnx"), control, log=lambda _: None).version == 3
+
+
+def test_killed_between_its_two_records_a_publish_counts_as_published(tmp_path):
+    folder = make_model(tmp_path / "repo", versions=(1, 2))
+    (folder.path / RECORDS).mkdir()
+    (folder.path / RECORDS / "2.intent").write_text("{}")
+    (folder.path / RECORDS / "2.published").write_text("{}")
+    assert recover_repository(tmp_path / "repo", print) == []
+    assert folder.versions() == [1, 2] and folder.intents() == []
+
+
+def test_the_next_publish_sets_aside_what_a_killed_one_left_before_it_loads_its_own(tmp_path, monkeypatch):
+    folder = make_model(tmp_path / "repo")
+    control = RecordingControl(folder)
+    with monkeypatch.context() as patched:
+        kill_at("loading", folder, control, patched)
+        with pytest.raises(Killed):
+            publish(folder, identity_graph(tmp_path / "new.onnx"), control, log=lambda _: None)
+    assert control.served == [2]  # Triton finished the load the publish never heard of
+    logged: list[str] = []
+    outcome = publish(folder, identity_graph(tmp_path / "next.onnx"), control, log=logged.append)
+    assert outcome.version == 3 and control.served == [3]
+    assert folder.versions() == [1, 3] and folder.failed() == [2]
+    assert any(line.startswith("m: the publish of version 2 never finished") for line in logged)
+
+
+def test_versions_put_there_by_hand_and_models_without_records_are_never_touched(tmp_path):
+    repository = tmp_path / "repo"
+    folder = make_model(repository, versions=(1, 2))
+    before = sorted(p.name for p in folder.path.iterdir())
+    assert recover_repository(repository, print) == []
+    # Nothing written either (a read-only repository starts too): not even the lock file.
+    assert sorted(p.name for p in folder.path.iterdir()) == before == ["1", "2", "config.pbtxt"]
+
+
+def test_a_model_whose_lock_is_held_is_left_to_the_operation_holding_it(tmp_path):
+    repository = tmp_path / "repo"
+    folder = make_model(repository)
+    folder.record_intent(2, tmp_path / "new.onnx")
+    (folder.path / "2").mkdir()
+    logged: list[str] = []
+    with folder.locked():  # a publish under way
+        assert recover_repository(repository, logged.append) == []
+    assert logged == ["m: a version operation is under way; it settles its own version"]
+    assert folder.versions() == [1, 2] and folder.intents() == [2]
 
 
 def test_tritons_tracebacks_are_cut_from_its_messages():

@@ -1,16 +1,34 @@
-"""The supervisor's reading of stub command lines, its count of missing instances per model version
-and its reload config (the healing itself is tested against a real tritonserver in
-tests/slow/test_faults.py, and across version swaps in tests/slow/test_model_versions.py)."""
+"""The supervisor's reading of stub command lines, its count of missing instances per model version,
+its reload config, the back-off of reloads and the watchdog's decisions (the healing itself is tested
+against a real tritonserver in tests/slow/test_faults.py, and across version swaps in
+tests/slow/test_model_versions.py)."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import subprocess
 from collections import Counter
+from collections.abc import Iterator
 from types import SimpleNamespace
 
+import pytest
+
 from backend.server import supervisor as supervisor_module
+from backend.server.prometheus import MetricsPage
 from backend.server.repository import read_config
-from backend.server.stubs import InstanceWatch, Stub, instance_count, instance_counts
-from backend.server.supervisor import RELOAD_PARAMETER, TritonSupervisor, reload_config
+from backend.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, stopped
+from backend.server.supervisor import (
+    RELOAD_PARAMETER,
+    WATCHDOG_PARAMETER,
+    ReloadBackoff,
+    Stall,
+    TritonSupervisor,
+    Watchdog,
+    reload_config,
+    watchdog_limit,
+)
 
 STUB_ARGS = [
     "/work/build/backends/python/triton_python_backend_stub",
@@ -145,16 +163,20 @@ def test_with_two_versions_served_one_version_losing_a_stub_is_short_though_the_
 
 
 class ScriptedSupervisor(TritonSupervisor):
-    """The supervisor's own `check_stubs`, with Triton's answers scripted: which versions are READY and
-    their configs; reloads are recorded instead of sent."""
+    """The supervisor's own `check_stubs` and `check_hung`, with Triton's answers scripted: which versions are
+    READY and their configs (with `parameters`); reloads are recorded instead of sent; time is `now`."""
 
-    def __init__(self, ready: set[str]) -> None:
-        super().__init__(SimpleNamespace(pid=1))
+    def __init__(self, ready: set[str], parameters: dict | None = None) -> None:
+        super().__init__(SimpleNamespace(pid=1, metrics_url="http://127.0.0.1:1/metrics"))
         self.ready = ready
+        self.parameters = parameters or {}
         self.reloaded: list[str] = []
+        self.now = 1000.0
+        self.clock = lambda: self.now
 
     def _served_config(self, model: str, version: str = "") -> dict | None:
-        return {"instance_group": [{"count": 2}]} if version in self.ready or not version else None
+        config = {"instance_group": [{"count": 2}], "parameters": self.parameters}
+        return config if version in self.ready or not version else None
 
     def _model_ready(self, model: str, version: str = "") -> bool:
         return version in self.ready
@@ -200,3 +222,204 @@ def test_two_versions_short_at_once_make_one_reload_of_their_model(monkeypatch):
     for _ in range(4):
         sup.check_stubs()
     assert sup.reloaded == [M]
+
+
+def counted(sup: TritonSupervisor, counter: str, model: str) -> float | None:
+    """A supervisor counter's value for `model`, as its /metrics page shows it."""
+    return sup.metrics.registry.get_sample_value(f"tritonnx_supervisor_{counter}_total", {"model": model})
+
+
+# --- reloads back off per model -----------------------------------------------------------------------
+
+
+def test_the_first_reload_is_at_once_and_the_next_ones_back_off_doubling_to_a_cap():
+    backoff = ReloadBackoff(first=0.5, cap=4.0, quiet=60.0)
+    assert backoff.due("m", 100.0) == 100.0
+    backoff.reloaded("m", 100.0)
+    assert backoff.due("m", 100.1) == 100.5  # died again right away
+    reloads = []
+    now = 100.0
+    for _ in range(6):  # a model whose stubs die as soon as they start: each reload when it is due
+        now = backoff.due("m", now + 0.01)
+        backoff.reloaded("m", now)
+        reloads.append(round(now, 2))
+    gaps = [round(b - a, 2) for a, b in zip([100.0, *reloads], reloads, strict=False)]
+    assert gaps == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert backoff.due("other", now) == now  # per model
+    # A quiet minute since its last reload: the next death is reloaded at once, and backs off from the start.
+    quiet = now + 60.0
+    assert backoff.due("m", quiet) == quiet
+    backoff.reloaded("m", quiet)
+    assert backoff.due("m", quiet + 0.1) == quiet + 0.5
+
+
+def test_a_model_whose_stubs_keep_dying_is_reloaded_when_its_back_off_allows_and_counted(monkeypatch, caplog):
+    """Its stubs die right after each reload: the second reload waits 0.5 s, the third 1 s; a look before it is due
+    reloads nothing, and each reload put off is counted and logged."""
+    full, short = stub_table("1", "1"), stub_table("1")
+    tables = iter([full, short, short, full, short, short, short, full, short, short, short, short])
+    monkeypatch.setattr(supervisor_module, "live_stubs", lambda pid: next(tables))
+    caplog.set_level(logging.WARNING, logger="tritonnx.supervisor")
+    sup = ScriptedSupervisor(ready={"1"})
+    sup.check_stubs()
+    sup.check_stubs()
+    assert sup.check_stubs() == [M]  # the first death: at once
+    sup.now += 0.1
+    sup.check_stubs()  # the new generation, complete
+    sup.check_stubs()
+    assert sup.check_stubs() == []  # dead again 0.1 s after its reload: put off until 0.5 s after it
+    assert counted(sup, "reload_backoffs", M) == 1
+    assert any("backing off: its reload waits 0.4s" in r.getMessage() for r in caplog.records)
+    sup.now += 0.5
+    assert sup.check_stubs() == [M]
+    sup.now += 0.1
+    sup.check_stubs()
+    sup.check_stubs()
+    assert sup.check_stubs() == []
+    sup.now += 0.8
+    assert sup.check_stubs() == []  # 0.9 s after the last reload: the delay doubled to 1 s
+    sup.now += 0.1
+    assert sup.check_stubs() == [M]
+    assert sup.reloaded == [M, M, M]
+    assert counted(sup, "reload_backoffs", M) == 2
+
+
+# --- the watchdog ---------------------------------------------------------------------------------------
+
+
+def triton_page(pending: int = 0, executions: int = 0, successes: int = 0, failures: int = 0, version: str = "1"):
+    """Triton's metrics for model M as its /metrics page has them."""
+    labels = f'model="{M}",version="{version}"'
+    return MetricsPage.parse(
+        f"""# TYPE nv_inference_request_success counter
+nv_inference_request_success{{{labels}}} {successes}
+# TYPE nv_inference_request_failure counter
+nv_inference_request_failure{{{labels},reason="BACKEND"}} {failures}
+# TYPE nv_inference_exec_count counter
+nv_inference_exec_count{{{labels}}} {executions}
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{{{labels}}} {pending}
+"""
+    )
+
+
+def limits(seconds: float):
+    asked = []
+
+    def limit(version):
+        asked.append(version)
+        return seconds
+
+    limit.asked = asked
+    return limit
+
+
+def test_requests_waiting_without_an_execution_finished_for_the_limit_are_a_stall():
+    watchdog, limit = Watchdog(), limits(10.0)
+    assert watchdog.look(0.0, triton_page(executions=5, successes=5), [], set(), limit) == []
+    assert watchdog.look(1.0, triton_page(pending=2, executions=5, successes=5), [], set(), limit) == []
+    assert limit.asked == []  # first seen waiting: not worth a question to Triton
+    # Stopped stubs fail what Triton hands them: failures are no progress.
+    assert watchdog.look(6.0, triton_page(pending=3, executions=5, successes=5, failures=4), [], set(), limit) == []
+    assert watchdog.look(10.9, triton_page(pending=1, executions=5, successes=5, failures=9), [], set(), limit) == []
+    [stall] = watchdog.look(11.0, triton_page(pending=1, executions=5, successes=5, failures=9), [], set(), limit)
+    assert stall == Stall((M, "1"), 10.0, 10.0, 1, False)
+    # Reported once, then timed anew (its stubs are killed and it is reloaded).
+    assert watchdog.look(12.0, triton_page(pending=1, executions=5, successes=5, failures=9), [], set(), limit) == []
+    assert len(watchdog.look(21.0, triton_page(pending=1, executions=5, successes=5), [], set(), limit)) == 1
+
+
+def test_progress_restarts_the_clock_and_a_model_at_work_is_never_a_stall():
+    watchdog, limit = Watchdog(), limits(10.0)
+    for second in range(60):  # a long queue, but an execution finishes every few seconds
+        page = triton_page(pending=8, executions=second // 3, successes=second // 3)
+        assert watchdog.look(float(second), page, [], set(), limit) == []
+    # Idle without progress is not a stall either: nothing waits.
+    for second in range(60, 120):
+        assert watchdog.look(float(second), triton_page(executions=19, successes=19), [], set(), limit) == []
+
+
+def test_a_watchdog_of_0_seconds_is_off():
+    watchdog, limit = Watchdog(), limits(0.0)
+    for second in range(300):
+        assert watchdog.look(float(second), triton_page(pending=1), [], set(), limit) == []
+    assert limit.asked  # it was asked: 0 is the model's answer
+
+
+def test_a_stub_stopped_for_the_limit_is_a_stall_even_with_nothing_waiting():
+    """Triton fails each request it hands a stopped stub after a second, so nothing need wait in the queue."""
+    watchdog, limit = Watchdog(), limits(10.0)
+    stubs = list(stub_table("1", "1").values())
+    victim = stubs[0].pid
+    assert watchdog.look(0.0, triton_page(), stubs, set(), limit) == []
+    assert watchdog.look(1.0, triton_page(failures=1), stubs, {victim}, limit) == []
+    assert watchdog.look(10.9, triton_page(failures=9), stubs, {victim}, limit) == []
+    [stall] = watchdog.look(11.0, None, stubs, {victim}, limit)  # metrics unreadable: the process state suffices
+    assert stall.version == (M, "1") and stall.stopped and stall.pending == 0 and stall.seconds == 10.0
+    # A stub continued before the limit is not one.
+    watchdog = Watchdog()
+    watchdog.look(0.0, None, stubs, {victim}, limit)
+    watchdog.look(5.0, None, stubs, set(), limit)
+    assert watchdog.look(12.0, None, stubs, {victim}, limit) == []
+
+
+@pytest.mark.parametrize(
+    ("parameters", "seconds"),
+    [
+        ({}, 60.0),
+        ({WATCHDOG_PARAMETER: {"string_value": "300"}}, 300.0),
+        ({WATCHDOG_PARAMETER: {"string_value": "0"}}, 0.0),
+        ({WATCHDOG_PARAMETER: {"string_value": "soon"}}, 60.0),
+        ({WATCHDOG_PARAMETER: {"string_value": "-5"}}, 60.0),
+    ],
+)
+def test_a_models_config_sets_its_watchdog(parameters, seconds):
+    assert watchdog_limit({"parameters": parameters}, 60.0) == seconds
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[subprocess.Popen]]:
+    """Three real processes standing in for stubs."""
+    processes = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    yield processes
+    for process in processes:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def test_the_watchdog_kills_the_stubs_of_a_hung_version_and_counts_it(monkeypatch, caplog, sleepers):
+    *mine, theirs = sleepers
+    stubs = {p.pid: Stub(p.pid, M, "1", f"{M}_0_{i}", f"region_{i}") for i, p in enumerate(mine)}
+    other = {theirs.pid: Stub(theirs.pid, "other", "1", "other_0_0", "region_other")}  # another model's stub
+    monkeypatch.setattr(supervisor_module, "live_stubs", lambda pid: stubs | other)
+    pages = iter([triton_page(pending=1, executions=3, successes=3)] * 3)
+    monkeypatch.setattr(supervisor_module, "scrape", lambda url, timeout: next(pages))
+    caplog.set_level(logging.WARNING, logger="tritonnx.supervisor")
+    sup = ScriptedSupervisor(ready={"1"}, parameters={WATCHDOG_PARAMETER: {"string_value": "5"}})
+    assert sup.check_hung() == []
+    sup.now += 4.0
+    assert sup.check_hung() == []
+    assert all(p.poll() is None for p in sleepers)
+    sup.now += 1.0
+    [stall] = sup.check_hung()
+    assert stall.version == (M, "1") and stall.limit == 5.0
+    for process in mine:
+        assert process.wait(10) == -signal.SIGKILL
+    assert theirs.poll() is None
+    assert counted(sup, "watchdog_kills", M) == 1
+    [warning] = [r.getMessage() for r in caplog.records if "watchdog" in r.getMessage()]
+    assert warning == (
+        f"supervisor: watchdog: {M} version 1 had 1 request(s) waiting and finished no execution for 5s (limit 5s); "
+        "killing its 2 stub process(es) so that it is reloaded"
+    )
+
+
+def test_a_stopped_process_is_told_from_a_running_one(sleepers):
+    running, halted, _ = sleepers
+    os.kill(halted.pid, signal.SIGSTOP)
+    stubs = [Stub(p.pid, M, "1", f"i{p.pid}", "r") for p in (running, halted)]
+    assert stopped(stubs) == {halted.pid}
+    os.kill(halted.pid, signal.SIGCONT)
+    assert stopped(stubs) == set()
+    assert running.poll() is None
