@@ -1,4 +1,4 @@
-"""tritonnx-serve binds each endpoint where its settings say, and nowhere else.
+"""tritonnx-serve binds each endpoint where its settings say, and nowhere else; the pods' exec probes reach it.
 
 Three loopback addresses stand for a pod's: 127.0.0.2 for an address other machines reach (--host, Triton's
 gRPC), 127.0.0.3 for the one a metrics scraper reaches (--metrics-host), and 127.0.0.1, where Triton's HTTP stays
@@ -23,6 +23,7 @@ from backend.server.admin import ADMIN_KEY_ENV
 from backend.server.paths import BUILD_ENV
 from backend.server.process import free_ports
 from tests.helpers import wait_until
+from tests.manifests import K8S_OVERLAYS, container, deployment_pod, rendered
 from tests.serving import CHECKOUT
 
 GRPC_HOST, METRICS_HOST, LOOPBACK = "127.0.0.2", "127.0.0.3", "127.0.0.1"
@@ -37,6 +38,18 @@ def listening(host: str, port: int) -> bool:
 def answers(url: str) -> bool:
     with urllib.request.urlopen(url, timeout=5) as response:
         return response.status == 200
+
+
+def probes_pass(http_port: int) -> dict[str, bool]:
+    """Whether each exec probe of the manifests' triton containers passes, run here with their port variable."""
+    passed = {}
+    for overlay in K8S_OVERLAYS:
+        triton = container(deployment_pod(rendered(overlay)), "triton")
+        for kind in ("startupProbe", "livenessProbe"):
+            env = {**os.environ, "TRITONNX_TRITON_HTTP_PORT": str(http_port)}
+            done = subprocess.run(triton[kind]["exec"]["command"], env=env, capture_output=True, timeout=30)
+            passed[f"{overlay} {kind}"] = done.returncode == 0
+    return passed
 
 
 def test_grpc_metrics_and_http_each_listen_only_where_their_setting_says(tmp_path: Path):
@@ -71,6 +84,8 @@ def test_grpc_metrics_and_http_each_listen_only_where_their_setting_says(tmp_pat
         for host, port in [(LOOPBACK, grpc), (METRICS_HOST, grpc), (GRPC_HOST, http), (METRICS_HOST, http),
                            (GRPC_HOST, metrics), (GRPC_HOST, supervisor), (LOOPBACK, supervisor)]:  # fmt: skip
             assert not listening(host, port), f"something answers on {host}:{port}"
+        assert all(probes_pass(http).values()), probes_pass(http)
+        assert not any(probes_pass(free_ports(1)[0]).values())  # where nothing listens, they fail
     finally:
         started = psutil.Process(serve.pid).children(recursive=True) if serve.poll() is None else []
         serve.send_signal(signal.SIGTERM)

@@ -23,12 +23,15 @@ from tests.manifests import (
     container,
     environment,
     facade_settings_from,
+    is_loopback,
     one,
     pod_case,
     port_number,
     prestop_sleep,
+    probe_url,
     quantity,
     rendered,
+    triton_settings,
 )
 
 # --- the pod ---------------------------------------------------------------------------------
@@ -90,8 +93,8 @@ def test_both_containers_share_a_memory_dev_shm_big_enough_for_the_models(where,
 
 
 @pytest.mark.parametrize("where", POD_IDS)
-def test_probes_follow_real_inference_and_never_kill_a_busy_pod(where):
-    pod, _, _ = pod_case(where)
+def test_probes_follow_real_inference_and_never_kill_a_busy_pod(where, monkeypatch):
+    pod, _, objects = pod_case(where)
     facade, triton = container(pod, "facade"), container(pod, TRITON[where])
     for kind in ("startupProbe", "readinessProbe"):
         probe = facade[kind]["httpGet"]
@@ -104,10 +107,17 @@ def test_probes_follow_real_inference_and_never_kill_a_busy_pod(where):
     liveness = facade["livenessProbe"]
     assert liveness["httpGet"]["path"] != "/health" and "grpc" not in liveness
     assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60
-    assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert port_number(triton, triton["livenessProbe"]["httpGet"]["port"]) == 8000
+    # Triton's: its HTTP /v2/health/live, where the probe can reach it.
+    settings = triton_settings(pod, where, objects, monkeypatch)
+    for kind in ("startupProbe", "livenessProbe"):
+        host, port, path = probe_url(triton[kind], environment(triton, objects), triton)
+        assert (path, port) == ("/v2/health/live", settings.http_port), kind
+        if host is None:  # the kubelet's httpGet comes in on the pod IP
+            assert not is_loopback(settings.http_host), kind
+        else:  # an exec probe runs in the pod's network namespace
+            assert is_loopback(host) and (is_loopback(settings.http_host) or settings.http_host == "0.0.0.0"), kind
+            assert triton[kind]["timeoutSeconds"] > 4  # the command's own timeout, and Python's start
     assert triton["livenessProbe"]["periodSeconds"] * triton["livenessProbe"]["failureThreshold"] >= 60
-    assert triton["startupProbe"]["httpGet"]["path"] == "/v2/health/live"
     for c in (facade, triton):
         for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
             if kind in c and "httpGet" in c[kind]:
@@ -159,15 +169,17 @@ def test_settings_are_ones_the_processes_read_with_values_they_take(where, monke
         read |= set(re.findall(r"TRITONNX_[A-Z_]+", source.read_text()))
     unknown = {n for n in triton_env if n.startswith("TRITONNX_")} - read
     assert not unknown, f"tritonnx-serve reads no {sorted(unknown)}"
-    for name, value in triton_env.items():
-        if name.endswith("_PORT"):
-            assert int(value) in {p["containerPort"] for p in triton["ports"]}, name
-    assert triton_env["TRITONNX_TRITON_HOST"] == "0.0.0.0"
+    serve = triton_settings(pod, where, objects, monkeypatch)  # every value parses
+    # A port is a container port of the pod exactly when its endpoint listens beyond the pod's loopback.
+    metrics_host = serve.metrics_host or serve.host
+    endpoints = {serve.http_port: serve.http_host, serve.grpc_port: serve.host, serve.metrics_port: metrics_host,
+                 serve.supervisor_metrics_port: metrics_host}  # fmt: skip
+    declared = {p["containerPort"] for p in triton["ports"]}
+    assert declared == {port for port, host in endpoints.items() if not is_loopback(host)}
     # The facade talks to this pod's Triton on loopback: one fixed server, so shared memory is used.
     host, port = settings.triton_url.rsplit(":", 1)
-    assert host == "127.0.0.1" and int(port) == int(triton_env.get("TRITONNX_TRITON_GRPC_PORT", 8001))
-    assert port_number(triton, "grpc-triton") == int(port)
-    models = triton_env.get("TRITONNX_TRITON_LOAD_MODELS", "*").split(",")
+    assert host == "127.0.0.1" and int(port) == serve.grpc_port
+    models = serve.load_model
     assert "*" in models or settings.default_model in models, "/health probes the default model: it must be loaded"
 
 

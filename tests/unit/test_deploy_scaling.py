@@ -1,4 +1,5 @@
-"""deploy/k8s's Services, replicas, HPA on Triton's queue (with the prometheus-adapter rules), PDB and NetworkPolicy."""
+"""deploy/k8s's Services, replicas, HPA on Triton's queue (with the prometheus-adapter rules) and PDB
+(the NetworkPolicies: test_deploy_network.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import re
 import pytest
 
 from tests.manifests import (
-    K8S_OVERLAYS,
     POD_IDS,
     TRITON_METRICS,
     _selects,
@@ -35,20 +35,9 @@ def test_facade_service_is_headless_grpc_and_reaches_the_pods(where):
     assert port_number(container(pod, "facade"), grpc[0]["targetPort"]) == 50051
 
 
-@pytest.mark.parametrize("overlay", K8S_OVERLAYS)
-def test_triton_service_exposes_triton_and_facade_metrics_named_by_protocol(overlay):
-    objects = rendered(overlay)
-    pod = deployment_pod(objects)
-    labels = one(objects, "Deployment", "tritonnx")["spec"]["template"]["metadata"]["labels"]
-    service = one(objects, "Service", "tritonnx-triton")
-    assert service["spec"].get("clusterIP") != "None"
-    assert _selects(service["spec"]["selector"], labels)
-    ports = {p["port"]: p for p in service["spec"]["ports"]}
-    assert set(ports) == {8000, 8001, 8002, 8003, 3000}
-    by_container = {p["containerPort"]: c for c in pod["containers"] for p in c["ports"]}
-    for number, port in ports.items():
-        assert port["name"].split("-")[0] in ("grpc", "http"), port["name"]
-        assert port_number(by_container[number], port["targetPort"]) == number
+@pytest.mark.parametrize("where", POD_IDS)
+def test_container_ports_are_named_by_protocol(where):
+    pod, _, _ = pod_case(where)
     for c in pod["containers"]:
         for p in c["ports"]:
             assert p["name"].split("-")[0] in ("grpc", "http"), p["name"]
@@ -75,24 +64,6 @@ def test_production_scales_on_tritons_queue_with_a_disruption_budget():
     assert deployment["spec"]["selector"]["matchLabels"] == pdb["spec"]["selector"]["matchLabels"]
     facade_env = environment(container(deployment_pod(objects), "facade"), objects)
     assert facade_env["TRITONNX_REFLECTION"] == "0"
-
-
-def test_production_keeps_tritons_ports_to_its_namespace():
-    """Triton's inference APIs need no key: only the facade's port is open to every namespace."""
-    objects = rendered("k8s/overlays/production")
-    labels = one(objects, "Deployment", "tritonnx")["spec"]["template"]["metadata"]["labels"]
-    policy = one(objects, "NetworkPolicy")
-    assert _selects(policy["spec"]["podSelector"]["matchLabels"], labels)
-    assert policy["spec"]["policyTypes"] == ["Ingress"]
-    for rule in policy["spec"]["ingress"]:
-        ports = {p["port"] for p in rule["ports"]}
-        sources = rule.get("from", [])
-        if not sources:
-            assert ports == {50051}, "only the facade's gRPC port is open to all"
-        else:
-            assert all(s.get("namespaceSelector") is None or ports <= {8002, 8003, 3000} for s in sources)
-    open_ports = {p["port"] for r in policy["spec"]["ingress"] for p in r["ports"]}
-    assert open_ports == {50051, 8000, 8001, 8002, 8003, 3000}
 
 
 def test_prometheus_adapter_rules_expose_per_pod_metrics_of_triton():
