@@ -29,31 +29,56 @@ MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 # Decoded pixels beyond this are refused before they are decoded (a small PNG can unpack to gigabytes).
 MAX_PIXELS = 40_000_000
+# And decoded bytes beyond an RGB image at MAX_PIXELS: images of 4 bytes a pixel (RGBA, CMYK) have fewer pixels.
+MAX_DECODED_BYTES = 3 * MAX_PIXELS
+# Bytes a pixel takes decoded, by Pillow mode; another mode counts as the largest.
+_PIXEL_BYTES = {"1": 1, "L": 1, "P": 1, "LA": 2, "La": 2, "PA": 2, "RGB": 3, "YCbCr": 3, "LAB": 3, "HSV": 3}
+_PIXEL_BYTES |= {mode: 2 for mode in ("I;16", "I;16B", "I;16L", "I;16N")}
+_MAX_PIXEL_BYTES = 4
 # Resizing the shorter side to 256 makes the longer side 256 x this at most (a 1 x 100,000 strip
 # would otherwise become gigabytes).
 MAX_ASPECT = 100
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+# 16-bit grey levels to 8 bits by rounding down level / 257 (65535 -> 255), as a table.
+_SIXTEEN_TO_EIGHT = (np.arange(65536) // 257).astype(np.uint8)
+# Rows converted at once from 16 to 8 bits: the whole image converted at once would hold it twice more.
+_ROWS_AT_ONCE = 256
 # (x / 255 - mean) / std as one multiply-add per value.
 _SCALE = (1.0 / (255.0 * STD)).astype(np.float32)
 _OFFSET = (MEAN / STD).astype(np.float32)
 
 
+def _to_eight_bits(image: Image.Image) -> Image.Image:
+    """A 16-bit grey image as 8-bit grey (L), scaled, a band of rows at a time.
+
+    Pillow's own conversion would clip at 255 instead of scaling; numpy on the whole image would hold it in
+    32-bit integers, several times over (a 40-megapixel PNG took 0.6 GB).
+    """
+    width, height = image.size
+    grey = Image.new("L", image.size)
+    for top in range(0, height, _ROWS_AT_ONCE):
+        band = image.crop((0, top, width, min(height, top + _ROWS_AT_ONCE)))
+        levels = np.asarray(band)
+        levels = np.clip(levels, 0, 65535) if levels.dtype != np.uint16 else levels
+        grey.paste(Image.fromarray(_SIXTEEN_TO_EIGHT[levels]), (0, top))
+    return grey
+
+
 def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode in _SIXTEEN_BIT:
-        # 16-bit grey (PNG): Pillow's own conversion would clip at 255 instead of scaling.
-        levels = np.asarray(image, dtype=np.uint32)
-        image = Image.fromarray((levels // 257).clip(0, 255).astype(np.uint8))
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def decode(data: bytes) -> Image.Image:
-    """The image in RGB, at least 256 per side where the file has it; InvalidInputError with the reason."""
+    """The image, turned upright, in RGB or 8-bit grey (L), at least 256 per side where the file has it.
+
+    InvalidInputError with the reason. Grey stays grey until it is resized (`preprocess`): a third of the memory.
+    """
     problem = format_problem(data)
     if problem:
         raise InvalidInputError(problem)
     kind = sniff(data)
     try:
-        image = Image.open(io.BytesIO(data), formats=ACCEPTED)
+        image: Image.Image = Image.open(io.BytesIO(data), formats=ACCEPTED)
         image.draft("RGB", (RESIZE, RESIZE))  # JPEG only; a no-op for PNG
         width, height = image.size
         if width * height > MAX_PIXELS:
@@ -66,7 +91,17 @@ def decode(data: bytes) -> Image.Image:
                 f"the {kind} image is {width} x {height} pixels, a side more than {MAX_ASPECT} times the other: "
                 "crop it first"
             )
-        return _to_rgb(ImageOps.exif_transpose(image))
+        decoded = width * height * _PIXEL_BYTES.get(image.mode, _MAX_PIXEL_BYTES)
+        if decoded > MAX_DECODED_BYTES:
+            raise InvalidInputError(
+                f"the {kind} image is {width} x {height} pixels of {image.mode}, {decoded // 1_000_000} MB once "
+                f"decoded, above the limit of {MAX_DECODED_BYTES // 1_000_000} MB: send a smaller image"
+            )
+        if image.mode in _SIXTEEN_BIT:
+            image = _to_eight_bits(image)
+        elif image.mode not in ("L", "RGB"):
+            image = _to_rgb(image)  # before resizing: a palette image would be resized by its nearest entries
+        return ImageOps.exif_transpose(image)
     except InvalidInputError:
         raise
     except Image.DecompressionBombError:
@@ -103,7 +138,7 @@ def normalize(image: Image.Image) -> np.ndarray:
 
 def preprocess(data: bytes) -> np.ndarray:
     """One image file's bytes to the classifier's input [3, 224, 224]."""
-    return normalize(resize_and_crop(decode(data)))
+    return normalize(_to_rgb(resize_and_crop(decode(data))))
 
 
 def preprocess_request(images: np.ndarray) -> np.ndarray:

@@ -12,10 +12,9 @@ from pathlib import Path
 import psutil
 
 from backend.server.supervisor import live_stubs
+from client.facade.shm import SHM_DIR, region_prefix
 
 MIB = 2**20
-SHM_DIR = Path("/dev/shm")
-FACADE_REGION_PREFIX = "tritonnx_facade_"
 SERVERS = ("facade", "tritonserver", "supervisor")  # the Watcher's labels of the servers; stubs go by instance
 VERSION_MARK = "@v"  # a versioned Watcher's stub label: <instance>@v<version>
 
@@ -138,7 +137,7 @@ class Watcher:
         self.facade = psutil.Process(facade_pid)
         self.supervisor = psutil.Process(supervisor_pid) if supervisor_pid is not None else None
         self.versioned, self.counts_all = versioned, counts_all
-        self.shm_names: set[str] = {f"{FACADE_REGION_PREFIX}{facade_pid}"}
+        self.shm_names: set[str] = {path.name for path in SHM_DIR.glob(f"{region_prefix(facade_pid)}*")}
         self.stub_pids: dict[str, list[int]] = {}  # label -> every pid seen, in order
         self.stub_versions: dict[str, tuple[str, str]] = {}  # label -> (model, version)
         self.all_pids: set[int] = {triton_pid, facade_pid, *([supervisor_pid] if supervisor_pid is not None else [])}

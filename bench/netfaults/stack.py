@@ -12,7 +12,6 @@ first right answer), `leaks` (in-flight calls, shared-memory slots and regions l
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from bench.load.targets import FacadeTarget, close_enough
 from bench.netfaults.link import Link
 from bench.netfaults.proxy import DelayProxy
 from bench.overload import checked_images
+from client.facade.shm import SHM_DIR, region_prefix
 from client.proto import inference_pb2
 
 MODEL = "mobilenet_v3_small"
@@ -195,14 +195,14 @@ class NetStack:
         facade's region missing from /dev/shm.
         """
         problems = []
-        ours = {f"tritonnx_facade_{facade.pid}" for facade in self.facades.values()}
+        ours = {name for facade in self.facades.values() for name in facade_regions(facade.pid)}
         for name, facade in self.facades.items():
             page = scrape(f"{facade.http_url}/metrics")
             if in_flight := page.value("tritonnx_facade_in_flight_requests"):
                 problems.append(f"{name} facade: {in_flight:.0f} calls still in flight")
             if slots := page.value("tritonnx_facade_shm_slots_in_use"):
                 problems.append(f"{name} facade: {slots:.0f} shared-memory slots still held")
-            if not Path(f"/dev/shm/tritonnx_facade_{facade.pid}").exists():
+            if not facade_regions(facade.pid):
                 problems.append(f"{name} facade: its region is gone from /dev/shm")
         if extra := self.regions() - ours:
             problems.append(f"Triton holds regions of no running facade: {sorted(extra)}")
@@ -216,6 +216,11 @@ class NetStack:
         return problems
 
 
+def facade_regions(pid: int) -> list[str]:
+    """The names of the shared-memory regions in /dev/shm of the facade with process id `pid`."""
+    return sorted(path.name for path in SHM_DIR.glob(f"{region_prefix(pid)}*"))
+
+
 def left_in_dev_shm(pids: list[int]) -> list[str]:
     """The regions of stopped facades still in /dev/shm (each facade unlinks its own when it stops)."""
-    return [name for pid in pids if os.path.exists(f"/dev/shm/{(name := f'tritonnx_facade_{pid}')}")]
+    return [name for pid in pids for name in facade_regions(pid)]

@@ -17,16 +17,20 @@ _PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
 
 
 def _refuse(message: str) -> tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]:
-    """Handlers (unary, stream) that end a call UNAUTHENTICATED with `message`."""
+    """Handlers (unary, stream) that end a call UNAUTHENTICATED with `message` as it starts, its body unread.
 
-    async def unary(request: object, context: grpc.aio.ServicerContext) -> None:
+    Both take a request stream: a unary handler would be run only once the whole body (up to the message limit)
+    arrived. On the wire a unary call is a stream of one message, so its caller sees no difference.
+    """
+
+    async def unary(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def stream(requests: AsyncIterator[object], context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # an async generator, as stream handlers are
 
-    return grpc.unary_unary_rpc_method_handler(unary), grpc.stream_stream_rpc_method_handler(stream)
+    return grpc.stream_unary_rpc_method_handler(unary), grpc.stream_stream_rpc_method_handler(stream)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):

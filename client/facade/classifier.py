@@ -25,10 +25,14 @@ from client.proto import inference_pb2
 class Classifier:
     """One ClassifyRequest through the classifier's Triton ensemble."""
 
-    def __init__(self, gateway: Gateway, default_model: str, max_image_bytes: int) -> None:
+    def __init__(
+        self, gateway: Gateway, default_model: str, max_image_bytes: int, default_timeout: float | None = None
+    ) -> None:
+        """`default_timeout`: the deadline of a call that sets none (--request-timeout)."""
         self.gateway = gateway
         self.default_model = default_model
         self.max_image_bytes = max_image_bytes
+        self.default_timeout = default_timeout
 
     def pipeline(self, request: inference_pb2.ClassifyRequest) -> str:
         return pipeline_name(request.model_name or self.default_model)
@@ -50,6 +54,10 @@ class Classifier:
         return request.request_id
 
     @staticmethod
+    def nbytes(request: inference_pb2.ClassifyRequest) -> int:
+        return len(request.image)
+
+    @staticmethod
     def sizes(request: inference_pb2.ClassifyRequest, response: inference_pb2.ClassifyResponse) -> tuple[int, int]:
         return len(request.image), response.ByteSize()
 
@@ -60,7 +68,7 @@ class Classifier:
 
         request.timeout_ms may shorten it.
         """
-        deadline = Deadline(time_remaining, request.timeout_ms)
+        deadline = Deadline(time_remaining, request.timeout_ms, self.default_timeout)
         with trace.span("decode"):
             check_image(request.image, self.max_image_bytes)
             try:

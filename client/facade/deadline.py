@@ -1,4 +1,4 @@
-"""When a call must be answered by: the caller's gRPC deadline, shortened by the request's timeout_ms."""
+"""When a call must be answered by: the caller's gRPC deadline, shortened by the request's timeout_ms, else the default."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import time
 
 
 class Deadline:
-    """A call's deadline on time.monotonic(); none when neither the caller nor the request gives one."""
+    """A call's deadline on time.monotonic().
 
-    def __init__(self, time_remaining: float | None, timeout_ms: int = 0) -> None:
+    The earlier of the caller's gRPC deadline and the request's own timeout; `default` seconds when the caller gives
+    neither (None: no deadline), so that no call waits on Triton forever.
+    """
+
+    def __init__(self, time_remaining: float | None, timeout_ms: int = 0, default: float | None = None) -> None:
         now = time.monotonic()
         ends = None if time_remaining is None else now + time_remaining
         if timeout_ms:
             own = now + timeout_ms / 1000
             ends = own if ends is None else min(ends, own)
+        if ends is None and default is not None:
+            ends = now + default
         self._ends = ends
 
     def left(self) -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
@@ -33,7 +34,7 @@ from client.facade.errors import (
     restarted,
 )
 from client.facade.replicas import Replica, Replicas, channel_options
-from client.facade.shm import SharedInputPool
+from client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, remove_stale_regions
 from client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
@@ -43,6 +44,9 @@ _REGISTRATION_RETRY_SECONDS = 1.0
 # A request refused against model metadata older than this makes the metadata be asked of Triton again
 # (a version with another signature may have gone live): at most once a second per model.
 METADATA_RECHECK_S = 1.0
+# How long Triton's list of served models answers "not served" for a name it does not hold, without asking Triton:
+# a flood of requests for names that do not exist costs the facade a set lookup each, and Triton nothing.
+SERVED_NAMES_TTL_S = 1.0
 T = TypeVar("T")
 
 
@@ -90,6 +94,8 @@ def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
     """The pool inputs travel in, or None: turned off, or no room for it in /dev/shm."""
     if not (slots and slot_bytes):
         return None
+    if stale := remove_stale_regions():
+        log.warning("removed %d shared-memory region(s) of facades that are gone: %s", len(stale), ", ".join(stale))
     try:
         return SharedInputPool(slots, slot_bytes)
     except OSError as error:
@@ -110,6 +116,7 @@ class TritonGateway:
         url: str,
         max_message_bytes: int,
         model_info_ttl: float,
+        metadata_entries: int = 1024,
         shm_slots: int = 0,
         shm_slot_bytes: int = 0,
         admin_key: str = "",
@@ -127,7 +134,12 @@ class TritonGateway:
         self._next_registration = 0.0
         self._on_retry = on_retry
         self._ttl = model_info_ttl
-        self._models: dict[tuple[str, str], tuple[float, ModelInfo]] = {}  # (name, version) -> (fetched, info)
+        # (name, canonical version) -> (fetched, info), least recently used first: versions are decimal numbers
+        # (wire.canonical_version), and the entries at most `metadata_entries`, whatever callers ask for.
+        self._models: OrderedDict[tuple[str, str], tuple[float, ModelInfo]] = OrderedDict()
+        self._max_models = metadata_entries
+        # The names in Triton's repository index and its ready (name, version)s, and when they were read.
+        self._served: tuple[float, frozenset[str], list[tuple[str, str]]] | None = None
         # The last request Triton failed on its side (a dead stub, a restart): a health signal.
         self.last_failure: tuple[float, str] | None = None
 
@@ -135,12 +147,20 @@ class TritonGateway:
         """Shared-memory slots held by calls now (0 without a pool)."""
         return self._pool.in_use if self._pool is not None else 0
 
+    def metadata_entries(self) -> int:
+        """Model versions whose metadata is held now."""
+        return len(self._models)
+
     async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
         """Inputs, outputs and max_batch_size of a model, cached for the TTL."""
         key = (name, version)
         cached = self._models.get(key)
-        if cached and cached[0] + self._ttl > time.monotonic():
+        now = time.monotonic()
+        if cached and cached[0] + self._ttl > now:
+            self._models.move_to_end(key)
             return cached[1]
+        if self._served is not None and now - self._served[0] < SERVED_NAMES_TTL_S and name not in self._served[1]:
+            raise not_served(name, version, self._served[2])
 
         async def ask(replica: Replica, left: float | None) -> tuple[Any, Any]:
             return await asyncio.gather(
@@ -154,12 +174,27 @@ class TritonGateway:
             # A replica stopping for a restart has unloaded its models already: its NOT_FOUND is not the answer.
             metadata, config = await self._on_replicas(ask, timeout)
         except grpc.aio.AioRpcError as error:
-            if model_not_served(error.code()) or await self._version_not_served(error, name, version):
-                raise await self._not_found(name, version) from None
-            raise from_triton(error, name, version) from None
+            failure = (
+                await self._not_found(name, version)
+                if model_not_served(error.code()) or await self._version_not_served(error, name, version)
+                else from_triton(error, name, version)
+            )
+            try:
+                raise failure from None
+            finally:
+                del failure  # the traceback holds this frame: no reference cycle through it
         info = ModelInfo.from_triton(metadata, config, version)
         self._models[key] = (time.monotonic(), info)
+        self._models.move_to_end(key)
+        self._evict(time.monotonic())
         return info
+
+    def _evict(self, now: float) -> None:
+        """Drop the expired entries, then the least recently used beyond the bound."""
+        for key in [key for key, (fetched, _) in self._models.items() if fetched + self._ttl <= now]:
+            del self._models[key]
+        while len(self._models) > self._max_models:
+            self._models.popitem(last=False)
 
     def forget(self, name: str, older_than: float = 0.0) -> bool:
         """Drop the cached metadata of every version of `name` fetched more than `older_than` seconds ago.
@@ -196,12 +231,15 @@ class TritonGateway:
         return cached is not None and cached[0] + self._ttl > time.monotonic()
 
     async def _not_found(self, name: str, version: str) -> NotFound:
-        """NotFound, with the models (and versions) Triton serves when it says."""
+        """NotFound, with the models (and versions) Triton serves when it says; their names are held a moment."""
         try:
             index = await self._index(ready_only=True, timeout=2.0)
         except grpc.aio.AioRpcError:
+            self._served = None
             return not_served(name, version)
-        return not_served(name, version, [(m.name, m.version) for m in index.models])
+        ready = [(m.name, m.version) for m in index.models]
+        self._served = (time.monotonic(), frozenset(model for model, _ in ready), ready)
+        return not_served(name, version, ready)
 
     async def _version_not_served(self, error: grpc.aio.AioRpcError, name: str, version: str) -> bool:
         """Whether Triton's answer means the version asked for is not loaded (see `may_be_unloaded_version`)."""
@@ -223,10 +261,7 @@ class TritonGateway:
         if time.monotonic() < self._next_registration:
             return None
         try:
-            # A region of the same name left from before a Triton restart would refuse the new one.
-            await self._replicas.pick().stub.SystemSharedMemoryUnregister(
-                service_pb2.SystemSharedMemoryUnregisterRequest(name=pool.region), timeout=2.0, metadata=self._admin
-            )
+            await self._unregister_stale_regions(pool)
             await self._replicas.pick().stub.SystemSharedMemoryRegister(
                 service_pb2.SystemSharedMemoryRegisterRequest(
                     name=pool.region, key=pool.key, offset=0, byte_size=pool.byte_size
@@ -241,6 +276,24 @@ class TritonGateway:
         self._registered = True
         log.info("inputs go to Triton through shared memory (%d MiB region)", pool.byte_size >> 20)
         return pool
+
+    async def _unregister_stale_regions(self, pool: SharedInputPool) -> None:
+        """Have Triton forget the regions of facades that are gone (their /dev/shm name is), which it keeps mapped."""
+        stub = self._replicas.pick().stub
+        status = await stub.SystemSharedMemoryStatus(
+            service_pb2.SystemSharedMemoryStatusRequest(), timeout=2.0, metadata=self._admin
+        )
+        stale = [
+            name
+            for name in status.regions
+            if name.startswith(REGION_PREFIX) and name != pool.region and not (SHM_DIR / name).exists()
+        ]
+        for name in stale:
+            await stub.SystemSharedMemoryUnregister(
+                service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2.0, metadata=self._admin
+            )
+        if stale:
+            log.warning("Triton forgot %d shared-memory region(s) of facades that are gone", len(stale))
 
     async def _region_lost(self, pool: SharedInputPool) -> bool:
         """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""
@@ -294,7 +347,10 @@ class TritonGateway:
                 self.forget(model, older_than=METADATA_RECHECK_S)
             if on_tritons_side(failure):
                 self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
-            raise failure from None
+            try:
+                raise failure from None
+            finally:
+                del failure  # the traceback holds this frame, and the frame the request: no cycle to keep them
         finally:
             # A call that ended early may still be queued in Triton and read this slot later: its
             # answer goes nowhere, and the next request's bytes are its own.

@@ -24,7 +24,25 @@ class FacadeMetrics:
             registry=self.registry,
         )
         self.in_flight = Gauge(
-            "tritonnx_facade_in_flight_requests", "Requests being handled now", registry=self.registry
+            "tritonnx_facade_in_flight_requests",
+            "Requests being handled now (their body arrived)",
+            registry=self.registry,
+        )
+        self.in_flight_bytes = Gauge(
+            "tritonnx_facade_in_flight_bytes",
+            "Bytes of the requests being handled now (--max-in-flight-bytes bounds it)",
+            registry=self.registry,
+        )
+        self.receiving = Gauge(
+            "tritonnx_facade_receiving_calls",
+            "Calls started whose body has not arrived yet (--max-receiving bounds it)",
+            registry=self.registry,
+        )
+        # Set from the gateway when scraped (server.py): bounded by --metadata-cache-size, whatever callers send.
+        self.metadata_entries = Gauge(
+            "tritonnx_facade_metadata_cache_entries",
+            "Model versions whose metadata the facade holds",
+            registry=self.registry,
         )
         # Set from the gateway's pool when scraped (server.py): a slot kept by a failed call would show here.
         self.shm_slots_in_use = Gauge(
@@ -56,8 +74,8 @@ class FacadeMetrics:
         )
         self.rejection_latency = Histogram(
             "tritonnx_facade_rejection_duration_seconds",
-            "Time from a call's start in the facade to its RESOURCE_EXHAUSTED, by reason (overloaded: at the start; "
-            "priority_reserve: once the body was read; too_large)",
+            "Time from a call's start in the facade to its RESOURCE_EXHAUSTED, by reason (overloaded: no receive place at "
+            "the start, or no slot or bytes once the body was read; priority_reserve: once the body was read; too_large)",
             ["reason"],
             registry=self.registry,
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),

@@ -31,11 +31,14 @@ class Predictor:
         default_model: str,
         cache: ResultCache | None = None,
         lanes: Mapping[str, str] | None = None,
+        default_timeout: float | None = None,
     ) -> None:
+        """`default_timeout`: the deadline of a call that sets none (--request-timeout)."""
         self.gateway = gateway
         self.default_model = default_model
         self.cache = cache
         self.lanes = dict(lanes or {})
+        self.default_timeout = default_timeout
 
     # What the servicer asks of an RPC's requests (see service.Endpoint).
     def label(self, decoded: DecodedRequest | None) -> str:
@@ -54,6 +57,10 @@ class Predictor:
         return decoded.message.request_id
 
     @staticmethod
+    def nbytes(decoded: DecodedRequest) -> int:
+        return decoded.nbytes
+
+    @staticmethod
     def sizes(decoded: DecodedRequest, response: EncodedResponse) -> tuple[int, int]:
         """Payload bytes in and out (the tensors, not the envelope)."""
         message = decoded.message
@@ -67,7 +74,7 @@ class Predictor:
     ) -> tuple[str, EncodedResponse]:
         """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
         message = decoded.message
-        deadline = Deadline(time_remaining, message.timeout_ms)
+        deadline = Deadline(time_remaining, message.timeout_ms, self.default_timeout)
         name = await self._route(message.model_name or self.default_model, message, deadline)
         try:
             info, response = await self._infer(decoded, name, deadline, trace)

@@ -18,6 +18,7 @@ from grpc_health.v1._async import HealthServicer  # health.aio's, behind a versi
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from backend.server.ports import is_loopback
 from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
@@ -47,6 +48,10 @@ async def release_free_memory(admission: Admission) -> None:
             _LIBC.malloc_trim(0)
 
 
+# Calls admission does not count (PredictStreams, ListModels, health checks, reflection) that may be open at once.
+OTHER_CALLS = 256
+
+
 class StartupError(RuntimeError):
     """The facade cannot start, e.g. its port is taken."""
 
@@ -74,9 +79,15 @@ class Facade:
         Tests give a stand-in (tests/unit/fakes.py). The facade owns it: `stop()` closes it.
         """
         self.settings = settings
+        if not (settings.auth_token or settings.allow_unauthenticated or is_loopback(settings.host)):
+            raise StartupError(
+                f"the facade would serve inference on {settings.host} to anyone who reaches it: set its token "
+                "(TRITONNX_AUTH_TOKEN), listen on loopback (--host 127.0.0.1), or say that something else "
+                "authenticates callers (--allow-unauthenticated 1)"
+            )
         self.metrics = FacadeMetrics()
         try:
-            self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio)
+            self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio, settings.trace_caller_rate)
         except ValueError as error:
             raise StartupError(f"tracing: {error}") from None
         try:
@@ -88,6 +99,7 @@ class Facade:
                 settings.triton_url,
                 settings.max_message_bytes,
                 settings.model_info_ttl,
+                metadata_entries=settings.metadata_cache_size,
                 shm_slots=settings.shm_slots,
                 shm_slot_bytes=settings.shm_slot_bytes,
                 admin_key=settings.admin_key,
@@ -96,6 +108,7 @@ class Facade:
         self.gateway = gateway
         if isinstance(gateway, TritonGateway):
             self.metrics.shm_slots_in_use.set_function(gateway.shm_slots_in_use)
+            self.metrics.metadata_entries.set_function(gateway.metadata_entries)
         self.health_servicer = HealthServicer()
         self.monitor = HealthMonitor(
             self.gateway,
@@ -115,11 +128,21 @@ class Facade:
                 if settings.cache_models
                 else None,
                 lanes,
+                settings.request_timeout,
             ),
-            Classifier(self.gateway, settings.default_model, settings.max_image_bytes),
-            Admission(settings.max_in_flight, settings.retry_after_ms, self.metrics),
+            Classifier(self.gateway, settings.default_model, settings.max_image_bytes, settings.request_timeout),
+            Admission(
+                settings.max_in_flight,
+                settings.retry_after_ms,
+                self.metrics,
+                max_bytes=settings.max_in_flight_bytes,
+                max_receiving=settings.max_receiving,
+            ),
             self.metrics,
+            body_timeout=settings.body_timeout,
             tracing=self.tracing,
+            stream_max_in_flight=settings.stream_max_in_flight,
+            request_timeout=settings.request_timeout,
         )
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -132,9 +155,13 @@ class Facade:
         s = self.settings
         self._grpc = grpc.aio.server(
             interceptors=[BearerTokenInterceptor(s.auth_token)] if s.auth_token else [],
+            # Every call at once, streams and health checks included: beyond the calls admission counts, room for
+            # the others; past it gRPC answers RESOURCE_EXHAUSTED before a handler runs.
+            maximum_concurrent_rpcs=s.max_receiving + s.max_in_flight + OTHER_CALLS,
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.max_send_message_length", s.max_message_bytes),
+                ("grpc.max_concurrent_streams", s.max_streams_per_connection),
                 # gRPC shares ports between processes by default: a second facade would silently
                 # split the traffic instead of failing to start.
                 ("grpc.so_reuseport", 0),

@@ -1,9 +1,10 @@
 """inference.InferenceService: the servicer wires the facade's pieces to gRPC.
 
 Each unary RPC has an endpoint (Predictor, Classifier) that turns its request into a response;
-the servicer gives every one the same treatment: backpressure (`Admission`, a slot from the
-call's start), the error boundary (errors as types, mapped to statuses in errors.py), metrics and
-tracing.
+the servicer gives every one the same treatment: backpressure (`Admission`: a receive place while
+the body is awaited, then a slot and the body's bytes), the error boundary (errors as types, mapped
+to statuses in errors.py), metrics and tracing. Request bytes are decoded within their limits
+(wire.py) by gRPC's deserializers, before any handler sees them.
 """
 
 from __future__ import annotations
@@ -18,16 +19,22 @@ import grpc
 
 from client.facade.admission import Admission
 from client.facade.classifier import Classifier
+from client.facade.deadline import Deadline
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.tracing import CallTrace, Tracing
 from client.facade.translate import to_list_models_response
 from client.facade.wire import (
+    CLASSIFY_LIMITS,
+    LIST_MODELS_LIMITS,
     PARSE_ERRORS,
     DecodedRequest,
     EncodedResponse,
+    Limits,
+    RequestRefused,
     WireError,
+    check_message,
     decode_predict_request,
     serialize_response,
 )
@@ -38,9 +45,11 @@ log = logging.getLogger("tritonnx.facade")
 # What a caller learns of a failure nobody foresaw (a bug): no class names, paths or tracebacks,
 # which stay in the log.
 UNEXPECTED_FAILURE = "the facade failed to serve the request; see its log"
-# A call holds its in-flight slot from its start: one whose body does not arrive within this
-# (a stalled or deliberately slow sender) gives the slot back instead of holding it forever.
-RECEIVE_TIMEOUT_S = 30.0
+# A call waits this long for its body from its start (a stalled or deliberately slow sender gives its receive place
+# back instead of holding it forever); the facade's --body-timeout.
+BODY_TIMEOUT_S = 10.0
+# What a ClassifyRequest carries besides its image: names, ids and numbers of a few hundred bytes at most.
+CLASSIFY_ENVELOPE_BYTES = 4096
 
 
 class Endpoint(Protocol):
@@ -56,6 +65,9 @@ class Endpoint(Protocol):
     def sizes(self, request: Any, response: Any) -> tuple[int, int]:
         """Payload bytes received and sent, for the size histograms."""
 
+    def nbytes(self, request: Any) -> int:
+        """The bytes the request holds while it is served (the in-flight byte budget counts them)."""
+
     async def run(self, request: Any, time_remaining: float | None, trace: CallTrace) -> tuple[str, Any]:
         """The model's name (a metrics label) and the response; failures as FacadeError."""
 
@@ -68,22 +80,26 @@ def _predict_request(buffer: bytes) -> DecodedRequest | InvalidArgument:
     # A deserializer that raises makes gRPC answer INTERNAL; malformed input is the caller's error.
     try:
         return decode_predict_request(buffer)
+    except RequestRefused as error:
+        return InvalidArgument(str(error))
     except WireError as error:
         return InvalidArgument(f"malformed PredictRequest: {error}")
 
 
-def _classify_request(buffer: bytes) -> inference_pb2.ClassifyRequest | InvalidArgument:
+def _parsed(buffer: bytes, limits: Limits) -> Any:
+    """The message of `limits` from `buffer`, walked within its limits first; InvalidArgument when refused."""
+    name = limits.name_of_message
     try:
-        return inference_pb2.ClassifyRequest.FromString(buffer)
-    except PARSE_ERRORS as error:
-        return InvalidArgument(f"malformed ClassifyRequest: {error}")
+        check_message(buffer, limits)
+        return limits.message.FromString(buffer)  # type: ignore[attr-defined]
+    except RequestRefused as error:
+        return InvalidArgument(str(error))
+    except (WireError, *PARSE_ERRORS) as error:
+        return InvalidArgument(f"malformed {name}: {error}")
 
 
 def _list_models_request(buffer: bytes) -> inference_pb2.ListModelsRequest | InvalidArgument:
-    try:
-        return inference_pb2.ListModelsRequest.FromString(buffer)
-    except PARSE_ERRORS as error:
-        return InvalidArgument(f"malformed ListModelsRequest: {error}")
+    return _parsed(buffer, LIST_MODELS_LIMITS)
 
 
 class InferenceServicer:
@@ -93,15 +109,20 @@ class InferenceServicer:
         classifier: Classifier,
         admission: Admission,
         metrics: FacadeMetrics,
-        receive_timeout: float = RECEIVE_TIMEOUT_S,
+        body_timeout: float = BODY_TIMEOUT_S,
         tracing: Tracing | None = None,
+        stream_max_in_flight: int = 16,
+        request_timeout: float | None = None,
     ) -> None:
+        """`request_timeout`: the deadline of a ListModels call that sets none (the endpoints have their own)."""
         self.predictor = predictor
         self.classifier = classifier
         self.admission = admission
         self.metrics = metrics
-        self.receive_timeout = receive_timeout
+        self.body_timeout = body_timeout
         self.tracing = tracing or Tracing("", 0.0)
+        self.stream_max_in_flight = stream_max_in_flight
+        self.request_timeout = request_timeout
         self.predict = self._from_call_start("Predict", "PredictRequest", self.predictor)
         self.classify = self._from_call_start("Classify", "ClassifyRequest", self.classifier)
 
@@ -116,7 +137,7 @@ class InferenceServicer:
                 ),
                 "Classify": grpc.stream_unary_rpc_method_handler(
                     self.classify,
-                    request_deserializer=_classify_request,
+                    request_deserializer=self._classify_request,
                     response_serializer=inference_pb2.ClassifyResponse.SerializeToString,
                 ),
                 "PredictStream": grpc.stream_stream_rpc_method_handler(
@@ -137,7 +158,7 @@ class InferenceServicer:
         time_remaining: Callable[[], float | None],
         trace: CallTrace,
     ) -> Any:
-        """One request, measured from its arrival; `receive` gives the request once a slot is taken.
+        """One request, measured from its call's start; `receive` gives the request (or the failure to read it).
 
         The error boundary of every RPC that infers. Every failure comes out as a FacadeError, except cancellation,
         which propagates. The call's trace ends here, with its status.
@@ -145,20 +166,19 @@ class InferenceServicer:
         started = time.perf_counter()
         request = None
         try:
+            with trace.span("receive"):
+                received = await receive()
+            if isinstance(received, FacadeError):
+                raise received
+            request = received
+            if request_id := endpoint.request_id(request):
+                trace.set("tritonnx.request_id", request_id)
             with trace.span("admission"):
-                self.admission.acquire()
+                ticket = self.admission.admit(endpoint.nbytes(request), endpoint.priority(request))
             try:
-                with trace.span("receive"):
-                    received = await receive()
-                if isinstance(received, FacadeError):
-                    raise received
-                request = received
-                if request_id := endpoint.request_id(request):
-                    trace.set("tritonnx.request_id", request_id)
-                self.admission.check_priority(endpoint.priority(request))
                 model, response = await endpoint.run(request, time_remaining(), trace)
             finally:
-                self.admission.release()
+                self.admission.release(ticket)
             self.metrics.latency.labels(model).observe(time.perf_counter() - started)
             received_bytes, sent_bytes = endpoint.sizes(request, response)
             self.metrics.request_bytes.labels(model).observe(received_bytes)
@@ -194,23 +214,35 @@ class InferenceServicer:
         self.metrics.requests.labels(label, error.code.name).inc()
         self.metrics.rejections.labels(error.reason).inc()
 
+    def _classify_request(self, buffer: bytes) -> inference_pb2.ClassifyRequest | InvalidArgument:
+        most = self.classifier.max_image_bytes + CLASSIFY_ENVELOPE_BYTES
+        if len(buffer) > most:
+            return InvalidArgument(
+                f"the ClassifyRequest is {len(buffer)} bytes, above this server's limit of {most} bytes for an image "
+                f"of at most {self.classifier.max_image_bytes} bytes (--max-image-bytes): send a smaller or more "
+                "compressed JPEG or PNG"
+            )
+        return _parsed(buffer, CLASSIFY_LIMITS)
+
     def _from_call_start(
         self, method: str, message: str, endpoint: Endpoint
     ) -> Callable[[object, grpc.aio.ServicerContext], Awaitable[Any]]:
-        """A unary RPC's handler, run as soon as the call starts: the in-flight slot is taken before the body is read.
+        """A unary RPC's handler, run as soon as the call starts, before its body is read.
 
-        Counting calls, not bodies received, a burst of large calls over the limit is refused at once
-        instead of after each body has arrived (measured: p99 about 0.6 s for 400 calls of 600 KB).
+        The call waits for its body in a receive place, so a burst beyond the receive places is refused at once
+        rather than after each body arrived, and a caller that sends no body gives its place back at the body
+        deadline. It takes an in-flight slot once its body is there.
         """
 
         async def handle(_requests: object, context: grpc.aio.ServicerContext) -> Any:
             async def receive() -> Any:
-                try:
-                    request = await asyncio.wait_for(context.read(), self.receive_timeout)
-                except TimeoutError:
-                    raise DeadlineExceeded(
-                        f"the request's body did not arrive within {self.receive_timeout:.0f} s of the call's start"
-                    ) from None
+                with self.admission.receive_place():
+                    try:
+                        request = await asyncio.wait_for(context.read(), self.body_timeout)
+                    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on; the NGC image has 3.10
+                        raise DeadlineExceeded(
+                            f"the request's body did not arrive within {self.body_timeout:g} s of the call's start"
+                        ) from None
                 if request is grpc.aio.EOF:  # type: ignore[attr-defined]  # (not in grpc's stubs) no message came
                     return InvalidArgument(f"malformed {message}: the call carried none")
                 return request
@@ -230,12 +262,13 @@ class InferenceServicer:
         try:
             if isinstance(request, InvalidArgument):
                 raise request
-            entries = await gateway.repository_index(request.ready_only, context.time_remaining())
+            deadline = Deadline(context.time_remaining(), default=self.request_timeout)
+            entries = await gateway.repository_index(request.ready_only, deadline.left())
             infos = {}
             for entry in entries:
                 if entry.state == "READY":
                     infos[(entry.name, entry.version)] = await gateway.model_info(
-                        entry.name, entry.version, context.time_remaining()
+                        entry.name, entry.version, deadline.left()
                     )
             return to_list_models_response(entries, infos)
         except FacadeError as error:
@@ -248,8 +281,13 @@ class InferenceServicer:
     async def predict_stream(
         self, requests: AsyncIterator[DecodedRequest | InvalidArgument], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[EncodedResponse]:
-        """Serve every request of the stream concurrently; answer each as soon as it is done."""
-        done: asyncio.Queue[EncodedResponse | None] = asyncio.Queue()
+        """Serve the stream's requests concurrently, at most `stream_max_in_flight` at once; answer each when done.
+
+        A request's place is freed once its response was sent: a caller that stops reading stops the reading of its
+        requests too, and gRPC's flow control then holds its writes, instead of the facade buffering them.
+        """
+        window = asyncio.Semaphore(self.stream_max_in_flight)
+        done: asyncio.Queue[EncodedResponse | None] = asyncio.Queue()  # at most the window's responses
         tasks: set[asyncio.Task] = set()
         metadata = context.invocation_metadata()
 
@@ -267,7 +305,13 @@ class InferenceServicer:
                 done.put_nowait(EncodedResponse(failed, None))
 
         async def read_all() -> None:
-            async for decoded in requests:
+            incoming = aiter(requests)
+            while True:
+                await window.acquire()  # a place for the next request, before it is read
+                try:
+                    decoded = await anext(incoming)
+                except StopAsyncIteration:
+                    break
                 task = asyncio.create_task(serve_one(decoded))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -278,7 +322,8 @@ class InferenceServicer:
         reader = asyncio.create_task(read_all())
         try:
             while (response := await done.get()) is not None:
-                yield response
+                yield response  # resumed once gRPC sent it
+                window.release()
             await reader
         finally:
             for task in (reader, *tasks):

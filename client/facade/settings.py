@@ -161,11 +161,49 @@ class FacadeSettings:
         "resolving to several (a headless Service); a call whose replica went away goes once to another",
     )
     default_model: str = setting("resnet50", "model served when a request names none")
-    max_in_flight: int = setting(64, "requests handled at once; beyond it callers get RESOURCE_EXHAUSTED at once")
-    max_message_bytes: int = setting(64 * 1024 * 1024, "largest request or response message")
+    max_in_flight: int = setting(
+        64,
+        "requests handled at once, counted once their body arrived; beyond it callers get RESOURCE_EXHAUSTED at once "
+        "(the last quarter is kept for priority 1)",
+    )
+    max_in_flight_bytes: int = setting(
+        128 * 1024 * 1024,
+        "bytes of request messages handled at once; a request that would exceed it gets RESOURCE_EXHAUSTED at once "
+        "(one alone is always taken); with --max-message-bytes it bounds the facade's memory",
+    )
+    max_receiving: int = setting(
+        128,
+        "calls started whose body has not arrived yet; beyond it new calls get RESOURCE_EXHAUSTED at once",
+    )
+    body_timeout: float = setting(
+        10.0,
+        "seconds a call's body may take to arrive from the call's start (else DEADLINE_EXCEEDED): a caller that opens "
+        "calls and sends nothing holds nothing longer",
+    )
+    max_message_bytes: int = setting(
+        16 * 1024 * 1024,
+        "largest request or response message (gRPC answers RESOURCE_EXHAUSTED beyond it); the largest demo request, "
+        "resnet50 at batch 16, is 9.6 MB",
+    )
     max_image_bytes: int = setting(
         8 * 1024 * 1024,
         "largest image file Classify takes; a larger one gets INVALID_ARGUMENT before reaching Triton",
+    )
+    stream_max_in_flight: int = setting(
+        16,
+        "requests of one PredictStream handled or waiting to be read back at once; the stream's next request is read "
+        "only when one is answered and read, so a caller that stops reading is slowed by gRPC's flow control",
+    )
+    max_streams_per_connection: int = setting(
+        100, "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS)"
+    )
+    request_timeout: float = setting(
+        60.0,
+        "deadline of a call that sets none (no gRPC deadline, no timeout_ms): Triton's answer is awaited this long at "
+        "most, so a hung model cannot hold a call forever",
+    )
+    metadata_cache_size: int = setting(
+        1024, "model versions whose metadata is held at most; the least recently used go first"
     )
     shm_slots: int = setting(
         64,
@@ -184,6 +222,11 @@ class FacadeSettings:
     health_timeout: float = setting(5.0, "seconds a health probe may take before it counts as failed")
     model_info_ttl: float = setting(30.0, "seconds model metadata is cached before it is asked of Triton again")
     drain_seconds: float = setting(10.0, "grace period for in-flight calls after SIGTERM")
+    allow_unauthenticated: bool = setting(
+        False,
+        "serve inference without a token on an address other than loopback (the facade refuses to start that way "
+        "otherwise): for a network where something else authenticates callers",
+    )
     auth_token: str = setting(
         "",
         "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); prefer the "
@@ -213,6 +256,11 @@ class FacadeSettings:
         "OpenTelemetry tracing: base URL of an OTLP/HTTP receiver (e.g. http://127.0.0.1:4318; spans go to "
         "<url>/v1/traces, JSON-encoded) and each traced call's context goes to Triton as traceparent; empty: "
         "tracing off. OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and OTEL_BSP_* apply",
+    )
+    trace_caller_rate: float = setting(
+        100.0,
+        "most calls per second traced because the caller's traceparent asks for it (beyond it they are traced at "
+        "--trace-ratio): callers cannot make the facade trace every call",
     )
     trace_ratio: float = setting(
         0.1,

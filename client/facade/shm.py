@@ -6,13 +6,50 @@ facade keeps one shared-memory region registered with Triton, cut into slots (on
 each), writes each request's input bytes into free adjacent slots (several for a batch) and sends
 Triton only their place. Requests that find no room, or a Triton that cannot see this machine's
 /dev/shm, use the socket as before.
+
+A region is named after the facade's process and a random part, and the facade holds a lock on it for its life: a
+facade that crashed (SIGKILL, out of memory) leaves its region behind, and the next facade to start removes the
+regions whose lock nobody holds (`remove_stale_regions`), whatever their process ids (in a container a restarted
+facade often gets the same one).
 """
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
+import secrets
 from dataclasses import dataclass
+from pathlib import Path
+
+SHM_DIR = Path("/dev/shm")
+REGION_PREFIX = "tritonnx_facade_"
+
+
+def region_prefix(pid: int) -> str:
+    """How the names of the regions of the facade with process id `pid` start."""
+    return f"{REGION_PREFIX}{pid}_"
+
+
+def remove_stale_regions() -> list[str]:
+    """Unlink the regions of facades that are gone (nobody holds their lock); their names."""
+    removed = []
+    for path in sorted(SHM_DIR.glob(f"{REGION_PREFIX}*")):
+        try:
+            descriptor = os.open(path, os.O_RDWR)
+        except OSError:
+            continue  # gone meanwhile, or another user's
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            continue  # a running facade's
+        try:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+        finally:
+            os.close(descriptor)
+    return removed
 
 
 @dataclass(frozen=True)
@@ -29,11 +66,17 @@ class SharedInputPool:
 
     def __init__(self, slots: int, slot_bytes: int) -> None:
         self.slot_bytes = slot_bytes
-        self.region = f"tritonnx_facade_{os.getpid()}"  # the name Triton knows it by
-        self.key = f"/{self.region}"  # the POSIX shared-memory object
         self.byte_size = slots * slot_bytes
-        path = f"/dev/shm{self.key}"
-        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        while True:
+            self.region = f"{region_prefix(os.getpid())}{secrets.token_hex(4)}"  # the name Triton knows it by
+            self.key = f"/{self.region}"  # the POSIX shared-memory object
+            path = SHM_DIR / self.region
+            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            # Held until the process ends: a region whose lock is free is a crashed facade's.
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            if os.fstat(descriptor).st_nlink:
+                break
+            os.close(descriptor)  # taken for stale by a starting facade before the lock was held: another name
         try:
             # Reserved, not just sized: a sparse region in a /dev/shm too small for it (a container's
             # 64 MB) would end the process with SIGBUS on a later write, instead of failing here.
@@ -41,9 +84,9 @@ class SharedInputPool:
             self._map = mmap.mmap(descriptor, self.byte_size)
         except OSError:
             os.unlink(path)
-            raise
-        finally:
             os.close(descriptor)
+            raise
+        self._lock = descriptor
         self._path = path
         self._taken = bytearray(slots)  # 1 where a slot is in use
         self._free = slots
@@ -75,7 +118,5 @@ class SharedInputPool:
 
     def close(self) -> None:
         self._map.close()
-        try:
-            os.unlink(self._path)
-        except FileNotFoundError:
-            pass
+        self._path.unlink(missing_ok=True)
+        os.close(self._lock)

@@ -1,13 +1,15 @@
 """OpenTelemetry in the facade: each call's spans, exported over OTLP/HTTP, and its context handed to Triton.
 
 A traced Predict is one trace: the call's SERVER span (its parent is the caller's, when the call
-carries a W3C `traceparent`), with children `admission` (an in-flight slot), `receive` (the body
-read and parsed), `decode` (model metadata, checks, the Triton request built), `ModelInfer` (the
+carries a W3C `traceparent`), with children `receive` (the body read and parsed), `admission`
+(an in-flight slot and the body's bytes), `decode` (model metadata, checks, the Triton request built), `ModelInfer` (the
 CLIENT span of the call to Triton, whose context goes along as `traceparent`, so tritonserver's own
 spans hang under it) and `encode` (the PredictResponse built).
 
-Sampling is parent-based: a call whose `traceparent` is sampled is traced, one that says not is
-not, and the others are traced at the configured ratio. A call that is not traced costs one
+Sampling is parent-based: a call whose `traceparent` is sampled is traced (at most
+`--trace-caller-rate` a second: callers cannot make the facade trace every call; beyond it such a
+call is traced at the ratio), one that says not is not, and the others are traced at the configured
+ratio. Span attributes are capped in length and number (`SPAN_LIMITS`). A call that is not traced costs one
 sampling decision and creates no child spans, and Triton is told nothing, so it traces nothing
 for it (tritonserver runs with `rate=0`: it traces exactly the requests that carry a context).
 
@@ -44,6 +46,10 @@ TRACEPARENT = "traceparent"
 _OTLP_KIND_OFFSET = 1
 # A receiver that is down is said once a minute, not once per batch.
 _WARN_EVERY_S = 60.0
+# Per span: the attributes and events the facade sets are a handful, their values request ids and names (at most
+# wire.MAX_NAME_BYTES) and status messages (at most errors.MAX_MESSAGE_CHARS).
+MAX_ATTRIBUTES = 32
+MAX_ATTRIBUTE_CHARS = 2048
 
 
 def _any_value(value: Any) -> dict:
@@ -137,6 +143,33 @@ def _exporter_class() -> type:
     return OtlpJsonExporter
 
 
+def _caller_budget(rate: float, otherwise: Any) -> Any:
+    """The sampler of calls whose caller sampled its traceparent: at most `rate` a second, then as `otherwise` does.
+
+    A token bucket refilled at `rate` per second, holding at most one second's worth.
+    """
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
+
+    class CallerBudget(Sampler):
+        def __init__(self) -> None:
+            self._tokens = rate
+            self._refilled = time.monotonic()
+
+        def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+            now = time.monotonic()
+            self._tokens = min(rate, self._tokens + (now - self._refilled) * rate)
+            self._refilled = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return ALWAYS_ON.should_sample(*args, **kwargs)
+            return otherwise.should_sample(*args, **kwargs)
+
+        def get_description(self) -> str:
+            return f"CallerBudget{{{rate:g}/s, then {otherwise.get_description()}}}"
+
+    return CallerBudget()
+
+
 class CallTrace:
     """One call's spans. Not sampled (or tracing off): every method does nothing."""
 
@@ -201,8 +234,10 @@ NOT_TRACED = CallTrace()
 class Tracing:
     """The facade's tracer: off (`endpoint` empty) hands every call NOT_TRACED."""
 
-    def __init__(self, endpoint: str, ratio: float) -> None:
+    def __init__(self, endpoint: str, ratio: float, caller_rate: float = 100.0) -> None:
+        """`caller_rate`: the most calls a second traced because their caller's traceparent is sampled."""
         self.ratio = check_ratio(ratio)
+        self.caller_rate = caller_rate
         self.url = traces_url(endpoint) if endpoint else ""
         self._provider: TracerProvider | None = None
         self._tracer: Tracer | None = None
@@ -215,7 +250,7 @@ class Tracing:
 
     def _start(self) -> None:
         from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace import SpanLimits, TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
@@ -223,7 +258,18 @@ class Tracing:
         resource = Resource.create()
         if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
-        self._provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(self.ratio)))
+        by_ratio = TraceIdRatioBased(self.ratio)
+        sampler = ParentBased(by_ratio, remote_parent_sampled=_caller_budget(self.caller_rate, by_ratio))
+        limits = SpanLimits(
+            max_attributes=MAX_ATTRIBUTES,
+            max_span_attributes=MAX_ATTRIBUTES,
+            max_event_attributes=MAX_ATTRIBUTES,
+            max_events=MAX_ATTRIBUTES,
+            max_links=MAX_ATTRIBUTES,
+            max_attribute_length=MAX_ATTRIBUTE_CHARS,
+            max_span_attribute_length=MAX_ATTRIBUTE_CHARS,
+        )
+        self._provider = TracerProvider(resource=resource, sampler=sampler, span_limits=limits)
         # The batch processor's queue, batch size and delay come from the OTEL_BSP_* variables.
         self._provider.add_span_processor(BatchSpanProcessor(_exporter_class()(self.url)))
         self._tracer = self._provider.get_tracer("tritonnx.facade")

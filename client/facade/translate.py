@@ -25,7 +25,6 @@ _ELEMENT_TYPES = [name for name in inference_pb2.ElementType.keys() if name != "
 # Triton casts dims (the batch dim among them) to int: never forward anything larger.
 MAX_DIM = 2**31 - 1
 _DIMS_SHOWN = 16  # a longer shape is shortened in messages
-MAX_RANK = 64  # beyond any model's rank: a longer shape is refused at once
 # ModelInferRequest.raw_input_contents: field 7, length-delimited.
 _RAW_INPUT_TAG = bytes([7 << 3 | 2])
 
@@ -112,13 +111,10 @@ def _datatype_of(dtype: int, name: str) -> str:
 def check_tensor(
     name: str, datatype: str, shape: Sequence[int], nbytes: int, spec: TensorInfo, info: ModelInfo
 ) -> None:
-    """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`."""
-    if len(shape) > MAX_RANK:
-        # Refused before its dims become Python ints: a million of them took the facade 40 MB a request.
-        raise InvalidArgument(
-            f"input '{name}' has {len(shape)} dims but the model wants rank {len(spec.shape)}; "
-            f"model '{info.name}' expects {info.describe_inputs()}"
-        )
+    """Raise InvalidArgument, with what the model expects, unless the tensor fits `spec`.
+
+    Its rank is at most wire.MAX_RANK: longer shapes were refused while the request was decoded.
+    """
     shape = list(shape)
     problem = _tensor_problem(name, datatype, shape, nbytes, spec, info)
     if problem:

@@ -173,7 +173,8 @@ def test_the_servicer_refuses_before_triton_and_names_what_classifies():
 
 def test_the_servicer_shares_the_in_flight_limit():
     service, gateway = servicer(limit=1)
-    with service.admission.slot():  # a Predict holds the only slot
-        _, context = classify(service, inference_pb2.ClassifyRequest(image=JPEG))
+    ticket = service.admission.admit(100, priority=1)  # a Predict holds the only slot
+    _, context = classify(service, inference_pb2.ClassifyRequest(image=JPEG))
+    service.admission.release(ticket)
     assert context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and gateway.calls == []
-    assert service.admission.in_flight == 0
+    assert service.admission.in_flight == 0 and service.admission.receiving == 0

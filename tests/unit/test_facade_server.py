@@ -23,7 +23,7 @@ from client.facade.server import Facade, StartupError
 from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
 from client.facade.settings import FacadeSettings
 from client.facade.translate import InferCall, ModelInfo
-from client.facade.wire import DecodedRequest
+from client.facade.wire import DecodedRequest, decode_predict_request
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.unit.fakes import DOUBLE, FakeGateway
 
@@ -244,13 +244,13 @@ def test_a_port_file_that_cannot_be_written_is_a_startup_error(tmp_path):
     run(test)
 
 
-def test_a_call_holds_its_slot_from_its_start_so_one_over_the_limit_is_refused_before_its_body():
-    """The limit counts calls, not bodies received: calls whose bodies are still on their way hold
-    slots, and a call beyond them is told RESOURCE_EXHAUSTED without sending its body at all."""
+def test_calls_waiting_for_their_body_hold_receive_places_not_slots():
+    """A call beyond the receive places is told RESOURCE_EXHAUSTED without sending its body; calls that sent their
+    body are served meanwhile (the places of callers that send nothing are not their slots)."""
     gateway = FakeGateway()
 
     async def test() -> None:
-        async with serving(gateway, max_in_flight=2) as (facade, channel):
+        async with serving(gateway, max_in_flight=2, max_receiving=2) as (facade, channel):
             # Predict as a request stream on the client's side: the call starts, its body waits.
             predict = channel.stream_unary(
                 f"/{SERVICE_NAME}/Predict",
@@ -266,25 +266,52 @@ def test_a_call_holds_its_slot_from_its_start_so_one_over_the_limit_is_refused_b
                 yield request(f"r{index}", [index, 1, 1, 1])
 
             first, second = (asyncio.ensure_future(predict(body(i))) for i in range(2))
-            await until(lambda: facade.servicer.admission.in_flight == 2)  # no body has been sent
+            await until(lambda: facade.servicer.admission.receiving == 2)  # no body has been sent
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await predict(body(2))
             assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and not sent[2]
+            assert "waiting for the bodies" in caught.value.details()
+            assert facade.servicer.admission.in_flight == 0
             bodies[0].set()
             bodies[1].set()
             assert list((await first).predictions) == [0, 2, 2, 2]
             assert list((await second).predictions) == [2, 2, 2, 2]
-            assert facade.servicer.admission.in_flight == 0
+            assert facade.servicer.admission.in_flight == 0 and facade.servicer.admission.receiving == 0
 
     run(test)
 
 
-def test_a_body_that_never_arrives_gives_its_slot_back():
+def test_callers_that_send_no_body_do_not_lock_out_a_priority_1_call():
     gateway = FakeGateway()
 
     async def test() -> None:
-        async with serving(gateway) as (facade, channel):
-            facade.servicer.receive_timeout = 0.2
+        async with serving(gateway, max_in_flight=4) as (facade, channel):
+            predict = channel.stream_unary(f"/{SERVICE_NAME}/Predict")
+            never = asyncio.Event()
+
+            async def stalled() -> AsyncIterator[bytes]:
+                await never.wait()
+                yield b""
+
+            stalled_calls = [asyncio.ensure_future(predict(stalled())) for _ in range(16)]
+            await until(lambda: facade.servicer.admission.receiving == 16)
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            urgent = request("urgent", [1, 2, 3, 4])
+            urgent.priority = 1
+            assert list((await stub.Predict(urgent)).predictions) == [2, 4, 6, 8]
+            assert list((await stub.Predict(request("plain", [1, 0, 0, 0]))).predictions) == [2, 0, 0, 0]
+            for call in stalled_calls:
+                call.cancel()
+            await until(lambda: facade.servicer.admission.receiving == 0)
+
+    run(test)
+
+
+def test_a_body_that_never_arrives_gives_its_receive_place_back():
+    gateway = FakeGateway()
+
+    async def test() -> None:
+        async with serving(gateway, body_timeout=0.2) as (facade, channel):
             predict = channel.stream_unary(f"/{SERVICE_NAME}/Predict")
             never = asyncio.Event()
 
@@ -295,8 +322,8 @@ def test_a_body_that_never_arrives_gives_its_slot_back():
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await predict(stalled())
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-            assert "did not arrive within" in caught.value.details()
-            assert facade.servicer.admission.in_flight == 0
+            assert "did not arrive within 0.2 s" in caught.value.details()
+            assert facade.servicer.admission.receiving == 0 and facade.servicer.admission.in_flight == 0
             assert count(facade, "tritonnx_facade_rejections_total", reason="deadline_exceeded") == 1
 
     run(test)
@@ -486,3 +513,82 @@ def test_priority_1_calls_naming_no_version_go_to_the_models_lane_while_it_is_se
 def test_a_malformed_priority_lane_stops_the_facade_naming_it(pair):
     with pytest.raises(StartupError, match=f"--priority-lane '{pair}': give MODEL=LANE"):
         Facade(settings(priority_lane=(pair,)), FakeGateway())
+
+
+def test_a_call_without_the_token_is_refused_before_its_body_is_read():
+    async def test() -> None:
+        async with serving(FakeGateway(), auth_token="s3cret") as (facade, channel):
+            never = asyncio.Event()
+
+            async def stalled() -> AsyncIterator[bytes]:
+                await never.wait()
+                yield b""
+
+            # A body that never comes: a handler that read it first would answer only at the body deadline.
+            for method in ("Predict", "Classify", "ListModels"):
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    await channel.stream_unary(f"/{SERVICE_NAME}/{method}")(stalled())
+                assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
+            stream = channel.stream_stream(f"/{SERVICE_NAME}/PredictStream")(stalled())
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stream.read()
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert facade.servicer.admission.receiving == 0
+            stub = inference_pb2_grpc.InferenceServiceStub(channel)
+            answer = await stub.Predict(request("r", [1, 1, 1, 1]), metadata=(("authorization", "Bearer s3cret"),))
+            assert list(answer.predictions) == [2, 2, 2, 2]
+
+    run(test)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1", "facade.example"])
+def test_a_facade_reachable_from_elsewhere_needs_a_token_or_an_explicit_waiver(host):
+    with pytest.raises(StartupError, match="TRITONNX_AUTH_TOKEN"):
+        Facade(settings(host=host), FakeGateway())
+    # Constructed, not started: the tests listen on loopback only.
+    Facade(settings(host=host, auth_token="s3cret"), FakeGateway())
+    Facade(settings(host=host, allow_unauthenticated=True), FakeGateway())
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_a_facade_on_loopback_needs_no_token(host):
+    Facade(settings(host=host), FakeGateway())
+
+
+class StreamContext:
+    """What predict_stream asks of its call."""
+
+    def time_remaining(self) -> None:
+        return None
+
+    def invocation_metadata(self) -> tuple:
+        return ()
+
+
+def test_a_stream_whose_answers_are_not_read_is_not_read_either():
+    """Requests are read only while fewer than --stream-max-in-flight are served or unsent: a caller that stops
+    reading holds at most that many in the facade (gRPC's flow control then holds its writes)."""
+
+    async def test() -> None:
+        facade = Facade(settings(stream_max_in_flight=4), FakeGateway())
+        read = 0
+
+        async def requests() -> AsyncIterator[DecodedRequest]:
+            nonlocal read
+            for i in range(1000):
+                read += 1
+                yield decode_predict_request(request(f"r{i}", [1, 2, 3, 4]).SerializeToString())
+
+        responses = facade.servicer.predict_stream(requests(), StreamContext())
+        first = await anext(responses)  # sent, as far as the servicer knows; the caller reads no more
+        await until(lambda: read == 4 and facade.servicer.admission.in_flight == 0)
+        for _ in range(100):  # every task that could run has run
+            await asyncio.sleep(0)
+        assert read == 4
+        await anext(responses)  # one more sent: one more read
+        await until(lambda: read == 5)
+        await responses.aclose()
+        assert first.message.request_id == "r0"
+        await facade.gateway.close()
+
+    run(test)

@@ -1,9 +1,12 @@
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from client.facade.shm import SharedInputPool
+from client.facade.shm import SHM_DIR, SharedInputPool, region_prefix, remove_stale_regions
 
 
 @pytest.fixture
@@ -77,3 +80,34 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
     with caplog.at_level("WARNING", logger="tritonnx.facade"):
         assert gateway._shared_pool(4, 1 << 20) is None
     assert "inputs go over the socket: no 4 MiB shared-memory region" in caplog.text
+
+
+CRASHING_FACADE = """
+import os, signal
+from client.facade.shm import SharedInputPool
+pool = SharedInputPool(slots=1, slot_bytes=64)
+print(pool.region, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_crashed_facades_region_is_removed_and_a_running_ones_kept(pool):
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_FACADE], capture_output=True, text=True)
+    assert crashed.returncode == -signal.SIGKILL
+    left = crashed.stdout.strip()
+    assert left.startswith("tritonnx_facade_")
+    assert (SHM_DIR / left).exists()  # what a SIGKILL leaves
+    removed = remove_stale_regions()
+    assert left in removed and not (SHM_DIR / left).exists()
+    assert pool.region not in removed and (SHM_DIR / pool.region).exists()
+
+
+def test_every_region_has_a_name_of_its_own_even_in_one_process(pool):
+    other = SharedInputPool(slots=1, slot_bytes=64)
+    try:
+        assert pool.region != other.region
+        assert pool.region.startswith(region_prefix(os.getpid())) and other.region.startswith(
+            region_prefix(os.getpid())
+        )
+    finally:
+        other.close()

@@ -29,7 +29,7 @@ CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
 SAMPLED = (("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-01"),)
 NOT_SAMPLED = (("traceparent", f"00-{CALLER_TRACE}-{CALLER_SPAN}-00"),)
-CHILDREN = ["admission", "receive", "decode", "ModelInfer", "encode"]
+CHILDREN = ["receive", "admission", "decode", "ModelInfer", "encode"]
 
 
 @pytest.fixture
@@ -216,3 +216,33 @@ def test_the_sdk_is_not_loaded_when_tracing_is_off():
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "False"
+
+
+def test_callers_sampling_their_traceparent_are_traced_at_most_the_caller_rate(monkeypatch):
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision
+
+    from client.facade import tracing
+
+    clock = [1000.0]
+    monkeypatch.setattr(tracing.time, "monotonic", lambda: clock[0])
+    sampler = tracing._caller_budget(3.0, ALWAYS_OFF)
+
+    def sampled() -> int:
+        return sum(sampler.should_sample(None, 1, "call").decision == Decision.RECORD_AND_SAMPLE for _ in range(10))
+
+    assert sampled() == 3  # a burst of ten: one second's worth
+    clock[0] += 0.5
+    assert sampled() == 1  # refilled at 3 a second
+    clock[0] += 60
+    assert sampled() == 3  # never more than one second's worth saved up
+
+
+def test_span_attributes_are_capped_in_length(receiver):
+    from client.facade.tracing import MAX_ATTRIBUTE_CHARS
+
+    tracing = Tracing(receiver.endpoint, 0.0)
+    trace = tracing.call("Predict", SAMPLED)
+    trace.set("tritonnx.request_id", "x" * 100_000)
+    assert len(trace.root.attributes["tritonnx.request_id"]) == MAX_ATTRIBUTE_CHARS
+    trace.end(grpc.StatusCode.OK)
+    tracing.shutdown()

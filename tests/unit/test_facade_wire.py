@@ -5,10 +5,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from client.facade import wire
 from client.facade.wire import (
+    MAX_FIELDS,
+    MAX_INPUTS,
+    MAX_NAME_BYTES,
+    MAX_OUTPUTS,
+    MAX_RANK,
     DecodedRequest,
     EncodedResponse,
+    Limits,
+    RequestRefused,
     WireError,
+    canonical_version,
+    check_message,
     decode_predict_request,
     encode_predict_response,
     serialize_response,
@@ -63,6 +73,8 @@ def assert_decodes_like_protobuf(buffer: bytes) -> DecodedRequest:
     """decode_predict_request(buffer) matches protobuf's own parse of the same bytes."""
     decoded = decode_predict_request(buffer)
     full = PredictRequest.FromString(buffer)
+    if full.model_version:
+        full.model_version = str(int(full.model_version))  # decoding makes it canonical
     expected_data = np.array(full.data, np.float32)
     expected_raw = full.raw_data
     full.ClearField("data")
@@ -115,9 +127,11 @@ def random_request(rng: np.random.Generator) -> PredictRequest:
         msg.data.extend(random_floats(rng, int(rng.choice([1, 2, 3, 10, 1000, 5000]))))
     if rng.random() < 0.5:
         msg.shape.extend(random_int64s(rng, rng.integers(1, 5)))
-    for field in ("model_name", "model_version", "request_id"):
+    for field in ("model_name", "request_id"):
         if rng.random() < 0.5:
             setattr(msg, field, random_text(rng))
+    if rng.random() < 0.5:
+        msg.model_version = str(rng.choice(["1", "2", "007", "9223372036854775807", "0"]))
     for field in ("priority", "timeout_ms"):
         if rng.random() < 0.5:
             setattr(msg, field, random_uint32(rng))
@@ -175,6 +189,7 @@ def test_decode_matches_protobuf(msg):
     expected.ClearField("data")
     expected.ClearField("raw_data")
     assert decoded.message == expected
+    assert decoded.nbytes == msg.ByteSize()
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -449,3 +464,124 @@ def test_raw_data_is_a_view_of_the_buffer_and_the_last_occurrence_wins():
     assert np.shares_memory(np.frombuffer(decoded.raw, np.uint8), np.frombuffer(buffer, np.uint8))
     twice = PredictRequest(raw_data=b"old").SerializeToString() + buffer
     assert bytes(decode_predict_request(twice).raw) == payload
+
+
+# ---------------------------------------------------------------- limits: what a crafted request may cost
+
+
+def refused(buffer: bytes, match: str) -> RequestRefused:
+    with pytest.raises(RequestRefused, match=match) as info:
+        decode_predict_request(buffer)
+    return info.value
+
+
+def count_varint_reads(monkeypatch) -> list[int]:
+    """Every varint the walk reads, counted: the walk's work, measured in fields instead of seconds."""
+    reads = [0]
+    real = wire.read_varint
+
+    def counting(buffer, pos):
+        reads[0] += 1
+        return real(buffer, pos)
+
+    monkeypatch.setattr(wire, "read_varint", counting)
+    return reads
+
+
+@pytest.mark.parametrize(
+    "field, repeat, match",
+    [
+        (PredictRequest(priority=1).SerializeToString(), 4_000_000, f"more than {MAX_FIELDS} fields"),
+        (PredictRequest(output_names=[""]).SerializeToString(), 4_000_000, f"output_names has more than {MAX_OUTPUTS}"),
+        (PredictRequest(inputs=[Tensor()]).SerializeToString(), 4_000_000, f"inputs has more than {MAX_INPUTS}"),
+        (tag(2, 0) + b"\x01", 4_000_000, f"shape has more than {MAX_RANK}"),  # unpacked dims
+        (tag(12, 0) + b"\x01", 4_000_000, f"more than {MAX_FIELDS} fields"),  # an unknown field
+    ],
+    ids=["priority", "output_names", "inputs", "unpacked-shape", "unknown"],
+)
+def test_a_flood_of_fields_is_refused_after_a_bounded_walk(monkeypatch, field, repeat, match):
+    buffer = field * repeat  # megabytes: as many fields as gRPC's message limit lets through
+    reads = count_varint_reads(monkeypatch)
+    refused(buffer, match)
+    # Each field is a key and at most one length or value: the walk stopped at the limit, not at the end.
+    assert reads[0] <= 2 * (MAX_FIELDS + 1)
+
+
+def test_a_packed_shape_of_millions_of_dims_is_refused_by_its_length():
+    dims = b"\x01" * 10_000_000
+    error = refused(tag(2, 2) + varint(len(dims)) + dims, "shape is 10000000 bytes long")
+    assert f"at most {MAX_RANK * 10}" in str(error)
+
+
+def test_a_packed_shape_within_its_bytes_but_above_the_rank_is_refused():
+    refused(PredictRequest(shape=[1] * (MAX_RANK + 1)).SerializeToString(), f"{MAX_RANK + 1} dims")
+    refused(
+        PredictRequest(inputs=[Tensor(name="x", shape=[1] * (MAX_RANK + 1))]).SerializeToString(),
+        rf"inputs\['x'\].shape has {MAX_RANK + 1} dims",
+    )
+    assert len(decode_predict_request(PredictRequest(shape=[7] * MAX_RANK).SerializeToString()).message.shape) == 64
+
+
+@pytest.mark.parametrize("field", ["model_name", "request_id"])
+def test_names_longer_than_the_limit_are_refused(field):
+    assert decode_predict_request(PredictRequest(**{field: "n" * MAX_NAME_BYTES}).SerializeToString())
+    refused(PredictRequest(**{field: "n" * (MAX_NAME_BYTES + 1)}).SerializeToString(), f"{field} is 257 bytes long")
+    refused(PredictRequest(output_names=["o" * 1000]).SerializeToString(), "output_names is 1000 bytes long")
+    refused(PredictRequest(inputs=[Tensor(name="i" * 1000)]).SerializeToString(), "inputs entry.name is 1000 bytes")
+
+
+def test_an_input_tensor_with_a_flood_of_dims_is_refused_before_protobuf_parses_it(monkeypatch):
+    dims = (tag(3, 0) + b"\x01") * 1_000_000
+    inner = Tensor(name="x").SerializeToString() + dims
+    reads = count_varint_reads(monkeypatch)
+    refused(tag(10, 2) + varint(len(inner)) + inner, f"inputs entry.shape has more than {MAX_RANK}")
+    assert reads[0] <= 2 * (MAX_RANK + 8)
+
+
+@pytest.mark.parametrize(
+    "given, canonical", [("1", "1"), ("01", "1"), ("0042", "42"), ("9223372036854775807", "9223372036854775807")]
+)
+def test_versions_are_decimal_numbers_made_canonical(given, canonical):
+    assert canonical_version(given) == canonical
+    assert decode_predict_request(PredictRequest(model_version=given).SerializeToString()).message.model_version == (
+        canonical
+    )
+
+
+@pytest.mark.parametrize(
+    "given", ["1abc", " 1", "1 ", "+1", "-1", "1.0", "0x1", "١", "9223372036854775808", "1" + "\x00" * 3]
+)
+def test_versions_that_are_not_decimal_numbers_are_refused(given):
+    with pytest.raises(RequestRefused, match="not a version number"):
+        canonical_version(given)
+
+
+def test_a_version_followed_by_a_megabyte_is_refused_by_its_length():
+    error = refused(PredictRequest(model_version="1" + "x" * 2**20).SerializeToString(), "model_version is")
+    assert len(str(error)) < 200  # the junk is not echoed back
+
+
+def test_millions_of_unpacked_floats_are_decoded_as_arrays():
+    values = np.random.default_rng(5).standard_normal(3_000_000).astype(np.float32)
+    decoded = decode_predict_request(unpacked_data(values) + PredictRequest(shape=[3_000_000]).SerializeToString())
+    np.testing.assert_array_equal(decoded.data, values)
+    assert decoded.message.shape == [3_000_000]
+
+
+def test_runs_of_unpacked_floats_between_other_fields_count_as_fields(monkeypatch):
+    # Short runs interleaved with other fields: each run is one field, found without scanning the rest.
+    piece = unpacked_data(np.array([1.0, 2.0])) + PredictRequest(priority=1).SerializeToString()
+    decoded = decode_predict_request(piece * (MAX_FIELDS // 2))
+    np.testing.assert_array_equal(decoded.data, np.tile([1.0, 2.0], MAX_FIELDS // 2))
+    refused(piece * (MAX_FIELDS // 2 + 1), f"more than {MAX_FIELDS} fields")
+
+
+def test_check_message_walks_other_messages_within_their_limits():
+    limits = Limits(inference_pb2.ClassifyRequest, max_fields=8, lengths={2: 4})
+    check_message(inference_pb2.ClassifyRequest(model_name="abcd", top_k=3).SerializeToString(), limits)
+    with pytest.raises(RequestRefused, match="ClassifyRequest.model_name is 5 bytes long: at most 4"):
+        check_message(inference_pb2.ClassifyRequest(model_name="abcde").SerializeToString(), limits)
+    with pytest.raises(RequestRefused, match="more than 8 fields"):
+        check_message(inference_pb2.ClassifyRequest(priority=1).SerializeToString() * 9, limits)
+    with pytest.raises(WireError, match="past the end"):
+        check_message(b"\x22\x05ab", limits)  # request_id: 5 bytes announced, 2 present

@@ -135,3 +135,31 @@ def test_each_request_of_a_batch_gets_its_own_result():
     for result, data in zip((results[0], results[2], results[4]), good, strict=True):
         np.testing.assert_allclose(result[0], reference_pixels(data), rtol=0, atol=1e-5)
     assert "truncated" in str(results[1]) and "GIF" in str(results[3])
+
+
+def test_a_large_sixteen_bit_png_is_converted_a_band_at_a_time():
+    """A 16-bit grey PNG of 16 megapixels compresses to kilobytes; converted at once it took numpy 0.25 GB."""
+    import tracemalloc
+
+    levels = np.tile(np.linspace(0, 65535, 4000).astype(np.uint16), (4000, 1))
+    buffer = io.BytesIO()
+    Image.fromarray(levels).save(buffer, "PNG")
+    del levels
+    tracemalloc.start()  # numpy's arrays are traced (Pillow's own image memory is not)
+    try:
+        pixels = preprocess(buffer.getvalue())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert pixels.shape == (3, 224, 224)
+    assert peak < 16 * 2**20, f"numpy held {peak / 2**20:.0f} MiB at once"
+
+
+def test_an_image_too_large_once_decoded_is_refused_by_its_bytes():
+    from backend.image_preprocess import MAX_DECODED_BYTES
+
+    side = int((MAX_DECODED_BYTES / 4) ** 0.5) + 1  # RGBA: 4 bytes a pixel, fewer pixels than MAX_PIXELS
+    buffer = io.BytesIO()
+    Image.new("RGBA", (side, side)).save(buffer, "PNG")
+    with pytest.raises(InvalidInputError, match="pixels of RGBA, .* MB once decoded, above the limit of 120 MB"):
+        decode(buffer.getvalue())
