@@ -9,7 +9,11 @@
 # Without it, `make images` builds this file on a stand-in with NGC's layout and Python 3.11
 # (deploy/docker/Dockerfile.standin says what it reproduces and what it does not).
 #
-#   docker run --init --network host --shm-size 512m -e TRITONNX_ADMIN_KEY=... tritonnx:ngc
+#   docker run -d --name triton --init --ipc shareable --shm-size 512m -p 50051:50051 -p 3000:3000 \
+#     -e TRITONNX_ADMIN_KEY=... tritonnx:ngc
+#   docker run -d --init --network container:triton --ipc container:triton \
+#     -e TRITONNX_ADMIN_KEY=... -e TRITONNX_AUTH_TOKEN=... tritonnx:ngc tritonnx-facade
+# Triton's ports stay on the container's loopback; the facade, on every address, wants its token.
 #
 # What this file assumes of the NGC image, each checked by the stand-in: tritonserver at
 # /opt/tritonserver/bin, the Python backend with its stub in /opt/tritonserver/backends/python,
@@ -45,8 +49,7 @@ ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
     TRITONNX_MODEL_REPOSITORY=/models \
     TRITONNX_BUILD_DIR=/tmp/tritonnx \
     TRITONNX_ORT_CACHE_DIR=/tmp/tritonnx/ort-cache \
-    TRITONNX_TRITON_HOST=0.0.0.0 \
     TRITONNX_HOST=0.0.0.0
 USER triton-server
-EXPOSE 8000 8001 8002 8003 50051 3000
+EXPOSE 50051 3000
 CMD ["tritonnx-serve", "--no-facade", "--log-dir", "-"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import subprocess
 import time
 import urllib.request
@@ -64,9 +65,8 @@ def run(image: str, *command: str, env: dict[str, str] | None = None, options: t
 def run_triton(image: str, admin_key: str, options: tuple[str, ...] = (), shm: str = "512m") -> Container:
     """The image's default command (Triton under the supervisor) on free loopback ports."""
     http, grpc, metrics, supervisor = free_ports(4)
-    env = {
+    env = {  # no host: the image's default, loopback
         "TRITONNX_ADMIN_KEY": admin_key,
-        "TRITONNX_TRITON_HOST": "127.0.0.1",
         "TRITONNX_TRITON_HTTP_PORT": str(http),
         "TRITONNX_TRITON_GRPC_PORT": str(grpc),
         "TRITONNX_TRITON_METRICS_PORT": str(metrics),
@@ -75,6 +75,22 @@ def run_triton(image: str, admin_key: str, options: tuple[str, ...] = (), shm: s
     container = run(image, env=env, options=options, shm=shm)
     container.ports = {"http": http, "grpc": grpc, "metrics": metrics, "supervisor": supervisor}
     return container
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The addresses a TCP socket listens on at `port`, in this network namespace (the containers' too: they run on
+    the host's network), read from /proc/net/tcp and tcp6."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                # The kernel prints each 32-bit word of the address in host (little-endian) order.
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, width // 2, 4))
+                found.add(str(ipaddress.ip_address(words)))
+    return found
 
 
 def wait_http(url: str, container: Container, timeout: float = 120) -> float:

@@ -26,7 +26,7 @@ from tritonclient.utils import np_to_triton_dtype
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.conftest import DEMO_IMAGES
-from tests.containers.docker import Container, docker, run, run_triton, wait_http
+from tests.containers.docker import Container, docker, listening_addresses, run, run_triton, wait_http
 from tests.helpers import judged
 from tests.images import image_file, reference_pixels
 from tests.kserve import assert_close
@@ -92,6 +92,13 @@ def test_the_image_pipelines_classify_a_jpeg_as_in_process(triton, protocol, tmp
         served = infer(protocol, triton, f"{model}_image", {"image": np.frombuffer(data, np.uint8)[None]})
         session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
         assert_close(served["scores"], session.run(["output"], {"input": reference_pixels(data)[None]})[0])
+
+
+def test_its_command_keeps_every_triton_port_on_loopback(triton):
+    """No TRITONNX_TRITON_HOST given: Triton, its metrics and the supervisor's listen on the container's loopback (the
+    host's here: it runs on the host's network), so only the facade beside it takes callers."""
+    for endpoint, port in triton.ports.items():
+        assert listening_addresses(port) == {"127.0.0.1"}, endpoint
 
 
 def test_it_runs_as_uid_1000_with_the_packages_the_venv_runs(triton):

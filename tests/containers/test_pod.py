@@ -3,8 +3,9 @@
 Both containers of the production overlay's pod, with the settings of their generated ConfigMaps,
 the pod's user and group, each container's securityContext turned into `docker run` flags, and the
 pod's two emptyDir volumes as host folders mounted into both (an emptyDir is shared by the pod's
-containers). Only the ports differ: free loopback ports instead of 8000-8002/50051/3000, since the
-containers run on the host's network.
+containers). Only the ports differ: free loopback ports instead of 8000-8003/50051/3000, and the addresses
+the pod IP would carry (the facade's, the metrics') are loopback too, since the containers run on the host's
+network. Triton's own address is the rendered one.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ from typing import Any
 import grpc
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
-from tests.containers.docker import Container, run, wait_http
+from tests.containers.docker import Container, listening_addresses, run, wait_http
 from tests.kserve import assert_close
 from tests.manifests import container, deployment_pod, environment, rendered
 from tests.serving import MODEL_REPOSITORY
 
-ADMIN_KEY = "pod-test"
+ADMIN_KEY, AUTH_TOKEN = "pod-test", "pod-test-token"
 
 
 def docker_flags(pod: dict[str, Any], spec: dict[str, Any], volumes: dict[str, Path]) -> tuple[str, ...]:
@@ -43,10 +45,10 @@ def docker_flags(pod: dict[str, Any], spec: dict[str, Any], volumes: dict[str, P
 
 
 def plain(env: dict[str, Any]) -> dict[str, str]:
-    """The container's variables with the Secret's value given (the test's admin key)."""
+    """The container's variables with the Secrets' values given (the test's admin key and token)."""
+    secrets = {"TRITONNX_ADMIN_KEY": ADMIN_KEY, "TRITONNX_AUTH_TOKEN": AUTH_TOKEN}
     values = {name: value for name, value in env.items() if isinstance(value, str)}
-    values["TRITONNX_ADMIN_KEY"] = ADMIN_KEY
-    return values
+    return values | {name: secrets[name] for name, value in env.items() if isinstance(value, dict)}
 
 
 def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_between_its_containers(images, tmp_path):
@@ -65,7 +67,7 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
 
     http, grpc_port, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
     triton_env = plain(environment(triton_spec, objects)) | {
-        "TRITONNX_TRITON_HOST": "127.0.0.1",
+        "TRITONNX_TRITON_METRICS_HOST": "127.0.0.1",
         "TRITONNX_TRITON_HTTP_PORT": str(http),
         "TRITONNX_TRITON_GRPC_PORT": str(grpc_port),
         "TRITONNX_TRITON_METRICS_PORT": str(metrics),
@@ -89,10 +91,19 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
         assert triton.exec("id", "-u").strip() == "1000"
         assert "Read-only file system" in triton.exec("sh", "-c", "touch /home/tritonnx/x 2>&1 || true")
 
+        # Triton as rendered: its inference ports on loopback only, and its exec probes pass in its container.
+        assert listening_addresses(http) == listening_addresses(grpc_port) == {"127.0.0.1"}
+        for kind in ("startupProbe", "livenessProbe"):
+            triton.exec(*triton_spec[kind]["exec"]["command"])  # fails the test on a non-zero exit
+
         data = np.random.default_rng(11).standard_normal((1, 3, 224, 224), dtype=np.float32)
+        request = inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=[1, 3, 224, 224])
         with grpc.insecure_channel(f"127.0.0.1:{facade_grpc}") as channel:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
-            reply = stub.Predict(inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=[1, 3, 224, 224]))
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Predict(request)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # the Secret's token is required
+            reply = stub.Predict(request, metadata=[("authorization", f"Bearer {AUTH_TOKEN}")])
         session = ort.InferenceSession(str(MODEL_REPOSITORY / "resnet50/1/model.onnx"),
                                        providers=["CPUExecutionProvider"])  # fmt: skip
         assert_close(np.array(reply.predictions, np.float32).reshape(1, 1000), session.run(None, {"input": data})[0])
