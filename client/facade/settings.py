@@ -195,7 +195,9 @@ class FacadeSettings:
         "only when one is answered and read, so a caller that stops reading is slowed by gRPC's flow control",
     )
     max_streams_per_connection: int = setting(
-        100, "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS)"
+        1024,
+        "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS); a client that opens more "
+        "before it learned the limit has the excess refused (REFUSED_STREAM, UNAVAILABLE to gRPC callers)",
     )
     request_timeout: float = setting(
         60.0,

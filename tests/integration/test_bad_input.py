@@ -311,7 +311,7 @@ CASES = [
         "non-numeric version ('latest')",
         "mobilenet_v3_small",
         lambda: raw(image(), model_version="latest"),
-        Expect("NOT_FOUND", ("model 'mobilenet_v3_small' version 'latest' is not served; ready models:",)),
+        Expect("INVALID_ARGUMENT", ("model_version 'latest' is not a version number",)),
         lambda: Direct("mobilenet_v3_small", [Tensor("input", image())], version="latest"),
         invalid("version string 'latest'", "version should be an integral value > 0"),
     ),

@@ -16,6 +16,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from backend.server.prometheus import scrape
+from bench.netfaults.stack import facade_regions as facade_regions_in_dev_shm
+from client.facade.shm import region_prefix
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics, wait_until
 from tests.kserve import assert_close, infer, reference_session
@@ -175,7 +177,9 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
 
 def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
     # A facade whose own cap is above resnet50's queue: the excess is refused by Triton, not by it.
-    own = start_facade(triton, tmp_path, "--max-in-flight", "1000")
+    own = start_facade(
+        triton, tmp_path, "--max-in-flight", "1000", "--max-receiving", "1000", "--max-in-flight-bytes", str(1 << 30)
+    )
     channel = grpc.insecure_channel(own.grpc_url)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     payload = image(seed=8).tobytes()
@@ -312,7 +316,7 @@ def facade_regions(triton_client, triton, facade) -> list[str]:
     regions = triton_client.get_system_shared_memory_status(headers=triton.admin_headers, as_json=True).get(
         "regions", {}
     )
-    return [name for name in regions if name == f"tritonnx_facade_{facade.process.pid}"]
+    return [name for name in regions if name.startswith(region_prefix(facade.process.pid))]
 
 
 def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade, stub, triton, triton_client):
@@ -366,7 +370,7 @@ def test_a_second_facade_on_a_taken_port_refuses_to_start(facade):
     _, stderr = refused.communicate(timeout=60)
     assert refused.returncode == 1
     assert f"cannot listen on 127.0.0.1:{facade.grpc_port}" in stderr
-    assert not os.path.exists(f"/dev/shm/tritonnx_facade_{refused.pid}"), "the refused facade left its shared memory"
+    assert not facade_regions_in_dev_shm(refused.pid), "the refused facade left its shared memory"
 
 
 def test_sigterm_turns_health_off_and_drains_in_flight_calls(triton, tmp_path):

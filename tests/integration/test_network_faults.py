@@ -20,7 +20,7 @@ import pytest
 from bench.load.loops import run_load
 from bench.load.stats import OK
 from bench.netfaults.link import unavailable
-from bench.netfaults.stack import DEADLINE_S, FAULTS, NetStack, left_in_dev_shm
+from bench.netfaults.stack import DEADLINE_S, FAULTS, NetStack, facade_regions, left_in_dev_shm
 from tests.helpers import metrics, wait_until
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
@@ -44,7 +44,7 @@ def test_inputs_cross_into_tritons_namespace_through_shared_memory(stack: NetSta
     for facade in stack.facades:
         assert stack.answer(facade), f"the {facade} facade did not answer right"
     # Each facade's region is registered with Triton: the namespace separates the network, not /dev/shm.
-    assert stack.regions() == {f"tritonnx_facade_{facade.pid}" for facade in stack.facades.values()}
+    assert stack.regions() == {name for facade in stack.facades.values() for name in facade_regions(facade.pid)}
     assert stack.leaks() == []
     for facade in stack.facades.values():  # the gauge the leak check reads is there (a missing one reads 0)
         assert "tritonnx_facade_shm_slots_in_use" in {name for name, _, _ in metrics(facade.http_url).samples}
