@@ -2,9 +2,10 @@
 
 Two stages, because a call's body arrives after the call starts and may never arrive:
 
-* a call waiting for its body holds a receive place (`receiving`), at most `max_receiving` of them, for at most the
-  body deadline: a caller that opens calls and sends nothing (or slowly) ties up places it cannot take from
-  anyone else;
+* a call waiting for its body holds a receive place (`receive_place`), at most `max_receiving` of them and at most
+  `max_receiving_per_connection` for one connection, for at most the body deadline: a caller that opens calls and
+  sends nothing (or slowly) ties up places, never the slots of calls whose body arrived, and from one connection
+  never every place;
 * a call whose body arrived holds an in-flight slot and its body's bytes (`admit`) until it is answered: at most
   `limit` calls and `max_bytes` bytes. The last quarter of the slots is kept for high-priority requests
   (PredictRequest.priority 1, Triton's highest level), so under an overload of others they still get in.
@@ -35,16 +36,25 @@ class Admission:
     HIGH_PRIORITY = HIGH_PRIORITY
 
     def __init__(
-        self, limit: int, retry_after_ms: int, metrics: FacadeMetrics, max_bytes: int = 0, max_receiving: int = 0
+        self,
+        limit: int,
+        retry_after_ms: int,
+        metrics: FacadeMetrics,
+        max_bytes: int = 0,
+        max_receiving: int = 0,
+        max_receiving_per_connection: int = 0,
     ) -> None:
-        """`max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots."""
+        """`max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots; a connection
+        may hold every place when `max_receiving_per_connection` is 0."""
         self.limit = limit
         self.high_priority_reserve = limit // 4
         self.max_bytes = max_bytes
         self.max_receiving = max_receiving or limit
+        self.max_receiving_per_connection = max_receiving_per_connection or self.max_receiving
         self.in_flight = 0
         self.in_flight_bytes = 0
         self.receiving = 0
+        self._receiving_by_connection: dict[str, int] = {}  # only connections with a call waiting: bounded
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self._metrics = metrics
 
@@ -54,16 +64,30 @@ class Admission:
         )
 
     @contextmanager
-    def receive_place(self) -> Iterator[None]:
-        """Held while a call's body is awaited; Overloaded at once when every place is taken."""
+    def receive_place(self, connection: str = "") -> Iterator[None]:
+        """Held while a call's body is awaited; Overloaded at once when every place, or the connection's share, is taken.
+
+        `connection`: the call's peer (gRPC's address:port of the caller's end), which tells connections apart.
+        """
         if self.receiving >= self.max_receiving:
             raise self._overloaded(f"the server is waiting for the bodies of its limit of {self.max_receiving} calls")
+        mine = self._receiving_by_connection.get(connection, 0)
+        if mine >= self.max_receiving_per_connection:
+            raise self._overloaded(
+                f"this connection has {mine} calls waiting for their body, its limit: send their bodies first"
+            )
         self.receiving += 1
+        self._receiving_by_connection[connection] = mine + 1
         self._metrics.receiving.set(self.receiving)
         try:
             yield
         finally:
             self.receiving -= 1
+            left = self._receiving_by_connection[connection] - 1
+            if left:
+                self._receiving_by_connection[connection] = left
+            else:
+                del self._receiving_by_connection[connection]
             self._metrics.receiving.set(self.receiving)
 
     def admit(self, nbytes: int, priority: int) -> Ticket:

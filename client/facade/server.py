@@ -137,6 +137,7 @@ class Facade:
                 self.metrics,
                 max_bytes=settings.max_in_flight_bytes,
                 max_receiving=settings.max_receiving,
+                max_receiving_per_connection=settings.max_receiving_per_connection,
             ),
             self.metrics,
             body_timeout=settings.body_timeout,

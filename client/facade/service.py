@@ -236,7 +236,7 @@ class InferenceServicer:
 
         async def handle(_requests: object, context: grpc.aio.ServicerContext) -> Any:
             async def receive() -> Any:
-                with self.admission.receive_place():
+                with self.admission.receive_place(context.peer()):
                     try:
                         request = await asyncio.wait_for(context.read(), self.body_timeout)
                     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on; the NGC image has 3.10

@@ -175,6 +175,11 @@ class FacadeSettings:
         128,
         "calls started whose body has not arrived yet; beyond it new calls get RESOURCE_EXHAUSTED at once",
     )
+    max_receiving_per_connection: int = setting(
+        32,
+        "calls of one connection whose body has not arrived yet; beyond it that connection's new calls get "
+        "RESOURCE_EXHAUSTED at once",
+    )
     body_timeout: float = setting(
         10.0,
         "seconds a call's body may take to arrive from the call's start (else DEADLINE_EXCEEDED): a caller that opens "

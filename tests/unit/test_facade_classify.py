@@ -120,6 +120,9 @@ class Context:
     def invocation_metadata(self):
         return ()
 
+    def peer(self):
+        return "ipv4:127.0.0.1:40000"
+
     async def abort(self, code, message, trailing_metadata=()):
         self.aborted = (code, message)
         raise Aborted

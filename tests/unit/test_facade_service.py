@@ -63,6 +63,18 @@ def test_receive_places_are_counted_apart_from_the_slots():
     assert admission.receiving == 0
 
 
+def test_one_connection_holds_at_most_its_share_of_the_receive_places():
+    admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=8,
+                          max_receiving_per_connection=2)  # fmt: skip
+    with admission.receive_place("ipv4:10.0.0.1:5000"), admission.receive_place("ipv4:10.0.0.1:5000"):
+        with pytest.raises(errors.Overloaded, match="this connection has 2 calls waiting for their body"):
+            with admission.receive_place("ipv4:10.0.0.1:5000"):
+                pass
+        with admission.receive_place("ipv4:10.0.0.1:5001"):  # another connection of the same host
+            assert admission.receiving == 3
+    assert admission.receiving == 0 and admission._receiving_by_connection == {}
+
+
 def test_generated_protobuf_code_is_current(tmp_path):
     """`make proto` output matches client/proto/inference.proto as it is now."""
     from client.proto import inference_pb2
