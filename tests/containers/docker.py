@@ -89,7 +89,9 @@ def listening_addresses(port: int) -> set[str]:
                 raw = bytes.fromhex(address)
                 # The kernel prints each 32-bit word of the address in host (little-endian) order.
                 words = b"".join(raw[i : i + 4][::-1] for i in range(0, width // 2, 4))
-                found.add(str(ipaddress.ip_address(words)))
+                ip = ipaddress.ip_address(words)
+                # gRPC listens on an IPv6 socket with the IPv4 address mapped into it (::ffff:127.0.0.1).
+                found.add(str(getattr(ip, "ipv4_mapped", None) or ip))
     return found
 
 
