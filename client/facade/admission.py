@@ -44,8 +44,11 @@ class Admission:
         max_receiving: int = 0,
         max_receiving_per_connection: int = 0,
     ) -> None:
-        """`max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots; a connection
-        may hold every place when `max_receiving_per_connection` is 0."""
+        """Zeros mean no bound of their own.
+
+        `max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots;
+        `max_receiving_per_connection` 0: a connection may hold every place.
+        """
         self.limit = limit
         self.high_priority_reserve = limit // 4
         self.max_bytes = max_bytes

@@ -14,6 +14,8 @@ from client.serve import ServeSettings, arguments
 ENVIRONMENT = {
     "model_repository": "TRITONNX_MODEL_REPOSITORY",
     "host": "TRITONNX_TRITON_HOST",
+    "http_host": "TRITONNX_TRITON_HTTP_HOST",
+    "metrics_host": "TRITONNX_TRITON_METRICS_HOST",
     "http_port": "TRITONNX_TRITON_HTTP_PORT",
     "grpc_port": "TRITONNX_TRITON_GRPC_PORT",
     "metrics_port": "TRITONNX_TRITON_METRICS_PORT",
