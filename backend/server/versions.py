@@ -18,13 +18,19 @@ Numbers are never reused (clients and the facade's result cache remember what a 
 next version is one above every number ever used, in the repository, retired, failed or recorded.
 
 A publish survives being killed at any step. Before anything appears in the model's folder it records
-its intent, `<model>/.publish/<n>.intent`, and only once Triton has reported the version READY does it
-record `<n>.published` (and drop the intent). A version with an intent and no published record was
-never confirmed: a server started over the repository (`recover_repository`, before tritonserver
-starts), the supervisor before it restarts or reloads a model, and the next publish move it to
-`failed/<n>/` and clear its intent, so that Triton's `--load-model=*` never serves it unchecked. A
-version without an intent (put there by hand) is never touched. Every rename and record that matters
-is fsynced with its folder, so the on-disk state after a power loss is one of the states a kill leaves.
+its intent in `<repository>/.<model>.publish.json`, and only once Triton has reported the version READY
+does it record it as published there (and drop the intent). A version with an intent and no published
+record was never confirmed: a server started over the repository (`recover_repository`, before
+tritonserver starts), the supervisor before it restarts or reloads a model, and the next publish move it
+to `failed/<n>/` and clear its intent, so that Triton's `--load-model=*` never serves it unchecked. A
+version without an intent (put there by hand) is never touched. Every rename and record that matters is
+fsynced with its folder, so the state after a power loss is one of the states a kill leaves.
+
+The records are a file beside the model folders, not in them: Triton 2.51 takes only folders of the
+repository as models, and reloads every served version of a model at its next load when any entry of the
+model's folder other than config.pbtxt and the version folders changed (mtime or ctime) since its last
+load. So a publish changes nothing there but its own version folder; moving a version to `failed/` (or to
+`retired/`) does, and the next load of the model starts its served versions anew beside the old ones.
 
 Triton, in explicit model-control mode, loads what the model's `version_policy` selects from those
 folders whenever it is asked to load the model; what it did is read back from its repository index.
@@ -58,9 +64,7 @@ from backend.server.signature import Signature, SignatureError, check_onnx, chec
 RETIRED = "retired"
 FAILED = "failed"
 STAGING_PREFIX = ".staging-"
-RECORDS = ".publish"  # <n>.intent and <n>.published, one pair per publish
-INTENT = ".intent"
-PUBLISHED = ".published"
+RECORDS_SUFFIX = ".publish.json"  # <repository>/.<model>.publish.json: {"intents": {n: ...}, "published": [n, ...]}
 LOCK_FILE = ".versions.lock"
 # `list`'s place of a version in the repository whose publish has not finished (under way, or killed).
 UNFINISHED = "unfinished"
@@ -108,13 +112,27 @@ class ModelFolder:
     def failed(self) -> list[int]:
         return _numbered(self.path / FAILED)
 
+    @property
+    def records_file(self) -> Path:
+        return self.path.parent / f".{self.name}{RECORDS_SUFFIX}"
+
+    def records(self) -> dict:
+        """The publish records: `intents` (version -> who started it, when, from which file) and `published`."""
+        try:
+            records = json.loads(self.records_file.read_text())
+        except FileNotFoundError:
+            records = {}
+        except (OSError, ValueError) as error:
+            raise VersionError(f"cannot read {self.records_file}: {error}") from None
+        return {"intents": records.get("intents", {}), "published": records.get("published", [])}
+
     def intents(self) -> list[int]:
         """Versions whose publish started and has not been settled (published, failed or set aside)."""
-        return _recorded(self.path / RECORDS, INTENT)
+        return sorted(int(n) for n in self.records()["intents"])
 
     def published(self) -> list[int]:
         """Versions Triton reported READY when they were published."""
-        return _recorded(self.path / RECORDS, PUBLISHED)
+        return sorted(int(n) for n in self.records()["published"])
 
     def next_version(self) -> int:
         used = self.versions() + self.retired() + self.failed() + self.intents() + self.published()
@@ -185,23 +203,24 @@ class ModelFolder:
 
     def record_intent(self, number: int, source: Path) -> None:
         """Record that version `number` is being published, before anything of it appears in the folder."""
-        records = self.path / RECORDS
-        if not records.is_dir():
-            records.mkdir()
-            _fsync_dir(self.path)
-        intent = {"version": number, "source": str(source), "pid": os.getpid(), "started": _now()}
-        _write_synced(records / f"{number}{INTENT}", json.dumps(intent) + "\n")
+        records = self.records()
+        records["intents"][str(number)] = {"source": str(source), "pid": os.getpid(), "started": _now()}
+        self._write_records(records)
 
     def record_published(self, number: int) -> None:
-        """Record that Triton reported version `number` READY, then drop its intent."""
-        _write_synced(
-            self.path / RECORDS / f"{number}{PUBLISHED}", json.dumps({"version": number, "published": _now()}) + "\n"
-        )
-        self._clear_intent(number)
+        """Record that Triton reported version `number` READY, and drop its intent (one write: both or neither)."""
+        records = self.records()
+        records["intents"].pop(str(number), None)
+        records["published"] = sorted({*records["published"], number})
+        self._write_records(records)
 
     def _clear_intent(self, number: int) -> None:
-        (self.path / RECORDS / f"{number}{INTENT}").unlink(missing_ok=True)
-        _fsync_dir(self.path / RECORDS)
+        records = self.records()
+        if records["intents"].pop(str(number), None) is not None:
+            self._write_records(records)
+
+    def _write_records(self, records: dict) -> None:
+        _write_synced(self.records_file, json.dumps(records, indent=1, sort_keys=True) + "\n")
 
     def set_aside(self, number: int) -> Path | None:
         """Move version `number` (or its staging folder) to `failed/<n>/` in one rename and clear its intent.
@@ -229,13 +248,9 @@ class ModelFolder:
 
         The caller holds the lock, so no publish is under way. Returns the versions set aside.
         """
-        published = set(self.published())
         set_aside = []
         for number in self.intents():
-            if number in published:  # killed between its two records: it was published
-                self._clear_intent(number)
-                continue
-            started = _intent_text(self.path, number)
+            started = _intent_text(self.records()["intents"][str(number)])
             moved = self.set_aside(number)
             set_aside.append(number)
             log(
@@ -257,16 +272,18 @@ def recover_repository(repository: Path, log: Log = logger.warning) -> list[tupl
     read-only repository is fine. Returns the (model, version) pairs set aside.
     """
     set_aside: list[tuple[str, int]] = []
-    for config in sorted(repository.glob(f"*/{CONFIG_FILE}")):
-        set_aside += [(config.parent.name, n) for n in recover_model(ModelFolder(config.parent), log)]
+    for records in sorted(repository.glob(f".*{RECORDS_SUFFIX}")):
+        folder = ModelFolder(repository / records.name[1 : -len(RECORDS_SUFFIX)])
+        if folder.path.is_dir():
+            set_aside += [(folder.name, n) for n in recover_model(folder, log)]
     return set_aside
 
 
 def recover_model(folder: ModelFolder, log: Log = logger.warning) -> list[int]:
     """`ModelFolder.recover` under the model's lock, when it is free and there is something to settle."""
-    if not folder.intents():
-        return []
     try:
+        if not folder.intents():
+            return []
         with folder.locked(wait=False):
             return folder.recover(log)
     except Busy:
@@ -276,23 +293,12 @@ def recover_model(folder: ModelFolder, log: Log = logger.warning) -> list[int]:
     return []
 
 
-def _intent_text(model_dir: Path, number: int) -> str:
-    try:
-        intent = json.loads((model_dir / RECORDS / f"{number}{INTENT}").read_text())
-        return f"started {intent['started']} by process {intent['pid']} from {intent['source']}"
-    except (OSError, ValueError, KeyError):
-        return "its intent record is unreadable"
+def _intent_text(intent: dict) -> str:
+    return f"started {intent.get('started')} by process {intent.get('pid')} from {intent.get('source')}"
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
-
-
-def _recorded(records: Path, suffix: str) -> list[int]:
-    if not records.is_dir():
-        return []
-    stems = (p.name[: -len(suffix)] for p in records.iterdir() if p.name.endswith(suffix))
-    return sorted(int(stem) for stem in stems if stem.isdigit())
 
 
 def _fsync_dir(path: Path) -> None:

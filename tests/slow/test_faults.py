@@ -1,7 +1,8 @@
 """Faults, healed without a person: a stub killed with -9, tritonserver killed or terminated, a
-model that hangs. These break the server on purpose, so they run against a tritonserver of their
-own (mobilenet_v3_small and the sleeping test model), supervised as `make serve` supervises it,
-with a facade in front."""
+model that hangs, a stub that hangs or is stopped (the watchdog). These break the server on
+purpose, so they run against a tritonserver of their own (mobilenet_v3_small and the sleeping
+test model, twice: once with a queue timeout, once as `stalling` with none and a 2 s watchdog),
+supervised as `make serve` supervises it, with a facade in front."""
 
 from __future__ import annotations
 
@@ -19,13 +20,15 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from backend.server.prometheus import scrape
 from backend.server.repository import link_models
 from backend.server.stack import ServingStack
-from backend.server.supervisor import Stub, TritonSupervisor, live_stubs
+from backend.server.supervisor import WATCHDOG_PARAMETER, Stub, TritonSupervisor, live_stubs
 from backend.server.triton import TritonServer
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import time_of, wait_until
@@ -35,6 +38,16 @@ from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_f
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]
 TEST_MODELS = Path(__file__).parents[1] / "models"
+# The sleeping model without its queue timeout (requests wait behind a hung instance for as long as it hangs), and a
+# watchdog of 2 s: the supervisor kills its stubs once requests waited that long without an execution finishing.
+STALLING = "stalling"
+WATCHDOG_SECONDS = 2
+STALLING_CONFIG = (
+    "\n".join(
+        line for line in (TEST_MODELS / "slow" / "config.pbtxt").read_text().splitlines() if "queue_policy" not in line
+    )
+    + f'\nparameters {{ key: "{WATCHDOG_PARAMETER}" value: {{ string_value: "{WATCHDOG_SECONDS}" }} }}\n'
+)
 
 
 @dataclass
@@ -48,7 +61,11 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
-    repository = link_models(workdir / "repository", {"slow": TEST_MODELS / "slow", MODEL: MODEL_REPOSITORY / MODEL})
+    repository = link_models(
+        workdir / "repository",
+        {"slow": TEST_MODELS / "slow", STALLING: TEST_MODELS / "slow", MODEL: MODEL_REPOSITORY / MODEL},
+        {STALLING: STALLING_CONFIG},
+    )
     serving = ServingStack(
         repository,
         workdir,
@@ -295,3 +312,91 @@ def test_health_turns_unhealthy_while_the_default_model_hangs(stack, tmp_path):
         wait_until(lambda: facade.health()[0] == 200, 10, "the facade healthy again")
     finally:
         facade.stop()
+
+
+def infer(stack: Stack, model: str, value: float) -> str:
+    """Triton's answer to one request of the sleeping model, sent without a deadline: "OK" or "<status>: <message>"."""
+    tensor = grpcclient.InferInput("milliseconds", [1, 1], "FP32")
+    tensor.set_data_from_numpy(np.array([[value]], np.float32))
+    with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        try:
+            client.infer(model, [tensor])
+        except InferenceServerException as error:
+            return f"{error.status()}: {error.message()}"
+    return "OK"
+
+
+def pending(stack: Stack, model: str) -> float:
+    return scrape(stack.triton.metrics_url).value("nv_inference_pending_request_count", model=model)
+
+
+def kills(stack: Stack, model: str) -> float:
+    return (
+        stack.supervisor.metrics.registry.get_sample_value("tritonnx_supervisor_watchdog_kills_total", {"model": model})
+        or 0.0
+    )
+
+
+def serves_again(stack: Stack) -> bool:
+    return infer(stack, STALLING, 1) == "OK"
+
+
+def test_the_watchdog_kills_a_hung_stub_whose_requests_wait_and_the_model_serves_again(stack):
+    """The stub hangs in `execute` (it holds a request and answers Triton's health checks): without the watchdog,
+    the held request and the one queued behind it would wait forever."""
+    folder = stack.triton.model_repository / STALLING
+    before, reloads = kills(stack, STALLING), len(stack.supervisor.reloads)
+    [hung] = model_stubs(stack.triton, STALLING)
+    (folder / "hold").touch()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(infer, stack, STALLING, HOLD[0, 0])
+            wait_until((folder / "holding").exists, 30, "the stub holding a request")
+            queued = pool.submit(infer, stack, STALLING, 1)
+            wait_until(lambda: pending(stack, STALLING) == 1, 30, "a request waiting behind it")
+            wait_until(lambda: kills(stack, STALLING) > before, 30, "the watchdog's kill")
+            assert not psutil.pid_exists(hung.pid) or psutil.Process(hung.pid).status() == psutil.STATUS_ZOMBIE
+            # Both requests end: the held one fails with its killed stub, the queued one is answered or fails.
+            held_answer, queued_answer = held.result(timeout=60), queued.result(timeout=60)
+    finally:
+        (folder / "hold").unlink()
+    assert held_answer.startswith("StatusCode.INTERNAL: "), held_answer
+    assert queued_answer == "OK" or queued_answer.startswith("StatusCode.INTERNAL: "), queued_answer
+    [(_, stall)] = [k for k in stack.supervisor.watchdog_kills if k[1].version[0] == STALLING][-1:]
+    assert stall.pending == 1 and stall.limit == WATCHDOG_SECONDS
+    wait_until(lambda: len(stack.supervisor.reloads) > reloads, 30, "the supervisor's reload")
+    assert stack.supervisor.reloads[-1][1] == STALLING
+    wait_until(lambda: serves_again(stack), 60, "the model serving again", 0.2)
+
+
+def test_the_watchdog_kills_a_stopped_stub_and_the_model_serves_again(stack):
+    """Triton 2.51 fails each request it hands a stopped stub after a second ("Stub process ... is not healthy"),
+    so nothing hangs, but the model fails every request for as long as the stub stays stopped."""
+    folder = stack.triton.model_repository / STALLING
+    before = kills(stack, STALLING)
+    wait_until(lambda: len(model_stubs(stack.triton, STALLING)) == 1, 30, "one stub")
+    [stub] = model_stubs(stack.triton, STALLING)
+    (folder / "hold").touch()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(infer, stack, STALLING, HOLD[0, 0])
+            wait_until((folder / "holding").exists, 30, "the stub holding a request")
+            os.kill(stub.pid, signal.SIGSTOP)
+            queued = pool.submit(infer, stack, STALLING, 1)
+            answers = [held.result(timeout=60), queued.result(timeout=60)]
+        wait_until(lambda: kills(stack, STALLING) > before, 30, "the watchdog's kill")
+    finally:
+        (folder / "hold").unlink()
+        kill_if_stopped(stub)
+    for answer in answers:
+        assert answer.startswith("StatusCode.INTERNAL: ") and "is not healthy" in answer, answer
+    wait_until(lambda: serves_again(stack), 60, "the model serving again", 0.2)
+
+
+def kill_if_stopped(stub: Stub) -> None:
+    """Never SIGCONT a stopped stub: tritonserver 2.51 crashed when one resumed."""
+    try:
+        if psutil.Process(stub.pid).status() == psutil.STATUS_STOPPED:
+            os.kill(stub.pid, signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass

@@ -122,7 +122,8 @@ class Serving:
         )
 
     def version_folders(self) -> list[str]:
-        return sorted(p.name for p in self.folder.iterdir() if p.is_dir())
+        """The model's folders an operator sees (hidden ones, the publish records and staging, left out)."""
+        return sorted(p.name for p in self.folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 @pytest.fixture(scope="module")
@@ -321,8 +322,9 @@ def test_refused_publishes_under_load_fail_no_request_and_leave_the_served_versi
         assert failed.returncode == 1
         assert failed.stderr.startswith(f"error: Triton could not load version 3 of {M}: load failed for model '{M}'")
         assert "At:" not in failed.stderr  # no Python traceback
-        assert f"version 3 was removed from the repository; {M} serves version 1" in failed.stderr
-        assert serving.version_folders() == before  # nothing half-made left behind
+        assert f"version 3 was moved to failed/3 (its number is not used again); {M} serves version 1" in failed.stderr
+        assert serving.version_folders() == sorted([*before, "failed"])  # nothing half-made left in Triton's sight
+        assert (serving.folder / "failed" / "3" / "model.onnx").is_file()
     load.assert_all_answered_right()
     print(f"refused publishes: {json.dumps(load.report())}")
     for target in load.targets:
@@ -348,21 +350,21 @@ def predict(stub, image: np.ndarray, version: str = "") -> inference_pb2.Predict
 
 def test_a_stub_killed_right_after_a_swap_is_healed_and_the_same_version_serves(serving):
     reloads = len(serving.stack.supervisor.reloads)
-    serving.publish("3", mobilenet(serving.files / "seed2.onnx", seed=2))
-    [victim, *_] = instance_stubs(serving, "3")
+    serving.publish("4", mobilenet(serving.files / "seed2.onnx", seed=2))
+    [victim, *_] = instance_stubs(serving, "4")
     killed = time.monotonic()
     os.kill(victim.pid, signal.SIGKILL)
     healed = time_of(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
-    print(f"stub of version 3 killed right after the swap: reloaded after {healed - killed:.2f}s")
+    print(f"stub of version 4 killed right after the swap: reloaded after {healed - killed:.2f}s")
     assert serving.stack.supervisor.reloads[-1][1] == M
     wait_until(
-        lambda: serving.ready_versions() == ["3"] and len(instance_stubs(serving, "3")) == 2, 30, "version 3 again"
+        lambda: serving.ready_versions() == ["4"] and len(instance_stubs(serving, "4")) == 2, 30, "version 4 again"
     )
     stub = facade_stub(serving)
-    for index, image in enumerate(IMAGES * 2):  # every instance answers, from version 3
+    for index, image in enumerate(IMAGES * 2):  # every instance answers, from version 4
         answer = predict(stub, image)
-        assert answer.model_version == "3"
-        assert_close(np.array(answer.predictions, np.float32), serving.expected["3"][index % len(IMAGES)])
+        assert answer.model_version == "4"
+        assert_close(np.array(answer.predictions, np.float32), serving.expected["4"][index % len(IMAGES)])
 
 
 def test_the_facade_cache_names_the_version_of_every_answer_across_a_swap(serving, tmp_path):
@@ -374,28 +376,28 @@ def test_the_facade_cache_names_the_version_of_every_answer_across_a_swap(servin
     )
     try:
         stub = inference_pb2_grpc.InferenceServiceStub(grpc.insecure_channel(facade.grpc_url))
-        answers = [predict(stub, IMAGES[0])]  # computed by 3, then kept
-        serving.publish("4", mobilenet(serving.files / "seed3.onnx", seed=3))
-        answers += [predict(stub, IMAGES[0])]  # may be the kept answer of 3, named 3
-        answers += [predict(stub, IMAGES[1])]  # a miss: computed by 4, and the facade learns that 4 serves
+        answers = [predict(stub, IMAGES[0])]  # computed by 4, then kept
+        serving.publish("5", mobilenet(serving.files / "seed3.onnx", seed=3))
+        answers += [predict(stub, IMAGES[0])]  # may be the kept answer of 4, named 4
+        answers += [predict(stub, IMAGES[1])]  # a miss: computed by 5, and the facade learns that 5 serves
         answers += [predict(stub, IMAGES[0]) for _ in range(2)]
         for answer, image in zip(answers, [0, 0, 1, 0, 0], strict=True):
             assert_close(np.array(answer.predictions, np.float32), serving.expected[answer.model_version][image])
         print(f"cached facade across the swap: versions named {[a.model_version for a in answers]}")
-        assert [a.model_version for a in answers][2:] == ["4", "4", "4"]
+        assert [a.model_version for a in answers][2:] == ["5", "5", "5"]
     finally:
         facade.stop()
 
 
 def test_two_versions_side_by_side_are_listed_and_routed_by_version(serving):
     (serving.folder / "config.pbtxt").write_text(CONFIG + TWO_VERSIONS)
-    serving.publish("5", mobilenet(serving.files / "seed4.onnx", seed=4))
-    assert serving.ready_versions() == ["4", "5"]
+    serving.publish("6", mobilenet(serving.files / "seed4.onnx", seed=4))
+    assert serving.ready_versions() == ["5", "6"]
     listed = facade_stub(serving).ListModels(inference_pb2.ListModelsRequest(ready_only=True), timeout=30)
     mine = [
         (m.version, m.state, [t.name for t in m.inputs], list(m.outputs[0].shape)) for m in listed.models if m.name == M
     ]
-    assert mine == [("4", "READY", ["input"], [-1, 1000]), ("5", "READY", ["input"], [-1, 1000])]
+    assert mine == [("5", "READY", ["input"], [-1, 1000]), ("6", "READY", ["input"], [-1, 1000])]
     health = subprocess.run(
         [sys.executable, "-m", "client.triton_health", "--url", serving.stack.triton.grpc_url, "--model", M, "--json"],
         env={**os.environ, ADMIN_KEY_ENV: serving.stack.triton.admin_key},
@@ -405,60 +407,60 @@ def test_two_versions_side_by_side_are_listed_and_routed_by_version(serving):
     )
     [model] = json.loads(health.stdout)["models"]
     ready = sorted(v["version"] for v in model["versions"] if v.get("state") == "READY")
-    assert ready == ["4", "5"] and model["default_version"] == "5", model["versions"]
+    assert ready == ["5", "6"] and model["default_version"] == "6", model["versions"]
     listing = serving.models("list", M)
-    assert "4        repository  READY\n" in listing.stdout
-    assert "5        repository  READY  <- serves requests without a version" in listing.stdout
+    assert "5        repository  READY\n" in listing.stdout
+    assert "6        repository  READY  <- serves requests without a version" in listing.stdout
 
     stub = facade_stub(serving)
     with grpcclient.InferenceServerClient(serving.stack.triton.grpc_url) as direct:
-        for version in ("4", "5", ""):
+        for version in ("5", "6", ""):
             for index, image in enumerate(IMAGES):
                 answer = predict(stub, image, version)
-                assert answer.model_version == (version or "5")
+                assert answer.model_version == (version or "6")
                 assert_close(np.array(answer.predictions, np.float32), serving.expected[answer.model_version][index])
                 tensor = grpcclient.InferInput("input", list(image.shape), "FP32")
                 tensor.set_data_from_numpy(image)
                 result = direct.infer(M, [tensor], model_version=version)
-                assert result.get_response().model_version == (version or "5")
-                assert_close(result.as_numpy("output").ravel(), serving.expected[version or "5"][index])
+                assert result.get_response().model_version == (version or "6")
+                assert_close(result.as_numpy("output").ravel(), serving.expected[version or "6"][index])
 
 
 def test_a_signature_change_beside_the_old_version_is_served_and_healed_per_version(serving):
-    """Version 6 takes 160x160 images and answers `scores`, beside version 5 (224x224, `output`). The
-    facade, holding version 5's metadata, follows at once; a stub of 5 killed afterwards is healed
+    """Version 7 takes 160x160 images and answers `scores`, beside version 6 (224x224, `output`). The
+    facade, holding version 6's metadata, follows at once; a stub of 6 killed afterwards is healed
     with each version keeping its own signature."""
     stub = facade_stub(serving)
-    predict(stub, IMAGES[0])  # the facade holds the metadata of 5
+    predict(stub, IMAGES[0])  # the facade holds the metadata of 6
     small = [np.random.default_rng(seed).standard_normal((1, 3, 160, 160), dtype=np.float32) for seed in range(4)]
-    v6 = mobilenet(serving.files / "seed5_160.onnx", seed=5, pixels=160, output="scores")
-    serving.expected["6"] = outputs_of(v6, small)
-    wait_until(lambda: len(instance_stubs(serving, "5")) == 2, 30, "version 5's instances alone")
-    stubs_of_5 = {s.pid for s in instance_stubs(serving, "5")}
-    done = serving.models("publish", M, v6, "--allow-signature-change")
+    v7 = mobilenet(serving.files / "seed5_160.onnx", seed=5, pixels=160, output="scores")
+    serving.expected["7"] = outputs_of(v7, small)
+    wait_until(lambda: len(instance_stubs(serving, "6")) == 2, 30, "version 6's instances alone")
+    stubs_of_6 = {s.pid for s in instance_stubs(serving, "6")}
+    done = serving.models("publish", M, v7, "--allow-signature-change")
     assert done.returncode == 0, done.stderr
     assert "the signature changes (--allow-signature-change)" in done.stdout
-    assert serving.ready_versions() == ["5", "6"]
-    assert {s.pid for s in instance_stubs(serving, "5")} == stubs_of_5  # loading 6 left 5 alone
+    assert serving.ready_versions() == ["6", "7"]
+    assert {s.pid for s in instance_stubs(serving, "6")} == stubs_of_6  # loading 7 left 6 alone
     for index, image in enumerate(small):
         answer = predict(stub, image)  # within the facade's 30 s metadata TTL
-        assert answer.model_version == "6"
-        assert_close(np.array(answer.predictions, np.float32), serving.expected["6"][index])
+        assert answer.model_version == "7"
+        assert_close(np.array(answer.predictions, np.float32), serving.expected["7"][index])
 
     reloads = len(serving.stack.supervisor.reloads)
-    [victim, *_] = instance_stubs(serving, "5")
+    [victim, *_] = instance_stubs(serving, "6")
     os.kill(victim.pid, signal.SIGKILL)
     wait_until(lambda: len(serving.stack.supervisor.reloads) > reloads, 15, "the supervisor's reload")
     wait_until(
-        lambda: len(instance_stubs(serving, "5")) == 2 and len(instance_stubs(serving, "6")) == 2, 30, "both again"
+        lambda: len(instance_stubs(serving, "6")) == 2 and len(instance_stubs(serving, "7")) == 2, 30, "both again"
     )
-    assert serving.ready_versions() == ["5", "6"]
+    assert serving.ready_versions() == ["6", "7"]
     with grpcclient.InferenceServerClient(serving.stack.triton.grpc_url) as direct:
-        configs = {v: direct.get_model_config(M, v, as_json=True)["config"] for v in ("5", "6")}
-    assert [(t["name"], t["dims"]) for t in configs["5"]["input"]] == [("input", ["3", "224", "224"])]
-    assert [(t["name"], t["dims"]) for t in configs["6"]["input"]] == [("input", ["3", "160", "160"])]
+        configs = {v: direct.get_model_config(M, v, as_json=True)["config"] for v in ("6", "7")}
+    assert [(t["name"], t["dims"]) for t in configs["6"]["input"]] == [("input", ["3", "224", "224"])]
+    assert [(t["name"], t["dims"]) for t in configs["7"]["input"]] == [("input", ["3", "160", "160"])]
     for index in range(len(IMAGES) * 2):  # both instances of each version answer right
-        old = predict(stub, IMAGES[index % 4], "5")
-        assert_close(np.array(old.predictions, np.float32), serving.expected["5"][index % 4])
-        new = predict(stub, small[index % 4], "6")
-        assert_close(np.array(new.predictions, np.float32), serving.expected["6"][index % 4])
+        old = predict(stub, IMAGES[index % 4], "6")
+        assert_close(np.array(old.predictions, np.float32), serving.expected["6"][index % 4])
+        new = predict(stub, small[index % 4], "7")
+        assert_close(np.array(new.predictions, np.float32), serving.expected["7"][index % 4])

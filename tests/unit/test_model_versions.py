@@ -30,7 +30,6 @@ from backend.server.signature import (
 )
 from backend.server.versions import (
     FAILED,
-    RECORDS,
     RETIRED,
     STAGING_PREFIX,
     ModelFolder,
@@ -190,11 +189,11 @@ def test_version_numbers_are_never_reused(tmp_path):
     (folder.path / FAILED / "6").mkdir(parents=True)
     assert folder.failed() == [6] and folder.next_version() == 7
     # A publish under way holds its number; one published stays recorded, even if its folder is deleted by hand.
-    (folder.path / RECORDS).mkdir()
-    (folder.path / RECORDS / "7.intent").write_text("{}")
-    assert folder.next_version() == 8
-    (folder.path / RECORDS / "8.published").write_text("{}")
-    assert folder.next_version() == 9
+    folder.record_intent(7, tmp_path / "new.onnx")
+    assert folder.intents() == [7] and folder.next_version() == 8
+    folder.record_published(8)
+    assert folder.published() == [8] and folder.next_version() == 9
+    assert folder.records_file == tmp_path / ".m.publish.json"  # beside the model folders, not in one
 
 
 def test_an_unknown_model_names_the_ones_there(tmp_path):
@@ -482,15 +481,6 @@ def test_a_publish_killed_at_any_step_is_set_aside_at_the_next_start_and_the_pre
     assert publish(folder, identity_graph(tmp_path / "next.onnx"), control, log=lambda _: None).version == 3
 
 
-def test_killed_between_its_two_records_a_publish_counts_as_published(tmp_path):
-    folder = make_model(tmp_path / "repo", versions=(1, 2))
-    (folder.path / RECORDS).mkdir()
-    (folder.path / RECORDS / "2.intent").write_text("{}")
-    (folder.path / RECORDS / "2.published").write_text("{}")
-    assert recover_repository(tmp_path / "repo", print) == []
-    assert folder.versions() == [1, 2] and folder.intents() == []
-
-
 def test_the_next_publish_sets_aside_what_a_killed_one_left_before_it_loads_its_own(tmp_path, monkeypatch):
     folder = make_model(tmp_path / "repo")
     control = RecordingControl(folder)
@@ -525,6 +515,24 @@ def test_a_model_whose_lock_is_held_is_left_to_the_operation_holding_it(tmp_path
         assert recover_repository(repository, logged.append) == []
     assert logged == ["m: a version operation is under way; it settles its own version"]
     assert folder.versions() == [1, 2] and folder.intents() == [2]
+
+
+def model_level_change(folder: ModelFolder) -> int:
+    """What Triton 2.51 compares at a model's load to decide whether every served version reloads (its ModelTimestamp):
+    the newest mtime or ctime under the entries of the model's folder other than config.pbtxt and the versions."""
+    entries = [e for e in folder.path.iterdir() if not e.name.isdigit() and e.name != "config.pbtxt"]
+    paths = [p for e in entries for p in [e, *(e.rglob("*") if e.is_dir() else [])]]
+    return max((max(p.lstat().st_mtime_ns, p.lstat().st_ctime_ns) for p in paths), default=0)
+
+
+def test_a_publish_changes_nothing_in_the_model_folder_that_makes_triton_reload_the_served_versions(tmp_path):
+    folder = make_model(tmp_path / "repo")
+    control = RecordingControl(folder)
+    publish(folder, identity_graph(tmp_path / "2.onnx"), control, log=lambda _: None)
+    before = model_level_change(folder)  # the lock file's, from the first operation
+    publish(folder, identity_graph(tmp_path / "3.onnx"), control, log=lambda _: None)
+    assert folder.published() == [2, 3]
+    assert model_level_change(folder) == before
 
 
 def test_tritons_tracebacks_are_cut_from_its_messages():
