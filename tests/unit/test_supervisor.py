@@ -29,6 +29,7 @@ from backend.server.supervisor import (
     reload_config,
     watchdog_limit,
 )
+from tests.helpers import wait_until
 
 STUB_ARGS = [
     "/work/build/backends/python/triton_python_backend_stub",
@@ -417,9 +418,10 @@ def test_the_watchdog_kills_the_stubs_of_a_hung_version_and_counts_it(monkeypatc
 
 def test_a_stopped_process_is_told_from_a_running_one(sleepers):
     running, halted, _ = sleepers
-    os.kill(halted.pid, signal.SIGSTOP)
     stubs = [Stub(p.pid, M, "1", f"i{p.pid}", "r") for p in (running, halted)]
-    assert stopped(stubs) == {halted.pid}
-    os.kill(halted.pid, signal.SIGCONT)
     assert stopped(stubs) == set()
+    os.kill(halted.pid, signal.SIGSTOP)  # the kernel stops it a moment later
+    wait_until(lambda: stopped(stubs) == {halted.pid}, 10, "the process stopped")
+    os.kill(halted.pid, signal.SIGCONT)
+    wait_until(lambda: stopped(stubs) == set(), 10, "the process running again")
     assert running.poll() is None
