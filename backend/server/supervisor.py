@@ -1,6 +1,6 @@
 """Keeps a tritonserver serving without a person.
 
-Two faults Triton 2.51 does not heal by itself:
+Faults Triton 2.51 does not heal by itself:
 
 * A Python stub process dies (`kill -9`, out of memory): Triton never restarts it, keeps the
   model READY and fails every request the scheduler hands to that instance with INTERNAL
@@ -21,10 +21,10 @@ Two faults Triton 2.51 does not heal by itself:
   A model whose stubs keep dying is not reloaded in a tight loop: the first reload comes at once,
   the next ones wait for a delay doubling from 0.5 s to 30 s while its stubs die again within a
   minute of its last reload (`ReloadBackoff`).
-* A stub that hangs (deadlocked in `execute`, or stopped): Triton 2.51 keeps the requests it
-  holds, and those queued behind it, forever; a stopped stub (SIGSTOP) fails every request Triton
-  hands it after a second ("Stub process is not healthy") without ever running it, for as long as
-  it stays stopped. The watchdog reads Triton's metrics: a model version with requests waiting in
+* A stub that hangs in `execute` (a deadlock, a call that never returns): Triton 2.51 keeps the
+  request it holds, and those queued behind it, forever. A stopped stub (SIGSTOP) is no better:
+  Triton fails every request it hands it after a second ("Stub process is not healthy") without
+  ever running it, for as long as it stays stopped. The watchdog reads Triton's metrics: a model version with requests waiting in
   its queue (`nv_inference_pending_request_count`) that finished no execution
   (`nv_inference_exec_count`, `nv_inference_request_success`; failures are no progress: the
   stopped stub's are not executions) for the watchdog's time, or one of whose stubs has been

@@ -258,28 +258,30 @@ def test_a_model_whose_stubs_keep_dying_is_reloaded_when_its_back_off_allows_and
     """Its stubs die right after each reload: the second reload waits 0.5 s, the third 1 s; a look before it is due
     reloads nothing, and each reload put off is counted and logged."""
     full, short = stub_table("1", "1"), stub_table("1")
-    tables = iter([full, short, short, full, short, short, short, full, short, short, short, short])
+    tables = iter([full, short, short, full, short, short, short, short, full, short, short, short, short])
     monkeypatch.setattr(supervisor_module, "live_stubs", lambda pid: next(tables))
     caplog.set_level(logging.WARNING, logger="tritonnx.supervisor")
     sup = ScriptedSupervisor(ready={"1"})
     sup.check_stubs()
     sup.check_stubs()
     assert sup.check_stubs() == [M]  # the first death: at once
-    sup.now += 0.1
+    sup.now += 0.125  # times in binary fractions: sums of them are exact
     sup.check_stubs()  # the new generation, complete
     sup.check_stubs()
-    assert sup.check_stubs() == []  # dead again 0.1 s after its reload: put off until 0.5 s after it
+    assert sup.check_stubs() == []  # dead again 0.125 s after its reload: put off until 0.5 s after it
     assert counted(sup, "reload_backoffs", M) == 1
     assert any("backing off: its reload waits 0.4s" in r.getMessage() for r in caplog.records)
-    sup.now += 0.5
+    sup.now += 0.25
+    assert sup.check_stubs() == []  # not due yet
+    sup.now += 0.125
     assert sup.check_stubs() == [M]
-    sup.now += 0.1
+    sup.now += 0.125
     sup.check_stubs()
     sup.check_stubs()
     assert sup.check_stubs() == []
-    sup.now += 0.8
-    assert sup.check_stubs() == []  # 0.9 s after the last reload: the delay doubled to 1 s
-    sup.now += 0.1
+    sup.now += 0.75
+    assert sup.check_stubs() == []  # 0.875 s after the last reload: the delay doubled to 1 s
+    sup.now += 0.125
     assert sup.check_stubs() == [M]
     assert sup.reloaded == [M, M, M]
     assert counted(sup, "reload_backoffs", M) == 2
