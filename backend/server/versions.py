@@ -52,14 +52,15 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-import onnx
-from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+from typing import TYPE_CHECKING
 
 from backend.model_files import DEFAULT_ONNX_FILE, PYTHON_MODEL_FILE, is_python_model, onnx_file_name
 from backend.server.model_control import READY, ControlError, ModelControl, States, ready_versions
 from backend.server.repository import CONFIG_FILE, STOCK_MODEL_PY, read_config
 from backend.server.signature import Signature, SignatureError, check_onnx, check_signature
+
+if TYPE_CHECKING:  # onnx is imported where a file is published: the images' serving processes do without it
+    import onnx
 
 RETIRED = "retired"
 FAILED = "failed"
@@ -332,6 +333,9 @@ def _numbered(folder: Path) -> list[int]:
 
 def external_data_files(onnx_file: Path) -> list[str]:
     """The external data files the model's tensors name, relative to its folder."""
+    import onnx
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
     model = onnx.load(str(onnx_file), load_external_data=False)
     return sorted({ExternalDataInfo(t).location for t in _tensors(model.graph) if uses_external_data(t)})
 

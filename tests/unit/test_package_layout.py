@@ -21,3 +21,13 @@ def test_the_stub_side_loads_no_server_operations_nor_their_dependencies():
     assert {"backend.triton_model", "backend.runner", "onnxruntime"} <= set(loaded)
     unwanted = [m for m in loaded if m.startswith("backend.server") or m.split(".")[0] in SERVER_SIDE]
     assert unwanted == []
+
+
+def test_the_serving_processes_start_without_the_offline_tools_dependencies():
+    """The slim images ship no onnx (publishing a version needs it; `tritonnx-models` runs beside them)."""
+    code = (
+        "import sys; sys.modules['onnx'] = None\n"  # an import of onnx now fails, as in the images
+        "import client.serve, client.facade.__main__, backend.server.supervisor, backend.server.stack\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
