@@ -1,0 +1,206 @@
+"""The campaign's gates, its report (a table of the attacks) and its results.json."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+import grpc
+
+from bench.attacks.calls import Call
+from bench.attacks.campaign import AttackResult, Campaign, statuses
+from bench.attacks.catalog import mb
+from bench.attacks.watch import KINDS, ProbeSummary
+from bench.output import Gate, gates_section, machine, settings
+from client.facade.errors import FacadeError
+
+ANSWER_S = 1.0  # every attack call answered within this
+PROBE_SLACK_MS = 100.0  # the probe's slowest call during an attack, above its slowest before the attacks
+RISE_MIB = 256.0  # the facade's peak RSS above its level before an attack
+IDLE_RISE_MIB = 64.0  # RSS after the idle period above RSS at the start
+
+
+def _codes(error: type[FacadeError]) -> set[str]:
+    return {error.code.name}.union(*(_codes(sub) for sub in error.__subclasses__()))
+
+
+# What the facade may answer: the statuses of errors.py, RESOURCE_EXHAUSTED from gRPC's own size check and
+# UNAUTHENTICATED from the token check; never INTERNAL (a model failure or a facade bug) or UNKNOWN (an exception
+# gRPC caught).
+DOCUMENTED = (_codes(FacadeError) | {"OK", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED"}) - {
+    grpc.StatusCode.INTERNAL.name,
+    grpc.StatusCode.UNKNOWN.name,
+}
+
+
+def undocumented(result: AttackResult) -> list[str]:
+    return sorted({call.code for call in result.calls + result.held} - DOCUMENTED)
+
+
+def slowest(calls: list[Call]) -> float:
+    return max((call.seconds for call in calls), default=0.0)
+
+
+def _probe_failures(result: AttackResult) -> int:
+    return sum(summary.failed for summary in result.probe.values())
+
+
+def _probe_over(result: AttackResult, baseline: dict[str, ProbeSummary]) -> list[str]:
+    return [
+        f"{kind} {result.probe[kind].slowest_ms:,.0f} ms"
+        for kind in KINDS
+        if result.probe[kind].slowest_ms > baseline[kind].slowest_ms + PROBE_SLACK_MS
+    ]
+
+
+def gates(campaign: Campaign) -> list[Gate]:
+    results, baseline = campaign.results, campaign.baseline
+    odd = {r.name: undocumented(r) for r in results if undocumented(r)}
+    late = {r.name: slowest(r.calls) for r in results if slowest(r.calls) > ANSWER_S}
+    probe_failed = {r.name: _probe_failures(r) for r in results if _probe_failures(r)}
+    probe_slow = {r.name: _probe_over(r, baseline) for r in results if _probe_over(r, baseline)}
+    grew = {r.name: r.rss_rise_mib for r in results if r.rss_rise_mib >= RISE_MIB}
+    before = ", ".join(f"{kind} {baseline[kind].slowest_ms:,.0f} ms" for kind in KINDS)
+    judged = [
+        Gate(
+            "every attack call ended with a documented status (errors.py's, gRPC's size check's RESOURCE_EXHAUSTED, "
+            "UNAUTHENTICATED; never INTERNAL or UNKNOWN)",
+            not odd,
+            "; ".join(f"{name}: {', '.join(codes)}" for name, codes in odd.items()) or f"{len(results)} attacks",
+        ),
+        Gate(
+            f"every attack call answered within {ANSWER_S:g} s (calls held without their body, and the unread "
+            "stream, end at the facade's body deadline or when the attacker stops)",
+            not late,
+            "; ".join(f"{name}: {seconds:,.2f} s" for name, seconds in late.items())
+            or f"slowest {max((slowest(r.calls) for r in results), default=0.0):.3f} s",
+        ),
+        Gate(
+            "the probe never failed during an attack",
+            not probe_failed,
+            "; ".join(f"{name}: {count} failed" for name, count in probe_failed.items())
+            or f"{sum(s.calls for r in results for s in r.probe.values())} probe calls",
+        ),
+        Gate(
+            f"the probe's slowest call during each attack within {PROBE_SLACK_MS:g} ms of its slowest before them "
+            f"({before})",
+            not probe_slow,
+            "; ".join(f"{name}: {', '.join(over)}" for name, over in probe_slow.items()) or "every attack",
+        ),
+        Gate(
+            f"the facade's peak RSS rose less than {RISE_MIB:g} MiB in every attack",
+            not grew,
+            "; ".join(f"{name}: +{rise:,.0f} MiB" for name, rise in grew.items())
+            or f"largest +{max((r.rss_rise_mib for r in results), default=0.0):,.0f} MiB",
+        ),
+        Gate(
+            "the facades stayed up through every attack",
+            not campaign.exited,
+            f"one exited during {campaign.exited}; the campaign stopped there"
+            if campaign.exited
+            else f"{len(results)} attacks",
+        ),
+    ]
+    if campaign.idle_seconds > 0 and not campaign.exited:
+        rise = campaign.rss_after_idle_mib - campaign.rss_start_mib
+        judged.append(
+            Gate(
+                f"the facade's RSS within {IDLE_RISE_MIB:g} MiB of its start after {campaign.idle_seconds:g} s idle",
+                rise <= IDLE_RISE_MIB,
+                f"{campaign.rss_start_mib:,.0f} MiB at the start, {campaign.rss_after_idle_mib:,.0f} MiB after",
+            )
+        )
+    return judged
+
+
+def _statuses(result: AttackResult) -> str:
+    answered = ", ".join(f"{code} {count:,}" for code, count in statuses(result.calls).items())
+    held = ", ".join(f"{code} {count:,}" for code, count in statuses(result.held).items())
+    ended = f" after {slowest(result.held):,.1f} s" if result.held else ""
+    return "; ".join(filter(None, [answered, f"held: {held}{ended}" if held else ""]))
+
+
+def _probe(result: AttackResult) -> str:
+    parts = []
+    for kind in KINDS:
+        summary = result.probe[kind]
+        failures = ", ".join(f"{status} {count}" for status, count in summary.failures.items())
+        failed = f"{summary.failed} of {summary.calls} failed" + (f" ({failures})" if failures else "")
+        parts.append(f"{kind} {failed}, slowest {summary.slowest_ms:,.0f} ms")
+    return "; ".join(parts)
+
+
+def _sent(result: AttackResult) -> str:
+    return f"{result.count:,} x {mb(result.body_bytes)}" if result.body_bytes else f"{result.count:,}, headers only"
+
+
+def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
+    rows = [
+        f"| `{r.name}`: {r.what} | {_sent(r)} | {_statuses(r)} | "
+        f"{f'{slowest(r.calls) * 1000:,.0f} ms' if r.calls else '-'} | {_probe(r)} | {round(r.rss_rise_mib):+,d} MiB |"
+        for r in campaign.results
+    ]
+    notes = [f"- `{r.name}`: {note}" for r in campaign.results for note in [*r.notes, *r.guarded]]
+    base = campaign.baseline
+    return "\n".join([
+        f"# Attacks on the facade{' (quick)' if quick else ''}",
+        "",
+        f"The facade ran with its defaults (code: `{campaign.facade_source}`; message limit "
+        f"{campaign.limit:,} bytes), in front of tritonserver serving resnet50 and mobilenet_v3_small. A probe sent a "
+        "valid mobilenet_v3_small Predict and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
+        f"attacks their slowest calls took {base['Predict'].slowest_ms:,.0f} ms and "
+        f"{base['/metrics'].slowest_ms:,.0f} ms ({base['Predict'].calls} and {base['/metrics'].calls} calls). Each "
+        "attack's phase lasts until the facade holds no call, and a second more; its RSS rise is its peak (samples "
+        "every 50 ms and the kernel's high-water mark) above its RSS before the attack. A status \"by the attacker\" "
+        "is a call the attacker cancelled or that reached the attacker's own deadline; \"held\": calls without "
+        "their whole body (or the unread stream), which the facade ends at its body deadline or the attacker stops.",
+        "",
+        "| attack | sent | statuses | slowest answer | probe during it | facade peak RSS rise |",
+        "|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Facade RSS: {campaign.rss_start_mib:,.0f} MiB at the start, "
+        + (f"{campaign.rss_after_idle_mib:,.0f} MiB after {campaign.idle_seconds:g} s idle after the last attack."
+           if not campaign.exited else f"not measured after: a facade exited during `{campaign.exited}`."),
+        "",
+        *(["## Notes", "", *notes, ""] if notes else []),
+        gates_section(judged),
+    ])  # fmt: skip
+
+
+def results(campaign: Campaign, args: argparse.Namespace) -> dict:
+    """What results.json keeps (finish adds the gates)."""
+    return {
+        "settings": settings(args),
+        "machine": machine(),
+        "facade": {"source": campaign.facade_source, "max_message_bytes": campaign.limit},
+        "rss_start_mib": round(campaign.rss_start_mib, 1),
+        "rss_after_idle_mib": None if campaign.exited else round(campaign.rss_after_idle_mib, 1),
+        "exited": campaign.exited,
+        "idle_seconds": campaign.idle_seconds,
+        "baseline": {kind: asdict(summary) for kind, summary in campaign.baseline.items()},
+        "attacks": [
+            {
+                "name": r.name,
+                "what": r.what,
+                "count": r.count,
+                "body_bytes": r.body_bytes,
+                "seconds": round(r.seconds, 3),
+                "statuses": statuses(r.calls),
+                "held_statuses": statuses(r.held),
+                "undocumented": undocumented(r),
+                "slowest_answer_s": round(slowest(r.calls), 4),
+                "slowest_held_s": round(slowest(r.held), 4),
+                "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
+                "rss_before_mib": round(r.rss_before_mib, 1),
+                "rss_peak_mib": round(r.rss_peak_mib, 1),
+                "rss_rise_mib": round(r.rss_rise_mib, 1),
+                "notes": r.notes,
+                "guarded": r.guarded,
+                "calls": [asdict(call) for call in r.calls + r.held],
+            }
+            for r in campaign.results
+        ],
+        "guarded": campaign.guarded,
+        "rss_samples": campaign.samples,
+    }
