@@ -26,6 +26,7 @@ from backend.server.ports import SUPERVISOR_METRICS, TRITON_GRPC, TRITON_HTTP, T
 from backend.server.process import ServerError, StopRequest
 from backend.server.shm import check_shared_memory
 from backend.server.stack import ServingStack
+from backend.server.supervisor import DEFAULT_WATCHDOG_SECONDS
 from backend.server.triton import Ports, format_model_states
 from client.facade.settings import FacadeSettings, add_flags, setting, settings_from
 
@@ -85,6 +86,11 @@ class ServeSettings:
         0.1,
         "share of the facade's calls traced, 0..1; Triton traces the requests that carry a trace context: those "
         "calls, and direct requests sent with a traceparent",
+    )
+    watchdog_seconds: float = setting(
+        DEFAULT_WATCHDOG_SECONDS,
+        "the supervisor kills the stubs of a model that keeps requests waiting this long without finishing an "
+        "execution, and reloads it; a model's config.pbtxt parameter tritonnx.watchdog_seconds overrides it; 0: off",
     )
     load_model: tuple[str, ...] = setting(
         ("*",),
@@ -177,6 +183,10 @@ def main(argv: list[str] | None = None) -> int:
             backend_dir=paths.backends,
             log_files=not to_terminal,
             host=args.host,
+            http_host=args.http_host,
+            metrics_host=args.metrics_host or None,
+            watchdog_seconds=args.watchdog_seconds,
+            supervisor_metrics_port=args.supervisor_metrics_port if args.supervisor_metrics_port >= 0 else None,
             log_verbose=args.log_verbose,
             otlp_endpoint=args.otlp_endpoint,
             trace_ratio=args.trace_ratio,
@@ -185,11 +195,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     triton = stack.triton
-    # The stack gives Triton one address; here inference stays where --host and --http-host say while the
-    # metrics, Triton's and the supervisor's, go where a scraper reaches them.
-    triton.http_host = args.http_host
-    triton.metrics_host = args.metrics_host or None
-    supervisor_port: int | None = None
     key_place = share_admin_key(stack.admin_key, paths)
     stop = StopRequest()
     started = time.monotonic()
@@ -198,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             f"starting tritonserver with {triton.model_repository} (log: {triton.log_file or 'here'}) ...", flush=True
         )
         stack.start_triton()
-        if stack.supervisor is not None and args.supervisor_metrics_port >= 0:
-            supervisor_port = stack.supervisor.metrics.serve(triton.metrics_address, args.supervisor_metrics_port)
+        supervisor_port = stack.supervisor_metrics_port
         print(f"tritonserver up after {time.monotonic() - started:.1f}s", flush=True)
         print(format_model_states(triton.model_states(), repository), flush=True)
         if args.facade:

@@ -55,7 +55,9 @@ class ServingStack:
     stub_venv: Path | None = None  # the venv the Python stub runs with; None: this interpreter's
     ready_timeout: float = 180.0
     log_files: bool = True  # False: the servers write to this process's stdout and stderr (a container's log)
-    host: str = "127.0.0.1"  # where Triton listens (0.0.0.0 in a container, for port mappings)
+    host: str = "127.0.0.1"  # where Triton's gRPC listens, and its HTTP and metrics unless given below
+    http_host: str | None = None  # where Triton's HTTP listens; None: `host`
+    metrics_host: str | None = None  # where Triton's and the supervisor's metrics listen; None: `host`
     triton_netns: str = ""  # a network namespace for Triton (host: an address of it); "": this process's
     log_verbose: int = 0
     otlp_endpoint: str = ""  # OpenTelemetry tracing of Triton and the facade to this OTLP/HTTP receiver; "": off
@@ -82,6 +84,8 @@ class ServingStack:
             backend_dir=self.backend_dir or self.workdir / "backends",
             log_file=self.workdir / "tritonserver.log" if self.log_files else None,
             host=self.host,
+            http_host=self.http_host,
+            metrics_host=self.metrics_host,
             log_verbose=self.log_verbose,
             http=self.triton_http,
             startup_models=self.startup_models,
@@ -120,7 +124,9 @@ class ServingStack:
         if self.supervisor is not None:
             self.supervisor.start()
             if self.supervisor_metrics_port is not None:
-                self.supervisor_metrics_port = self.supervisor.metrics.serve(self.host, self.supervisor_metrics_port)
+                self.supervisor_metrics_port = self.supervisor.metrics.serve(
+                    self.triton.metrics_address, self.supervisor_metrics_port
+                )
         return self.triton
 
     def _port_taken(self) -> bool:

@@ -24,6 +24,7 @@ ENVIRONMENT = {
     "otlp_endpoint": "TRITONNX_OTLP_ENDPOINT",
     "trace_ratio": "TRITONNX_TRACE_RATIO",
     "load_model": "TRITONNX_TRITON_LOAD_MODELS",
+    "watchdog_seconds": "TRITONNX_WATCHDOG_SECONDS",
 }
 
 
