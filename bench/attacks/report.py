@@ -147,7 +147,7 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
         "",
         f"The facade ran with its defaults (code: `{campaign.facade_source}`; message limit "
         f"{campaign.limit:,} bytes), in front of tritonserver serving resnet50 and mobilenet_v3_small. A probe sent a "
-        "valid mobilenet_v3_small Predict and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
+        "valid mobilenet_v3_small Predict (at priority 1, which the facade's last slots are kept for) and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
         f"attacks their slowest calls took {base['Predict'].slowest_ms:,.0f} ms and "
         f"{base['/metrics'].slowest_ms:,.0f} ms ({base['Predict'].calls} and {base['/metrics'].calls} calls). Each "
         "attack's phase lasts until the facade holds no call, and a second more; its RSS rise is its peak (samples "

@@ -105,7 +105,9 @@ class Watch:
         self.guarded: list[str] = []  # why the guard was set, per phase
         self._started = time.monotonic()
         self._stop = threading.Event()
-        self._body = valid_predict()
+        # Priority 1, the documented way through an overload: an attack that fills the slots with valid calls
+        # (stream_flood) is backpressure for default-priority callers, and the probe asks whether others get in.
+        self._body = valid_predict(priority=1)
         self._channels: dict[str, grpc.Channel] = {}
         self._threads = [
             threading.Thread(target=self._every, args=(PROBE_INTERVAL_S, self._predict), daemon=True),

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import sys
 
-from client.facade.server import StartupError, run_until_signalled
+from client.facade.server import StartupError, run_until_signalled, tune_allocator
 from client.facade.settings import add_arguments, from_arguments
 
 
@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     settings = from_arguments(parser.parse_args(argv))
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_allocator()
     try:
         asyncio.run(run_until_signalled(settings))
     except StartupError as error:

@@ -39,6 +39,21 @@ log = logging.getLogger("tritonnx.facade")
 # idle brings it back to its idle level.
 _TRIM_SECONDS = 5.0
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+# glibc's mallopt parameters.
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
+# Messages are up to megabytes: allocations from this size on get pages of their own, which go back to the OS when
+# freed. (glibc raises its threshold to the largest block freed, up to 32 MiB, and then serves such blocks from heaps
+# that keep the peak.)
+_MMAP_THRESHOLD_BYTES = 1 << 20
+# gRPC's threads would each get a heap of their own, each keeping its own peak.
+_ARENAS = 2
+
+
+def tune_allocator() -> None:
+    """Make freed message buffers go back to the OS; before the first threads start (see the constants)."""
+    if hasattr(_LIBC, "mallopt"):
+        _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+        _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
 
 
 async def release_free_memory(admission: Admission) -> None:
@@ -163,6 +178,10 @@ class Facade:
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+                # Without it gRPC widens each call's HTTP/2 window to what the link carries, and takes that much
+                # of a body the facade has not asked for yet (an unread stream, a call waiting for its slot): a
+                # call's body then arrives only once the facade reads it, and the window opens to its size.
+                ("grpc.http2.bdp_probe", 0),
                 # gRPC shares ports between processes by default: a second facade would silently
                 # split the traffic instead of failing to start.
                 ("grpc.so_reuseport", 0),
