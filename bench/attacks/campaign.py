@@ -44,6 +44,7 @@ class AttackResult:
     rss_before_mib: float
     rss_peak_mib: float
     guarded: list[str]
+    overload: bool = False  # Attack.overload: the probe's latency is not judged
 
     @property
     def rss_rise_mib(self) -> float:
@@ -101,6 +102,7 @@ def attack_once(attack: Attack, ctx: Context, watch: Watch) -> AttackResult:
         before,
         watch.peak_mib(attack.name),
         [g for g in watch.guarded if g.startswith(attack.name + ":")],
+        attack.overload,
     )
     watch.enter("between")
     say(
