@@ -288,12 +288,17 @@ class TritonGateway:
             for name in status.regions
             if name.startswith(REGION_PREFIX) and name != pool.region and not (SHM_DIR / name).exists()
         ]
+        forgotten = 0
         for name in stale:
-            await stub.SystemSharedMemoryUnregister(
-                service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2.0, metadata=self._admin
-            )
-        if stale:
-            log.warning("Triton forgot %d shared-memory region(s) of facades that are gone", len(stale))
+            try:
+                await stub.SystemSharedMemoryUnregister(
+                    service_pb2.SystemSharedMemoryUnregisterRequest(name=name), timeout=2.0, metadata=self._admin
+                )
+                forgotten += 1
+            except grpc.aio.AioRpcError:
+                pass  # requests still queued in Triton read it: Triton keeps it mapped until it restarts
+        if forgotten:
+            log.warning("Triton forgot %d shared-memory region(s) of facades that are gone", forgotten)
 
     async def _region_lost(self, pool: SharedInputPool) -> bool:
         """After a failed call on shared memory: whether Triton forgot the region (it restarted)."""

@@ -415,3 +415,37 @@ def test_list_models_shows_every_demo_model_as_triton_describes_it(stub, triton_
             (t.name, t.datatype, list(t.shape)) for t in metadata.outputs
         ]
         assert entry.max_batch_size == triton_client.get_model_config(name).config.max_batch_size
+
+
+def test_a_facade_killed_by_sigkill_leaves_nothing_once_another_starts(triton, triton_client, tmp_path):
+    """A crashed facade cannot unlink its region nor unregister it from Triton: the next facade does both, and
+    sends its inputs through a region of its own (in a container it often gets the crashed one's process id)."""
+    data = image(seed=21)
+    request = inference_pb2.PredictRequest(raw_data=data.tobytes(), shape=IMAGE_SHAPE, model_name="mobilenet_v3_small")
+
+    def predict(facade) -> None:
+        with grpc.insecure_channel(facade.grpc_url) as channel:
+            response = inference_pb2_grpc.InferenceServiceStub(channel).Predict(request, timeout=60)
+        assert list(response.shape) == [1, 1000]
+
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "restarted").mkdir()
+    crashed = start_facade(triton, tmp_path / "crashed")
+    predict(crashed)  # its region is registered with Triton by its first call
+    (left,) = facade_regions(triton_client, triton, crashed)
+    crashed.process.send_signal(signal.SIGKILL)
+    crashed.process.wait(30)
+    assert os.path.exists(f"/dev/shm/{left}")  # what a SIGKILL leaves behind
+
+    restarted = start_facade(triton, tmp_path / "restarted")
+    try:
+        predict(restarted)
+        assert not os.path.exists(f"/dev/shm/{left}")
+        registered = triton_client.get_system_shared_memory_status(headers=triton.admin_headers, as_json=True)
+        assert left not in registered.get("regions", {})
+        (ours,) = facade_regions(triton_client, triton, restarted)
+        assert os.path.exists(f"/dev/shm/{ours}")
+        page = metrics(restarted.http_url)
+        assert page.value("tritonnx_facade_shm_slots_in_use") == 0
+    finally:
+        restarted.stop()
