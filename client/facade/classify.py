@@ -35,13 +35,17 @@ def classifier_name(pipeline: str) -> str:
     return pipeline.removesuffix(PIPELINE_SUFFIX)
 
 
+def image_too_large(size: int, max_image_bytes: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"the image is {size} bytes, above this server's limit of {max_image_bytes} bytes "
+        "(--max-image-bytes): send a smaller or more compressed JPEG or PNG"
+    )
+
+
 def check_image(image: bytes, max_image_bytes: int) -> None:
     """Raise InvalidArgument unless `image` is a JPEG or PNG file within the size limit."""
     if len(image) > max_image_bytes:
-        raise InvalidArgument(
-            f"the image is {len(image)} bytes, above this server's limit of {max_image_bytes} bytes "
-            "(--max-image-bytes): send a smaller or more compressed JPEG or PNG"
-        )
+        raise image_too_large(len(image), max_image_bytes)
     problem = format_problem(image)
     if problem:
         raise InvalidArgument(problem)

@@ -19,6 +19,7 @@ import grpc
 
 from client.facade.admission import Admission
 from client.facade.classifier import Classifier
+from client.facade.classify import image_too_large
 from client.facade.deadline import Deadline
 from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument
 from client.facade.metrics import FacadeMetrics
@@ -36,6 +37,7 @@ from client.facade.wire import (
     WireError,
     check_message,
     decode_predict_request,
+    field_length,
     serialize_response,
 )
 from client.proto import inference_pb2
@@ -50,6 +52,7 @@ UNEXPECTED_FAILURE = "the facade failed to serve the request; see its log"
 BODY_TIMEOUT_S = 10.0
 # What a ClassifyRequest carries besides its image: names, ids and numbers of a few hundred bytes at most.
 CLASSIFY_ENVELOPE_BYTES = 4096
+CLASSIFY_IMAGE_FIELD = inference_pb2.ClassifyRequest.DESCRIPTOR.fields_by_name["image"].number
 
 
 class Endpoint(Protocol):
@@ -215,13 +218,15 @@ class InferenceServicer:
         self.metrics.rejections.labels(error.reason).inc()
 
     def _classify_request(self, buffer: bytes) -> inference_pb2.ClassifyRequest | InvalidArgument:
-        most = self.classifier.max_image_bytes + CLASSIFY_ENVELOPE_BYTES
-        if len(buffer) > most:
-            return InvalidArgument(
-                f"the ClassifyRequest is {len(buffer)} bytes, above this server's limit of {most} bytes for an image "
-                f"of at most {self.classifier.max_image_bytes} bytes (--max-image-bytes): send a smaller or more "
-                "compressed JPEG or PNG"
-            )
+        if len(buffer) > self.classifier.max_image_bytes + CLASSIFY_ENVELOPE_BYTES:
+            # Refused unparsed: the image's size is read off the wire, its bytes are not copied.
+            try:
+                size = field_length(buffer, CLASSIFY_LIMITS, CLASSIFY_IMAGE_FIELD)
+            except RequestRefused as error:
+                return InvalidArgument(str(error))
+            except WireError as error:
+                return InvalidArgument(f"malformed ClassifyRequest: {error}")
+            return image_too_large(size if size is not None else len(buffer), self.classifier.max_image_bytes)
         return _parsed(buffer, CLASSIFY_LIMITS)
 
     def _from_call_start(

@@ -176,7 +176,7 @@ class FacadeSettings:
         "calls started whose body has not arrived yet; beyond it new calls get RESOURCE_EXHAUSTED at once",
     )
     max_receiving_per_connection: int = setting(
-        32,
+        64,
         "calls of one connection whose body has not arrived yet; beyond it that connection's new calls get "
         "RESOURCE_EXHAUSTED at once",
     )

@@ -231,6 +231,18 @@ def canonical_version(text: str) -> str:
     return str(int(text))
 
 
+def field_length(buffer: bytes, limits: Limits, number: int) -> int | None:
+    """The byte length of length-delimited field `number` (its last occurrence); None when absent.
+
+    The message is walked within `limits`, raising as `check_message` does.
+    """
+    length = None
+    for field, wire_type, _, value_start, end in _walk(memoryview(buffer), limits):
+        if field == number and wire_type == _WIRE_LEN:
+            length = end - value_start
+    return length
+
+
 def check_message(buffer: bytes, limits: Limits) -> None:
     """Walk `buffer`'s top-level fields within `limits` (RequestRefused past them, WireError when malformed).
 

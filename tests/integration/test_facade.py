@@ -178,7 +178,10 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
 def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
     # A facade whose own cap is above resnet50's queue: the excess is refused by Triton, not by it.
     own = start_facade(
-        triton, tmp_path, "--max-in-flight", "1000", "--max-receiving", "1000", "--max-in-flight-bytes", str(1 << 30)
+        triton,
+        tmp_path,
+        *("--max-in-flight", "1000", "--max-receiving", "1000", "--max-receiving-per-connection", "1000"),
+        *("--max-in-flight-bytes", str(1 << 30)),
     )
     channel = grpc.insecure_channel(own.grpc_url)
     stub = inference_pb2_grpc.InferenceServiceStub(channel)

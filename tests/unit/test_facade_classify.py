@@ -181,3 +181,16 @@ def test_the_servicer_shares_the_in_flight_limit():
     service.admission.release(ticket)
     assert context.aborted[0] == grpc.StatusCode.RESOURCE_EXHAUSTED and gateway.calls == []
     assert service.admission.in_flight == 0 and service.admission.receiving == 0
+
+
+def test_a_request_above_the_image_limit_is_refused_unparsed_naming_the_images_size():
+    service, _ = servicer()  # --max-image-bytes 10**6
+    body = inference_pb2.ClassifyRequest(image=JPEG + bytes(2 * 10**6), model_name="resnet50").SerializeToString()
+    refused = service._classify_request(body)
+    assert isinstance(refused, errors.InvalidArgument)
+    assert refused.message.startswith(
+        f"the image is {len(JPEG) + 2 * 10**6} bytes, above this server's limit of 1000000 bytes (--max-image-bytes)"
+    )
+    flood = inference_pb2.ClassifyRequest(priority=1).SerializeToString() * 100
+    assert "more than 64 fields" in service._classify_request(flood).message
+    assert service._classify_request(inference_pb2.ClassifyRequest(image=JPEG).SerializeToString()).image == JPEG
