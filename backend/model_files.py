@@ -100,13 +100,44 @@ def backend_config(backend: str, stub_command_line: list[str] | None = None) -> 
     except (IndexError, ValueError, OSError):
         return {}
     settings: dict[str, dict[str, str]] = {}
-    for arg in server:
-        if not arg.startswith("--backend-config="):
-            continue
-        name, _, setting = arg.removeprefix("--backend-config=").rpartition(",")
-        key, _, value = setting.partition("=")
-        settings.setdefault(name, {})[key] = value
+    for option in _backend_config_options(server[1:]):
+        parsed = parse_backend_config(option)
+        if parsed is not None:
+            name, key, value = parsed
+            settings.setdefault(name, {})[key] = value
     return {**settings.get("", {}), **settings.get(backend, {})}
+
+
+def _backend_config_options(args: list[str]) -> list[str]:
+    """The values of `--backend-config`, written `--backend-config=V` or `--backend-config V` (getopt takes both)."""
+    options = []
+    taking = False
+    for arg in args:
+        if taking:
+            options.append(arg)
+            taking = False
+        elif arg == "--backend-config":
+            taking = True
+        elif arg.startswith("--backend-config="):
+            options.append(arg.removeprefix("--backend-config="))
+        elif arg == "--":
+            break  # getopt stops reading options there
+    return options
+
+
+def parse_backend_config(option: str) -> tuple[str, str, str] | None:
+    """(backend, key, value) of one `--backend-config` value, split as tritonserver 2.51 splits it; None if malformed.
+
+    The backend's name ends at the first comma (none: a global setting, backend ""), the key at the first "=" after
+    it; the value is the rest, commas and "=" included. Tritonserver refuses to start on a malformed value (no key,
+    no value, nothing before the comma), so a running server has none.
+    """
+    comma = option.find(",")
+    equals = option.find("=", comma + 1)
+    key, value = option[comma + 1 : equals], option[equals + 1 :]
+    if comma == 0 or equals < 0 or not key or not value:
+        return None
+    return (option[:comma] if comma > 0 else ""), key, value
 
 
 def _own_command_line() -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from backend.errors import ModelConfigError
-from backend.model_files import ModelFiles, backend_config, is_python_model, onnx_file_name
+from backend.model_files import ModelFiles, backend_config, is_python_model, onnx_file_name, parse_backend_config
 from tests.helpers import wait_until
 
 STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
@@ -65,14 +65,42 @@ def test_the_servers_backend_config_is_read_from_its_command_line():
             "--backend-config=python,shm-default-byte-size=16777216",
             "--backend-config=default-max-batch-size=8",
             "--backend-config=onnxruntime,default-max-batch-size=16",
+            # getopt takes the value as the next argument too; tritonserver's documentation writes it so.
+            "--backend-config",
+            "onnxruntime,enable-global-threadpool=1",
+            "--backend-config",
+            "intra_op_thread_count=1",
         ]
     )
     try:
         stub = [STUB, "/repo/m/1/model.onnx", "region", "16777216", "16777216", str(server.pid), "/backends/python"]
         wait_until(lambda: "--backend-config" in Path(f"/proc/{server.pid}/cmdline").read_text(), 10, "the stand-in")
-        assert backend_config("onnxruntime", stub) == {"default-max-batch-size": "16"}
-        assert backend_config("tritonnx", stub) == {"default-max-batch-size": "8"}  # the global setting
+        assert backend_config("onnxruntime", stub) == {
+            "default-max-batch-size": "16",
+            "enable-global-threadpool": "1",
+            "intra_op_thread_count": "1",
+        }
+        # A backend named in none of them gets the global ones.
+        assert backend_config("tritonnx", stub) == {"default-max-batch-size": "8", "intra_op_thread_count": "1"}
         assert backend_config("onnxruntime", ["/usr/bin/python3", "-m", "pytest"]) == {}  # not in a stub
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.parametrize(
+    ("option", "parsed"),
+    [
+        ("onnxruntime,default-max-batch-size=16", ("onnxruntime", "default-max-batch-size", "16")),
+        ("default-max-batch-size=8", ("", "default-max-batch-size", "8")),  # no comma: a global setting
+        # The name ends at the first comma and the key at the first "=" after it: the value keeps the rest.
+        ("python,shm-region-prefix-name=a,b=c", ("python", "shm-region-prefix-name", "a,b=c")),
+        # What tritonserver refuses to start with: no "=" after the comma, nothing before it, no key, no value.
+        ("enable=1,on", None),
+        (",key=value", None),
+        ("onnxruntime,=1", None),
+        ("onnxruntime,key=", None),
+    ],
+)
+def test_a_backend_config_value_is_split_as_tritonserver_splits_it(option, parsed):
+    assert parse_backend_config(option) == parsed
