@@ -3,9 +3,14 @@
 Building an ONNX Runtime session optimizes the graph every time: 0.2-0.5 s for resnet50 on two
 cores, in every instance, on every start. A session built from the already optimized copy with
 optimizations off takes 0.03 s. The copy is keyed by the model file (path, size, modification
-time), the optimization level, the ONNX Runtime version and the CPU (an optimized graph may use
-layouts of this CPU's vector extensions), so a changed model, an upgrade or another machine never
-reads a stale copy. Instances write their own temporary file and rename it into place, so
+time), every session setting that can change the optimized graph (the optimization level, each
+session config entry, the custom operator libraries), the ONNX Runtime version and the CPU (an
+optimized graph may use layouts of this CPU's vector extensions), so a changed model or setting,
+an upgrade or another machine never reads a stale copy. Thread counts, the execution mode and the
+memory flags are left out: the optimized graphs of a transformer encoder had the same nodes with
+each of them changed. The key can only hold what it sees: options given as `KeyedSessionOptions`,
+which remember their entries (ONNX Runtime reads an entry back by its key, it cannot list them);
+plain `SessionOptions` build from the model file every time. Instances write their own temporary file and rename it into place, so
 instances starting together do not trip over each other. Only the most recently used copies of
 each model name are kept.
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import platform
 from collections.abc import Callable, Sequence
@@ -54,14 +60,33 @@ def _cpu_flags() -> str:
         return ""
 
 
-def cache_key(onnx_file: Path, level: ort.GraphOptimizationLevel) -> str:
+class KeyedSessionOptions(ort.SessionOptions):
+    """Session options that remember the config entries and custom operator libraries given to them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config_entries: dict[str, str] = {}
+        self.custom_op_libraries: list[str] = []
+
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        super().add_session_config_entry(key, value)
+        self.config_entries[key] = value
+
+    def register_custom_ops_library(self, library: str) -> None:
+        super().register_custom_ops_library(library)
+        self.custom_op_libraries.append(library)
+
+
+def cache_key(onnx_file: Path, options: KeyedSessionOptions) -> str:
     stat = onnx_file.stat()
-    identity = "|".join(
+    identity = json.dumps(
         [
             str(onnx_file.resolve()),
-            str(stat.st_size),
-            str(stat.st_mtime_ns),
-            level.name,
+            stat.st_size,
+            stat.st_mtime_ns,
+            options.graph_optimization_level.name,
+            sorted(options.config_entries.items()),
+            options.custom_op_libraries,
             ort.__version__,
             platform.machine(),
             _cpu_flags(),
@@ -79,19 +104,21 @@ def create_session(
 ) -> ort.InferenceSession:
     """A session for `onnx_file` with `providers`.
 
-    With the CPU provider alone, it is built from the optimized copy when there is one (and makes it when not).
+    With the CPU provider alone and `KeyedSessionOptions`, it is built from the optimized copy when there is one (and
+    makes it when not).
     """
     providers = list(providers)
     level = options.graph_optimization_level
     if (
         cache_dir is None
+        or not isinstance(options, KeyedSessionOptions)
         or tuple(providers) != CPU_ONLY
         or level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         or (onnx_file.stat().st_size > _LARGEST_MODEL_BYTES)
     ):
         return ort.InferenceSession(str(onnx_file), options, providers=providers)
     model = onnx_file.parent.parent.name
-    cached = cache_dir / f"{model}-{cache_key(onnx_file, level)}.onnx"
+    cached = cache_dir / f"{model}-{cache_key(onnx_file, options)}.onnx"
     if cached.exists():
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:

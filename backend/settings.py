@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import onnxruntime as ort
 
 from backend.errors import ModelConfigError
-from backend.session_cache import CPU_PROVIDER, Providers
+from backend.session_cache import CPU_PROVIDER, KeyedSessionOptions, Providers
 
 # Triton's onnxruntime backend levels: -1 basic, 1 basic + extended, 2 none, anything else all.
 _GRAPH_LEVELS = {
@@ -250,8 +250,8 @@ class SessionSettings:
             nice=_niceness(params.get("nice", "0")),
         )
 
-    def session_options(self) -> ort.SessionOptions:
-        options = ort.SessionOptions()
+    def session_options(self) -> KeyedSessionOptions:
+        options = KeyedSessionOptions()
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = self.inter_op_threads
         options.execution_mode = (
