@@ -18,8 +18,10 @@ from typing import Any, ClassVar
 import triton_python_backend_utils as pb_utils
 
 from backend.autocomplete import complete_config
+from backend.config_check import check_config
 from backend.errors import InvalidInputError, ModelConfigError, RequestError
 from backend.model_files import ModelFiles, backend_config
+from backend.onnx_io import read_graph_io
 
 
 def _triton_error(error: RequestError) -> pb_utils.TritonError:
@@ -40,9 +42,9 @@ class OnnxRuntimeModel:
         config = auto_complete_model_config.as_dict()
         try:
             files = cls._files(lambda: ModelFiles.of_stub(config))
+            complete_config(auto_complete_model_config, files.onnx_file, files.config_file, pb_utils.Logger.log_info)
         except ModelConfigError as error:
             raise pb_utils.TritonModelException(f"model '{config.get('name', '')}': {error}") from None
-        complete_config(auto_complete_model_config, files.onnx_file, files.config_file, pb_utils.Logger.log_info)
         return auto_complete_model_config
 
     @classmethod
@@ -65,6 +67,9 @@ class OnnxRuntimeModel:
         try:
             settings = SessionSettings.from_model_config(config, server=backend_config(config.get("backend", "")))
             files = self._files(lambda: ModelFiles.of_version(version_folder, config))
+            # The served config, auto-completed or not (--disable-auto-complete-config), held to the graph as
+            # auto-complete holds it: both modes refuse the same configs with the same messages.
+            check_config(config, read_graph_io(files.onnx_file))
             self.runner = OnnxModelRunner.load(
                 files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn
             )

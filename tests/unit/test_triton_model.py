@@ -10,7 +10,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from backend.errors import ModelConfigError
 from backend.onnx_io import read_graph_io
 from tests.graphs import LOUD_ID, batch_centred, quantized_encoder
 
@@ -120,7 +119,9 @@ def test_a_non_batched_model_answers_whole_tensors(pb_utils, tmp_path):
 def test_auto_complete_refuses_dims_that_contradict_the_graph(pb_utils, double_onnx):
     wrong = {"name": "x", "data_type": "TYPE_FP32", "dims": [5]}
     config = pb_utils.ModelConfig(json.dumps(empty_config("double", 8, [wrong])))
-    with pytest.raises(ModelConfigError, match=r"input 'x': the config's dims \[5\] do not fit the graph's dims \[4\]"):
+    with pytest.raises(
+        pb_utils.TritonModelException, match=r"input 'x': the config's dims \[5\] do not fit the graph's dims \[4\]"
+    ):
         model_class(pb_utils, double_onnx).auto_complete_config(config)
 
 
@@ -133,23 +134,32 @@ def test_inputs_and_outputs_written_in_tritons_style_are_kept_when_the_graph_agr
     completed = config.as_dict()
     assert [(i["name"], i["dims"]) for i in completed["input"]] == [("x", [4])]
     assert [(o["name"], o["dims"], o["reshape"]["shape"]) for o in completed["output"]] == [("y", [2, 2], [4])]
-    # A batching model without a scheduler gets the dynamic batcher, as Triton's onnxruntime backend gives it.
-    assert completed["dynamic_batching"] == {}
+    # Inputs and outputs written: the onnxruntime backend completes nothing, a dynamic batcher included.
+    assert completed["max_batch_size"] == 8 and "dynamic_batching" not in completed
 
 
 def test_a_written_datatype_the_graph_contradicts_is_refused(pb_utils, double_onnx):
     config = pb_utils.ModelConfig(
         json.dumps(empty_config("double", 0, [{"name": "x", "data_type": "TYPE_INT64", "dims": [-1, 4]}]))
     )
-    with pytest.raises(ModelConfigError, match="input 'x': the config says TYPE_INT64, the graph TYPE_FP32"):
+    with pytest.raises(
+        pb_utils.TritonModelException, match="input 'x': the config says TYPE_INT64, the graph TYPE_FP32"
+    ):
         model_class(pb_utils, double_onnx, "max_batch_size: 0\n").auto_complete_config(config)
 
 
 def served(pb_utils, onnx_file, max_batch_size=8, inputs=()):
-    model = model_class(pb_utils, onnx_file)()
-    config = empty_config("m", max_batch_size, inputs)
-    config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
-    model.initialize(instance_args(config, onnx_file.parent / "repository" / "m"))
+    """An instance started as Triton starts one: on the config auto-complete made."""
+    model_type = model_class(pb_utils, onnx_file, f"max_batch_size: {max_batch_size}\n")
+    config = pb_utils.ModelConfig(json.dumps(empty_config("m", max_batch_size, inputs)))
+    model_type.auto_complete_config(config)
+    model = model_type()
+    model.initialize(
+        instance_args(
+            {**config.as_dict(), "instance_group": [{"kind": "KIND_CPU", "count": 2}]},
+            onnx_file.parent / "repository" / "m",
+        )
+    )
     return model
 
 
@@ -290,7 +300,12 @@ def test_a_default_model_filename_naming_a_folder_serves_the_model_onnx_in_it(pb
     folder = model_folder(double_onnx)
     (folder / "1" / "graph").mkdir()
     (folder / "1" / "model.onnx").rename(folder / "1" / "graph" / "model.onnx")
-    config = {**empty_config("m", 8), "backend": "onnxruntime", "default_model_filename": "graph"}
+    config = {
+        **empty_config("m", 8, [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]),
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [4]}],
+        "backend": "onnxruntime",
+        "default_model_filename": "graph",
+    }
     model = stock_model(pb_utils)()
     model.initialize(instance_args(config, folder))
     [response] = model.execute([pb_utils.InferenceRequest(x=np.ones((1, 4), np.float32))])
@@ -359,7 +374,7 @@ def test_a_graph_that_reduces_over_the_batch_axis_runs_its_requests_one_by_one(p
 )
 def test_settings_this_backend_does_not_do_are_refused_by_name(pb_utils, double_onnx, setting, message):
     config = pb_utils.ModelConfig(json.dumps({**empty_config("double", 8), **setting}))
-    with pytest.raises(ModelConfigError, match=message):
+    with pytest.raises(pb_utils.TritonModelException, match=message):
         model_class(pb_utils, double_onnx).auto_complete_config(config)
 
 
@@ -392,5 +407,5 @@ def test_a_sequence_control_input_the_graph_does_not_take_is_refused_by_name(
 ):
     raw = sequence_config(control)
     raw["sequence_batching"]["control_input"][0]["name"] = name
-    with pytest.raises(ModelConfigError, match=f"control_input '{name}': {message}"):
+    with pytest.raises(pb_utils.TritonModelException, match=f"control_input '{name}': {message}"):
         model_class(pb_utils, sequence_onnx).auto_complete_config(pb_utils.ModelConfig(json.dumps(raw)))
