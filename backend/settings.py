@@ -9,8 +9,9 @@ accelerator `openvino` (`optimization { execution_accelerators { cpu_execution_a
 puts ONNX Runtime's OpenVINO execution provider first, on CPU with the instance's intra-op threads,
 and the CPU provider after it for what OpenVINO does not take, where the installed ONNX Runtime has
 that provider (the `onnxruntime-openvino` wheel); elsewhere it is refused at load, naming what to
-install. Any other name is refused, as by the onnxruntime backend; GPU accelerators, as with the
-onnxruntime backend on CPU instances, do not apply. tritonnx adds any `session.*`
+install. Any other name is refused, as by the onnxruntime backend. What asks for a GPU (`KIND_GPU`
+instances, `gpu_execution_accelerator`, `optimization { cuda }`, the CUDA and TensorRT `parameters`)
+is refused at load by name: tritonnx runs ONNX Runtime on the CPU only. tritonnx adds any `session.*`
 ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`,
 `warm_up` (off, or replaced by Triton's own `model_warmup`) and `nice` (the instance's process and
 its ONNX Runtime threads at a lower CPU priority: a model's instances niced beside a latency lane's). When the instances' threads add
@@ -19,6 +20,7 @@ up to more than the cores, intra-op threads do not spin-wait unless the config s
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -136,10 +138,70 @@ def _cpu_accelerators(model_config: dict) -> tuple[str, ...]:
     return tuple(providers)
 
 
+# Parameters the onnxruntime backend reads for its CUDA provider only (its README's deprecated ones), and the CUDA and
+# TensorRT provider options its README names, should they be written as parameters.
+GPU_PARAMETERS = frozenset(
+    {
+        "cudnn_conv_algo_search",
+        "gpu_mem_limit",
+        "arena_extend_strategy",
+        "do_copy_in_default_stream",
+        "cudnn_conv_use_max_workspace",
+        "use_ep_level_unified_stream",
+        "enable_cuda_graph",
+        "precision_mode",
+        "max_workspace_size_bytes",
+        "int8_calibration_table_name",
+        "int8_use_native_calibration_table",
+    }
+)
+GPU_PARAMETER_PREFIX = "trt_"
+
+
+def _refuse_gpu_settings(model_config: dict, params: Mapping[str, str]) -> None:
+    """Refuse, by name, whatever asks for a GPU: this backend's sessions have the CPU provider (and OpenVINO's) only.
+
+    Triton's core refuses KIND_GPU itself where it finds no GPU; on a machine with one it would start the instances,
+    which would then compute on the CPU and each take a share of its cores: refused here as well.
+    """
+    found = [
+        f"instance_group '{group.get('name') or index}' kind KIND_GPU"
+        for index, group in enumerate(model_config.get("instance_group") or [])
+        if group.get("kind") == "KIND_GPU"
+    ]
+    optimization = model_config.get("optimization") or {}
+    accelerators = (optimization.get("execution_accelerators") or {}).get("gpu_execution_accelerator") or []
+    found += [f"gpu_execution_accelerator '{accelerator.get('name', '')}'" for accelerator in accelerators]
+    cuda = optimization.get("cuda") or {}
+    found += [f"optimization {{ cuda {{ {key} }} }}" for key, value in cuda.items() if value]
+    found += [f"parameter '{key}'" for key in params if key in GPU_PARAMETERS or key.startswith(GPU_PARAMETER_PREFIX)]
+    if found:
+        raise ModelConfigError(
+            f"{', '.join(found)}: GPU setting(s), and tritonnx runs ONNX Runtime on the CPU only (onnxruntime "
+            f"{ort.__version__} here has {', '.join(ort.get_available_providers())}); remove them, or serve the model "
+            "with Triton's own onnxruntime backend on a GPU"
+        )
+
+
 def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
+    """The config's custom operator libraries, each one ONNX Runtime will find, as it will look for it.
+
+    ONNX Runtime hands the name to dlopen: a name with a slash is a path (a relative one from tritonserver's working
+    directory); a bare name (`libfoo.so`) is looked for by the dynamic loader (LD_LIBRARY_PATH, the ldconfig cache,
+    the system's library folders), as with Triton's onnxruntime backend. Loading it here is what the session would do.
+    """
     libraries = tuple((model_config.get("model_operations") or {}).get("op_library_filename") or ())
     for library in libraries:
-        if not os.path.isfile(library):
+        if "/" not in library:
+            try:
+                ctypes.CDLL(library)
+            except OSError as error:
+                raise ModelConfigError(
+                    f"model_operations: op_library_filename '{library}' is not a file the dynamic loader finds: a name "
+                    "without a slash is looked for in LD_LIBRARY_PATH, the ldconfig cache and the system's library "
+                    f"folders, not in tritonserver's working directory ({error})"
+                ) from None
+        elif not os.path.isfile(library):
             raise ModelConfigError(
                 f"model_operations: op_library_filename '{library}' is not a file (a relative path is taken from "
                 f"tritonserver's working directory, {os.getcwd()})"
@@ -204,17 +266,20 @@ class SessionSettings:
     def from_model_config(
         cls, model_config: dict, cores: int | None = None, server: Mapping[str, str] | None = None
     ) -> SessionSettings:
-        """Read the settings; unset thread counts share the cores evenly between instances.
+        """Read the settings; unset thread counts share the cores evenly between the model's own instances.
 
         Each Triton CPU instance is its own process with its own session: letting every session
         take all cores (ONNX Runtime's default) oversubscribes the machine as soon as two
-        instances run at once. `server` is tritonserver's `--backend-config` for the model's backend:
+        instances run at once. Other models on the server are not counted: which of them are loaded,
+        and which take load at the same time, is not the backend's to know (docs/models.md says how
+        to set the counts then). `server` is tritonserver's `--backend-config` for the model's backend:
         with `enable-global-threadpool=1` its `intra_op_thread_count` and `inter_op_thread_count` replace
         the model's, as the onnxruntime backend documents. (Its one pool per server process is here one
         pool per instance process, which holds one session: the same counts, no sharing to gain.)
         """
-        accelerators = _cpu_accelerators(model_config)
         params = _parameters(model_config)
+        _refuse_gpu_settings(model_config, params)
+        accelerators = _cpu_accelerators(model_config)
         if _as_bool("enable-global-threadpool", (server or {}).get("enable-global-threadpool", "0")):
             params = {k: v for k, v in params.items() if k not in _THREAD_COUNTS}
             params |= {k: v for k, v in (server or {}).items() if k in _THREAD_COUNTS}

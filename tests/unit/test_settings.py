@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import onnxruntime as ort
 import pytest
@@ -177,14 +178,50 @@ def test_without_an_accelerator_the_session_has_the_cpu_provider_alone(monkeypat
 
 
 @pytest.mark.parametrize("providers", [["CPUExecutionProvider"], ["OpenVINOExecutionProvider", "CPUExecutionProvider"]])
-def test_other_cpu_accelerators_are_refused_by_name_and_gpu_ones_do_not_apply(monkeypatch, providers):
+def test_other_cpu_accelerators_are_refused_by_name(monkeypatch, providers):
     monkeypatch.setattr(ort, "get_available_providers", lambda: providers)
     with pytest.raises(ModelConfigError, match="unknown Execution Accelerator 'dnnl' is requested"):
         SessionSettings.from_model_config(accelerating(cpu_execution_accelerator=[{"name": "dnnl"}]), cores=2)
-    gpu_only = SessionSettings.from_model_config(
-        accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}]), cores=2
-    )
-    assert gpu_only.intra_op_threads == 2 and gpu_only.providers() == ["CPUExecutionProvider"]
+
+
+GPU_GROUP = {"instance_group": [{"name": "m_0", "kind": "KIND_GPU", "count": 1, "gpus": [0]}]}
+# Triton's JSON of a config that says nothing about CUDA still carries `optimization { cuda }` with its defaults.
+CUDA_DEFAULTS = {"cuda": {"graphs": False, "busy_wait_events": False, "graph_spec": [], "output_copy_stream": False}}
+
+
+@pytest.mark.parametrize(
+    ("model_config", "named"),
+    [
+        (GPU_GROUP, "instance_group 'm_0' kind KIND_GPU"),
+        (accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}]), "gpu_execution_accelerator 'tensorrt'"),
+        (
+            accelerating(
+                gpu_execution_accelerator=[{"name": "cuda", "parameters": {"enable_cuda_graph": "1"}}],
+            ),
+            "gpu_execution_accelerator 'cuda'",
+        ),
+        ({"optimization": {"cuda": {**CUDA_DEFAULTS["cuda"], "graphs": True}}}, "optimization { cuda { graphs } }"),
+        (config(cudnn_conv_algo_search="1"), "parameter 'cudnn_conv_algo_search'"),
+        (config(gpu_mem_limit="4294967200"), "parameter 'gpu_mem_limit'"),
+        (config(arena_extend_strategy="1"), "parameter 'arena_extend_strategy'"),
+        (config(do_copy_in_default_stream="0"), "parameter 'do_copy_in_default_stream'"),
+        (config(enable_cuda_graph="1"), "parameter 'enable_cuda_graph'"),
+        (config(trt_engine_cache_enable="1"), "parameter 'trt_engine_cache_enable'"),
+    ],
+)
+def test_what_asks_for_a_gpu_is_refused_at_load_by_name(monkeypatch, model_config, named):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    with pytest.raises(ModelConfigError) as refused:
+        SessionSettings.from_model_config(model_config, cores=2)
+    message = str(refused.value)
+    assert message.startswith(named) and "tritonnx runs ONNX Runtime on the CPU only" in message
+    assert f"onnxruntime {ort.__version__} here has CPUExecutionProvider" in message
+
+
+def test_a_config_that_says_nothing_about_gpus_loads():
+    cpu = {**config(2), "optimization": CUDA_DEFAULTS}
+    cpu["instance_group"][0]["gpus"] = []
+    assert SessionSettings.from_model_config(cpu, cores=2).providers() == ["CPUExecutionProvider"]
 
 
 def test_model_warmup_replaces_the_backends_own_warm_up():
@@ -216,3 +253,35 @@ def test_nice_lowers_every_thread_of_the_instance_and_those_it_starts_later():
     base = os.getpriority(os.PRIO_PROCESS, 0)
     child = subprocess.run([sys.executable, "-c", _NICED_CHILD], capture_output=True, text=True, timeout=60, check=True)
     assert child.stdout.strip() == str([min(19, base + 7)])
+
+
+# A child process, started with or without the library's folder on LD_LIBRARY_PATH (the dynamic loader reads it at
+# start-up; a library this process has loaded would be found by its soname): the config names the library by its
+# file name alone, and a session registers it.
+_SONAME_CHILD = """
+import sys
+from backend.errors import ModelConfigError
+from backend.settings import SessionSettings
+config = {"model_operations": {"op_library_filename": [sys.argv[1]]}}
+try:
+    print(SessionSettings.from_model_config(config, cores=1).session_options().custom_op_libraries)
+except ModelConfigError as error:
+    print(error)
+"""
+
+
+def test_a_custom_operator_library_named_by_a_bare_soname_is_found_as_the_dynamic_loader_finds_it():
+    from onnxruntime_extensions import get_library_path
+
+    library = Path(get_library_path())
+
+    def child(library_path: str) -> str:
+        env = {**os.environ, "LD_LIBRARY_PATH": library_path}
+        command = [sys.executable, "-c", _SONAME_CHILD, library.name]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+
+    assert child(str(library.parent)).strip() == str([library.name])
+    # Elsewhere the same name is refused before any session, with the loader's reason.
+    refused = child("")
+    assert f"op_library_filename '{library.name}' is not a file the dynamic loader finds" in refused
+    assert "LD_LIBRARY_PATH" in refused and "cannot open shared object file" in refused
