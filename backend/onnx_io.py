@@ -12,7 +12,7 @@ import mmap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from backend.batch_axis import Ints, Node, coupled_nodes
+from backend.batch_axis import Dims, Graph, Ints, Node, Verdict, judge
 from backend.errors import ModelConfigError
 from backend.onnx_wire import LENGTH_DELIMITED, Buffer, Span, fields, messages, repeated_ints, small_int_tensor, text
 from backend.tensors import TensorSpec, tensor_spec
@@ -20,17 +20,18 @@ from backend.tensors import TensorSpec, tensor_spec
 # Field numbers of onnx.proto3.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
-_FUNCTION_NODE = 7
-_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE = 1, 2, 3, 4, 5
-_ATTRIBUTE_NAME, _ATTRIBUTE_INT, _ATTRIBUTE_TENSOR, _ATTRIBUTE_GRAPH, _ATTRIBUTE_INTS, _ATTRIBUTE_GRAPHS = (
+_FUNCTION_NAME, _FUNCTION_INPUT, _FUNCTION_OUTPUT, _FUNCTION_NODE, _FUNCTION_DOMAIN = 1, 4, 5, 7, 10
+_NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP_TYPE, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 3, 4, 5, 7
+_ATTRIBUTE_NAME, _ATTRIBUTE_INT, _ATTRIBUTE_STRING, _ATTRIBUTE_TENSOR, _ATTRIBUTE_GRAPH, _ATTRIBUTE_INTS = (
     1,
     3,
+    4,
     5,
     6,
     8,
-    11,
 )
-_TENSOR_NAME = 8
+_ATTRIBUTE_GRAPHS, _ATTRIBUTE_REF = 11, 21
+_TENSOR_DIMS, _TENSOR_NAME = 1, 8
 _VALUE_NAME, _VALUE_TYPE = 1, 2
 # TypeProto's `value` oneof: what a graph input or output holds.
 _TYPE_TENSOR = 1
@@ -38,9 +39,6 @@ _TYPE_KINDS = {1: "tensor", 4: "sequence", 5: "map", 8: "sparse tensor", 9: "opt
 _TENSOR_TYPE_ELEM, _TENSOR_TYPE_SHAPE = 1, 2
 _SHAPE_DIM = 1
 _DIM_VALUE, _DIM_PARAM = 1, 2
-
-# Operators whose result for one row depends on the other rows of the batch.
-BATCH_COUPLED_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
 
 
 @dataclass(frozen=True)
@@ -79,14 +77,14 @@ class GraphTensor:
 class GraphIO:
     """A graph's inputs and outputs, the operator types it uses (subgraphs included), and its nodes that mix rows.
 
-    `row_mixers` says, node by node, where the main graph reduces, normalises or picks over the batch axis
-    (`backend.batch_axis`).
+    `rows` is `backend.batch_axis`'s verdict: node by node, where the graph (its subgraphs and local functions
+    included) mixes the rows of a batch, and what the rule cannot judge.
     """
 
     inputs: tuple[GraphTensor, ...]
     outputs: tuple[GraphTensor, ...]
     op_types: frozenset[str]
-    row_mixers: tuple[str, ...] = ()
+    rows: Verdict = Verdict()
 
     def specs(self, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
         """Inputs and outputs as served, batch dim removed when `batched`.
@@ -124,14 +122,14 @@ class GraphIO:
         """Why a row of this graph's batch may not get what it would get alone, or None.
 
         ONNX Runtime's dynamic quantization (`quantize_dynamic`, as used for transformers) computes one scale over the
-        whole tensor it quantizes: rows stacked into one batch share it. Other nodes mix rows by what they do over
-        the batch axis.
+        whole tensor it quantizes: rows stacked into one batch share it (a quantizer of a constant weight shares
+        nothing). Other nodes mix rows by what they do over the batch axis.
         """
-        reasons = list(self.row_mixers)
-        quantizers = sorted(self.op_types & BATCH_COUPLED_OPS)
-        if quantizers:
-            reasons.insert(0, f"{', '.join(quantizers)} quantizes each tensor with one scale over the whole batch")
-        return "; ".join(reasons) or None
+        return "; ".join(self.rows.coupled) or None
+
+    def batch_undecided(self) -> str | None:
+        """What the batch-axis rule could not judge (the empirical check at load decides), or None."""
+        return "; ".join(self.rows.undecided) or None
 
     def cannot_batch(self) -> str | None:
         """Why Triton's batcher cannot stack requests of this graph, or None when it can.
@@ -196,9 +194,22 @@ def _node_op_types(data: Buffer, node: Span, found: set[str]) -> None:
 
 
 def _node(data: Buffer, span: Span) -> Node:
-    """A node's op type, name, inputs, outputs and integer attributes (an int, ints, or a small int tensor)."""
-    strings: dict[int, list[str]] = {_NODE_INPUT: [], _NODE_OUTPUT: [], _NODE_NAME: [], _NODE_OP_TYPE: []}
+    """A node as `backend.batch_axis` reads it.
+
+    Its op type, domain, name, inputs, outputs, integer and string attributes, subgraphs, and references to the
+    attributes of a function's call.
+    """
+    strings: dict[int, list[str]] = {
+        _NODE_INPUT: [],
+        _NODE_OUTPUT: [],
+        _NODE_NAME: [],
+        _NODE_OP_TYPE: [],
+        _NODE_DOMAIN: [],
+    }
     ints: dict[str, Ints] = {}
+    words: dict[str, str] = {}
+    graphs: dict[str, Graph] = {}
+    refs: dict[str, str] = {}
     for field in fields(data, *span):
         if field.number in strings and field.wire == LENGTH_DELIMITED:
             strings[field.number].append(text(data, field.span))
@@ -211,29 +222,69 @@ def _node(data: Buffer, span: Span) -> Node:
                     values += repeated_ints(data, part)
                 elif part.number == _ATTRIBUTE_TENSOR:
                     values += small_int_tensor(data, part.span) or ()
+                elif part.number == _ATTRIBUTE_STRING and part.wire == LENGTH_DELIMITED:
+                    words[name] = text(data, part.span)
+                elif part.number == _ATTRIBUTE_GRAPH:
+                    graphs[name] = _graph(data, part.span)
+                elif part.number == _ATTRIBUTE_REF:
+                    refs[name] = text(data, part.span)
             if values:
                 ints[name] = tuple(values)
+            if name in words and name in refs:
+                del words[name]
     return Node(
         op_type="".join(strings[_NODE_OP_TYPE]),
         name="".join(strings[_NODE_NAME]),
         inputs=tuple(strings[_NODE_INPUT]),
         outputs=tuple(strings[_NODE_OUTPUT]),
         ints=ints,
+        domain="".join(strings[_NODE_DOMAIN]),
+        strings=words,
+        graphs=graphs,
+        refs=refs,
     )
 
 
-def _row_mixers(data: Buffer, graph: Span, inputs: tuple[GraphTensor, ...]) -> tuple[str, ...]:
+def _graph(data: Buffer, span: Span) -> Graph:
+    """A graph for the batch-axis rule: nodes, formal inputs and outputs, small integer constants, known dims."""
     constants: dict[str, Ints] = {}
-    for initializer in messages(data, graph, _GRAPH_INITIALIZER):
+    dims: dict[str, Dims] = {}
+    for initializer in messages(data, span, _GRAPH_INITIALIZER):
+        names = [text(data, n) for n in messages(data, initializer, _TENSOR_NAME)]
+        shape = tuple(d for f in fields(data, *initializer) if f.number == _TENSOR_DIMS for d in repeated_ints(data, f))
         values = small_int_tensor(data, initializer)
-        if values is not None:
-            constants.update(dict.fromkeys((text(data, n) for n in messages(data, initializer, _TENSOR_NAME)), values))
-    nodes = [_node(data, span) for span in messages(data, graph, _GRAPH_NODE)]
-    for node in nodes:
-        if node.op_type == "Constant" and len(node.ints) == 1 and node.outputs:
-            constants[node.outputs[0]] = next(iter(node.ints.values()))
-    batched = (t.name for t in inputs if t.batchable and not t.has_default)
-    return tuple(coupled_nodes(nodes, batched, constants))
+        for name in names:
+            dims[name] = shape
+            if values is not None:
+                constants[name] = values
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for number, found in ((_GRAPH_INPUT, inputs), (_GRAPH_OUTPUT, outputs)):
+        for value in messages(data, span, number):
+            tensor = _value_info(data, value)
+            found.append(tensor.name)
+            if number == _GRAPH_INPUT and tensor.shape is not None and tensor.name not in dims:
+                dims[tensor.name] = tuple(d if isinstance(d, int) and d > 0 else None for d in tensor.shape)
+    nodes = tuple(_node(data, node) for node in messages(data, span, _GRAPH_NODE))
+    return Graph(nodes, tuple(inputs), tuple(outputs), constants, dims)
+
+
+def _functions(data: Buffer, whole: Span) -> dict[tuple[str, str], Graph]:
+    """The model's local functions by (domain, name), as a node calls them."""
+    found = {}
+    for function in messages(data, whole, _MODEL_FUNCTIONS):
+        parts: dict[int, list[str]] = {
+            _FUNCTION_NAME: [],
+            _FUNCTION_DOMAIN: [],
+            _FUNCTION_INPUT: [],
+            _FUNCTION_OUTPUT: [],
+        }
+        for number, values in parts.items():
+            values += (text(data, s) for s in messages(data, function, number))
+        nodes = tuple(_node(data, node) for node in messages(data, function, _FUNCTION_NODE))
+        key = ("".join(parts[_FUNCTION_DOMAIN]), "".join(parts[_FUNCTION_NAME]))
+        found[key] = Graph(nodes, tuple(parts[_FUNCTION_INPUT]), tuple(parts[_FUNCTION_OUTPUT]))
+    return found
 
 
 def read_graph_io(onnx_file: Path) -> GraphIO:
@@ -260,11 +311,12 @@ def read_graph_io(onnx_file: Path) -> GraphIO:
             for node in messages(data, function, _FUNCTION_NODE):
                 _node_op_types(data, node, op_types)
         inputs = tuple(_value_info(data, span, initializers) for span in messages(data, graph, _GRAPH_INPUT))
+        batched = [t.name for t in inputs if t.batchable and not t.has_default]
         return GraphIO(
             inputs,
             tuple(_value_info(data, span) for span in messages(data, graph, _GRAPH_OUTPUT)),
             frozenset(op_types),
-            _row_mixers(data, graph, inputs),
+            judge(_graph(data, graph), batched, _functions(data, whole)),
         )
 
 

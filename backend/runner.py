@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,13 +23,17 @@ from backend.onnx_io import read_graph_io
 from backend.session_cache import create_session, default_cache_dir
 from backend.settings import SessionSettings, lower_cpu_priority
 from backend.validation import ModelSignature, PreparedRequest, prepare_request
-from backend.warmup import TRAPPING_OPS, crash_in_child, warm_up_candidates
+from backend.warmup import TRAPPING_OPS, crash_in_child, random_rows, warm_up_candidates
 
 Result = dict[str, np.ndarray] | RequestError
 
 # ONNX Runtime's messages name its own source files and C++ functions; a caller needs neither.
 _ORT_SOURCE = re.compile(r"\S*onnxruntime_src/\S+:\d+ (?:[^()]*\([^)]*\) )?")
 _WARM_UP_CHILD_SECONDS = 120.0
+# The batch-independence check at load: this many rows stacked, then one by one (a model's maximum permitting).
+CHECK_ROWS = 3
+FLOAT_TOLERANCE = {2: 1e-2, 4: 1e-4, 8: 1e-4}  # by bytes per element: FP16's 11-bit mantissa needs the wider one
+_KEPT = "the rule's verdict stands: it batches"
 _warn = logging.getLogger(__name__).warning  # where a runner logs when it is given no logger
 
 
@@ -39,6 +43,32 @@ def _shapes(feeds: Tensors) -> str:
 
 def _caller_message(error: Exception) -> str:
     return _ORT_SOURCE.sub("", str(error)).strip()
+
+
+def rows_agree(stacked: Mapping[str, np.ndarray], alone: Sequence[Mapping[str, np.ndarray]]) -> str | None:
+    """How the outputs of rows run stacked differ from those rows run one by one, or None when they agree.
+
+    Stacking may change how a kernel blocks its float sums, which moves the last bits: floats agree within
+    FLOAT_TOLERANCE of the output's largest magnitude (relative and absolute), as the served answers are compared
+    with in-process ONNX Runtime elsewhere; rows that really mix (a batch mean, a shared quantization scale of 1/255
+    of the range) move by far more. Integers, booleans and strings agree exactly.
+    """
+    for name, together in stacked.items():
+        parts = [outputs[name] for outputs in alone]
+        if together.ndim == 0 or any(p.ndim != together.ndim for p in parts):
+            return f"output '{name}' has shape {list(together.shape)} stacked"
+        apart = np.concatenate(parts)
+        if together.shape != apart.shape:
+            return f"output '{name}' has shape {list(together.shape)} stacked, {list(apart.shape)} row by row"
+        if np.issubdtype(together.dtype, np.floating):
+            tolerance = FLOAT_TOLERANCE.get(together.dtype.itemsize, 1e-4)
+            scale = float(np.nanmax(np.abs(apart), initial=0.0)) or 1.0
+            if not np.allclose(together, apart, rtol=tolerance, atol=tolerance * scale, equal_nan=True):
+                worst = float(np.nanmax(np.abs(together.astype(np.float64) - apart)))
+                return f"output '{name}' differs by up to {worst:.3g}, its values reach {scale:.3g}"
+        elif not np.array_equal(together, apart):
+            return f"output '{name}' differs in {int(np.sum(together != apart))} of {apart.size} elements"
+    return None
 
 
 class OnnxModelRunner:
@@ -53,8 +83,8 @@ class OnnxModelRunner:
         coupled: bool = False,
     ) -> None:
         self.session = session
-        # A batch-coupled graph (dynamic quantization: one scale over the batch) runs each request alone, whatever
-        # Triton's batcher gathered, so that an answer never depends on strangers' rows.
+        # A batch-coupled graph (found by backend.batch_axis, or by the check at load) runs each request alone,
+        # whatever Triton's batcher gathered, so that an answer never depends on strangers' rows.
         self.coupled = coupled
         self.signature = signature
         self.run_options = run_options
@@ -90,12 +120,74 @@ class OnnxModelRunner:
         if coupling and signature.batched:
             log(f"model '{name}': its rows are not independent ({coupling}): each request runs alone")
         runner = cls(session, signature, settings.run_options(), log, coupled=coupling is not None)
+        trapping = bool(graph.op_types & TRAPPING_OPS)
         if settings.warm_up:
-            if graph.op_types & TRAPPING_OPS:
+            if trapping:
                 runner.warm_up_in_child_first(onnx_file, settings, cache_dir)
             else:
                 runner.warm_up()
+        if signature.batched and max_batch_size > 1 and not runner.coupled:
+            crash = runner.rows_check_in_child(onnx_file, settings, cache_dir) if trapping else None
+            if crash is None:
+                runner.check_rows(graph.batch_undecided())
+            else:
+                log(f"model '{name}': the batch-independence check {crash} in a child process; {_KEPT}")
         return runner
+
+    def _check_candidates(self) -> Iterator[dict[str, np.ndarray]]:
+        for ones in warm_up_candidates(self.signature.inputs, batched=True):
+            yield random_rows(ones, min(CHECK_ROWS, self.signature.max_batch_size))
+
+    def check_rows(self, undecided: str | None) -> None:
+        """Run a few rows stacked and one by one: rows that disagree make each request run alone.
+
+        The static rule (backend.batch_axis) names what it can show; this catches what it cannot judge or does not
+        know. Floats compare within a tolerance (`rows_agree`), everything else exactly.
+        """
+        name, failures = self.signature.name, []
+        for feeds in self._check_candidates():
+            rows = len(next(iter(feeds.values())))
+            try:
+                stacked = self._run(feeds)
+                alone = [self._run({n: a[i : i + 1] for n, a in feeds.items()}) for i in range(rows)]
+            except Exception as error:  # noqa: BLE001 - not every model takes these values
+                failures.append(f"{_shapes(feeds)}: {_caller_message(error)}")
+                continue
+            differs = rows_agree(stacked, alone)
+            if differs:
+                self.coupled = True
+                self._log(
+                    f"model '{name}': its rows are not independent: {rows} rows run stacked and one by one "
+                    f"disagree ({differs}): each request runs alone"
+                )
+            elif undecided:
+                self._log(
+                    f"model '{name}': the batch-axis rule cannot judge {undecided}; {rows} rows run stacked and one by "
+                    "one agree: it batches"
+                )
+            return
+        self._log(f"model '{name}': the batch-independence check could not run ({'; '.join(failures)}); {_KEPT}")
+
+    def rows_check_in_child(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> str | None:
+        """How a forked child running the check's rows died (integer division by zero), or None."""
+        candidates = list(self._check_candidates())
+        options = settings.session_options()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1  # a fork has none of our threads
+        providers = replace(settings, intra_op_threads=1).providers()
+        names = [spec.name for spec in self.signature.outputs]
+
+        def run_in_child() -> None:
+            session = create_session(onnx_file, options, cache_dir, lambda _: None, providers)
+            for feeds in candidates:
+                try:
+                    session.run(names, feeds)
+                    for i in range(len(next(iter(feeds.values())))):
+                        session.run(names, {n: a[i : i + 1] for n, a in feeds.items()})
+                    return
+                except Exception:  # noqa: BLE001 - the next shape, as check_rows tries them
+                    continue
+
+        return crash_in_child(run_in_child, _WARM_UP_CHILD_SECONDS)
 
     def warm_up(self) -> None:
         """Run requests of ones until one runs (backend.warmup says which shapes are tried).

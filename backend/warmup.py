@@ -11,6 +11,9 @@ first the smallest request (1), then longer (16, 512) for kernels and windows a 
 not fill (an audio model's first convolution). Dims of one name get one size, a dim named for past
 keys and values is 0 (an empty cache), and a dim named by an expression of such names
 (`past_sequence_length + sequence_length`, an attention mask) is that sum.
+
+The batch-independence check at load (backend.runner) takes the same shapes with a few rows of
+pseudo-random values (`random_rows`).
 """
 
 from __future__ import annotations
@@ -54,6 +57,28 @@ def warm_up_candidates(inputs: tuple[TensorSpec, ...], batched: bool) -> Iterato
             feeds[spec.name] = np.full(shape, "1", dtype=np.object_) if spec.is_string else np.ones(shape, spec.dtype)
         else:
             yield feeds
+
+
+def random_rows(feeds: dict[str, np.ndarray], rows: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """`feeds` (of one row each) as `rows` rows of deterministic pseudo-random values, each row unlike the others.
+
+    Floats are normal values, row i scaled by 1 + 3i (a quantizer's scale, a batch mean, move with the loudest row);
+    integers are small and non-negative (ids, counts, masks), booleans random, strings single letters.
+    """
+    rng = np.random.default_rng(seed)
+    stacked = {}
+    for name, one in feeds.items():
+        shape = (rows, *one.shape[1:])
+        if one.dtype == np.object_:
+            stacked[name] = rng.choice(np.array(list("abcdefgh"), dtype=np.object_), shape)
+        elif one.dtype == np.bool_:
+            stacked[name] = rng.integers(0, 2, shape).astype(np.bool_)
+        elif np.issubdtype(one.dtype, np.integer):
+            stacked[name] = rng.integers(0, 4, shape).astype(one.dtype)
+        else:
+            scale = (1 + 3 * np.arange(rows)).reshape(rows, *[1] * (len(shape) - 1))
+            stacked[name] = (rng.standard_normal(shape) * scale).astype(one.dtype)
+    return stacked
 
 
 def _dynamic_size(name: str | None, length: int) -> int:
