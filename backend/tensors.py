@@ -10,7 +10,11 @@ Two ONNX shapes have no Triton config of their own, so the config and the graph 
   onnxruntime backend does with `reshape: { shape: [] }` (which Triton 2.51 refuses for a model
   that does not batch, and the Python backend's auto-complete cannot write);
 - a fixed dim of size 0 (an empty `axes` input) is declared -1, Triton allowing no 0 in dims; the
-  backend still holds the request to the graph's 0.
+  backend still holds the request to the graph's 0;
+- a tensor of unknown rank (no shape in the graph) is declared `dims: [1]` in a model that does
+  not batch, as Triton's onnxruntime backend declares it (ONNX Runtime reports no dims for it, as
+  for a scalar): the request's tensor reaches ONNX Runtime at the shape it came with, and an
+  output at the shape ONNX Runtime gives it.
 """
 
 from __future__ import annotations
@@ -88,7 +92,8 @@ class TensorSpec:
     each dim (None where it has none): dims that share a name, like `sequence` of `input_ids`
     and `attention_mask`, must have the same size within a request, and an output dim named
     like a ragged input's dim is cut back to each request's own size. An `optional` input has
-    a default in the graph (an initializer) and may be left out of a request.
+    a default in the graph (an initializer) and may be left out of a request. An `any_rank` tensor
+    has no shape in the graph: no dims, served as `[1]` like a scalar, taken at any shape.
     """
 
     name: str
@@ -96,6 +101,7 @@ class TensorSpec:
     dims: tuple[int, ...]
     dim_names: tuple[str | None, ...] = ()
     optional: bool = False
+    any_rank: bool = False
 
     @property
     def is_string(self) -> bool:
@@ -118,7 +124,13 @@ class TensorSpec:
         return _BY_DTYPE[self.dtype].config_type
 
     def describe(self) -> str:
-        shape = "scalar, sent as [1]" if self.scalar else str(list(self.dims))
+        shape = (
+            "unknown rank, sent as [1]"
+            if self.any_rank
+            else "scalar, sent as [1]"
+            if self.scalar
+            else str(list(self.dims))
+        )
         return f"{self.name} ({datatype_name(self.dtype)} {shape}{', optional' if self.optional else ''})"
 
     def as_config(self) -> dict[str, object]:
@@ -139,9 +151,10 @@ def tensor_spec(
 ) -> TensorSpec:
     """Describe one graph input or output; symbolic or unknown dims become -1.
 
-    `shape` is None when the graph gives no shape at all (unknown rank), which Triton cannot
-    declare. With `batched`, the first dim is the batch dim and must not be fixed to a size, or
-    Triton's batcher could hand the model more rows than the graph accepts.
+    `shape` is None when the graph gives no shape at all (unknown rank): served as Triton's onnxruntime
+    backend serves it, in a model that does not batch. With `batched`, the first dim is the batch dim
+    and must not be fixed to a size, or Triton's batcher could hand the model more rows than the graph
+    accepts.
     """
     element = ELEMENT_TYPES.get(elem_type)
     if element is None or element.datatype is None:
@@ -153,10 +166,13 @@ def tensor_spec(
             f"{element.datatype} tensors to numpy, so tritonnx cannot serve it (cast it to float16 or float in the graph)"
         )
     if shape is None:
-        raise ModelConfigError(
-            f"{role} '{name}' has no shape in the graph (unknown rank), which Triton cannot declare: "
-            "give it a shape when exporting the model"
-        )
+        if batched:
+            raise ModelConfigError(
+                f"{role} '{name}' has no shape in the graph (unknown rank), so it has no batch dim: set "
+                "max_batch_size: 0 (Triton's onnxruntime backend refuses it too), or give it a shape when exporting "
+                "the model"
+            )
+        return TensorSpec(name, element.dtype, (), (), optional, any_rank=True)
     dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
     names = tuple(d if isinstance(d, str) and d else None for d in shape)
     if batched:

@@ -53,7 +53,12 @@ class PreparedRequest:
 
 
 def _as_onnx_strings(name: str, array: np.ndarray) -> np.ndarray:
-    """Triton hands BYTES tensors over as bytes objects; ONNX Runtime wants str (UTF-8)."""
+    """Triton hands BYTES tensors over as bytes objects; ONNX Runtime's Python API wants str.
+
+    It encodes each str as UTF-8 (a str carrying undecodable bytes as surrogates is refused) and turns a bytes object
+    into its repr, so bytes that are not UTF-8 cannot reach the graph; Triton's onnxruntime backend, through the C API,
+    passes them as they are.
+    """
     flat = array.reshape(-1)
     decoded = np.empty(flat.shape, dtype=np.object_)
     for index, value in enumerate(flat):
@@ -63,7 +68,7 @@ def _as_onnx_strings(name: str, array: np.ndarray) -> np.ndarray:
             except UnicodeDecodeError as error:
                 raise InvalidInputError(
                     f"input '{name}' element {index} is not valid UTF-8 ({error.reason} at byte {error.start}): "
-                    "ONNX string tensors hold UTF-8 text"
+                    "ONNX Runtime's Python API, which serves the model, takes string tensors as UTF-8 text only"
                 ) from None
         elif not isinstance(value, str):
             raise InvalidInputError(f"input '{name}' element {index} is a {type(value).__name__}, not a string")
@@ -83,7 +88,9 @@ def _check_dtype(spec: TensorSpec, array: np.ndarray, signature: ModelSignature)
 
 
 def _check_rank(spec: TensorSpec, array: np.ndarray, signature: ModelSignature) -> np.ndarray:
-    """The array at the graph's rank: a scalar arrives at its config dims [1]."""
+    """The array at the graph's rank: a scalar arrives at its config dims [1]; a tensor of unknown rank as it came."""
+    if spec.any_rank:
+        return array
     rank = len(spec.dims) + signature.batched
     if spec.scalar and array.ndim == rank + 1 and array.shape[-1] == 1:
         return array.reshape(array.shape[:-1])
@@ -124,7 +131,7 @@ def prepare_request(inputs: Mapping[str, np.ndarray], signature: ModelSignature)
             continue
         array = _check_rank(spec, _check_dtype(spec, inputs[spec.name], signature), signature)
         shape = array.shape[1:] if signature.batched else array.shape
-        for actual, wanted in zip(shape, spec.dims, strict=True):  # the rank is checked above
+        for actual, wanted in zip(shape, spec.dims, strict=not spec.any_rank):  # rank checked above; unknown: no dims
             if wanted != -1 and actual != wanted:
                 raise InvalidInputError(
                     f"input '{spec.name}' has shape {list(array.shape)}, which does not fit "

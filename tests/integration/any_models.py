@@ -12,10 +12,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnxruntime_extensions import get_library_path
 
 from backend.server.repository import add_model
 
 POLICY = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
+# onnxruntime-extensions' library, named in a config by its file name alone: the server needs its folder on
+# LD_LIBRARY_PATH.
+EXTENSIONS_LIBRARY = Path(get_library_path())
+# tritonserver's flags for the repository: a backend setting written with a space, as tritonserver's docs write it.
+SERVER_ARGS = ["--backend-config", "onnxruntime,default-max-batch-size=6"]
 
 # Every ONNX element type Triton's Python backend carries, with its numpy dtype.
 CARRIED_TYPES = {
@@ -170,6 +176,61 @@ def external_weights() -> onnx.ModelProto:
     )
 
 
+def unknown_rank() -> onnx.ModelProto:
+    """y = 2x and z = w, where x, y and z have no shape in the graph (unknown rank) and w is FP32 [2, 3].
+
+    ONNX's checker wants a shape on every graph input and output; ONNX Runtime loads the graph without one.
+    """
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"]), helper.make_node("Identity", ["w"], ["z"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [value("x", TensorProto.FLOAT, None), value("w", TensorProto.FLOAT, [2, 3])],
+        [value("y", TensorProto.FLOAT, None), value("z", TensorProto.FLOAT, None)],
+        [two],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def string_not_utf8() -> onnx.ModelProto:
+    """word = ["ok", bytes 0xff 0xfe][i]: a string output that is UTF-8 for i = 0 and not for i = 1."""
+    words = helper.make_tensor("words", TensorProto.STRING, [2], [b"ok", b"\xff\xfe"])
+    return _model(
+        [helper.make_node("Gather", ["words", "i"], ["word"], axis=0)],
+        [value("i", TensorProto.INT64, [1])],
+        [value("word", TensorProto.STRING, [1])],
+        [words],
+    )
+
+
+def upper() -> onnx.ModelProto:
+    """text BYTES [n] -> upper BYTES [n] by onnxruntime-extensions' StringUpper (a custom operator library's op)."""
+    graph = helper.make_graph(
+        [helper.make_node("StringUpper", ["text"], ["upper"], domain="ai.onnx.contrib")],
+        "upper",
+        [value("text", TensorProto.STRING, ["n"])],
+        [value("upper", TensorProto.STRING, ["n"])],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.contrib", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 9
+    return model
+
+
+def negate() -> onnx.ModelProto:
+    """y = -x over FP32 [n, 4]: a graph that batches."""
+    return _model(
+        [helper.make_node("Neg", ["x"], ["y"])],
+        [value("x", TensorProto.FLOAT, ["n", 4])],
+        [value("y", TensorProto.FLOAT, ["n", 4])],
+    )
+
+
+GPU_ACCELERATOR = 'optimization { execution_accelerators { gpu_execution_accelerator [ { name: "tensorrt" } ] } }\n'
+
 # name -> (builder, config.pbtxt); models that must fail to load are listed in REFUSED.
 MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
     "every_type": (every_type, POLICY),
@@ -185,10 +246,22 @@ MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], str]] = {
     "external_weights": (external_weights, POLICY + "max_batch_size: 8\n"),
     "sequence_input": (sequence_input, POLICY),
     "bfloat16": (bfloat16, POLICY),
+    "unknown_rank": (unknown_rank, POLICY),
+    "string_not_utf8": (string_not_utf8, POLICY),
+    "custom_op_by_soname": (
+        upper,
+        POLICY + f'model_operations {{ op_library_filename: "{EXTENSIONS_LIBRARY.name}" }}\n',
+    ),
+    "space_form_backend_config": (negate, 'platform: "onnxruntime_onnx"\n'),
+    "gpu_accelerator": (negate, POLICY + GPU_ACCELERATOR),
+    "gpu_instances": (negate, 'backend: "python"\ninstance_group [ { kind: KIND_GPU, count: 1 } ]\n'),
 }
 REFUSED = {
     "sequence_input": "input 'items' is a sequence, not a tensor: Triton carries tensors only",
     "bfloat16": "input 'x' is a tensor(bfloat16) tensor: Triton 2.51's Python backend cannot hand BF16 tensors to numpy",
+    "gpu_accelerator": "gpu_execution_accelerator 'tensorrt': GPU setting(s), and tritonnx runs ONNX Runtime on the CPU only",
+    # Triton's core, before the backend: this machine has no GPU.
+    "gpu_instances": "has kind KIND_GPU but no GPUs are available",
 }
 
 

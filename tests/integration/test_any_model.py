@@ -16,7 +16,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from backend.server.stack import ServingStack
-from tests.integration.any_models import CARRIED_TYPES, MODELS, REFUSED, write_repository
+from tests.integration.any_models import (
+    CARRIED_TYPES,
+    EXTENSIONS_LIBRARY,
+    MODELS,
+    REFUSED,
+    SERVER_ARGS,
+    write_repository,
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +38,11 @@ def served(tmp_path_factory):
         triton_http=False,
         all_models_ready=False,  # two models are meant to fail
         triton_cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` here
-        triton_env={"TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache")},
+        triton_env={
+            "TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache"),
+            "LD_LIBRARY_PATH": str(EXTENSIONS_LIBRARY.parent),  # tritonserver's own libraries go first
+        },
+        triton_args=SERVER_ARGS,
     )
     with stack:
         yield stack.triton, files
@@ -208,3 +219,44 @@ def test_a_model_with_external_weights_loads_and_batches(served, client):
     x = np.random.default_rng(5).standard_normal((3, 64)).astype(np.float32)
     got = infer(client, "external_weights", {"x": x}, ["y"])["y"]
     np.testing.assert_allclose(got, in_process(files["external_weights"], {"x": x}, ["y"])["y"], rtol=1e-6, atol=1e-6)
+
+
+def test_an_unknown_rank_input_and_output_are_served_as_the_onnxruntime_backend_serves_them(served, client):
+    _, files = served
+    model_config = config(served, client, "unknown_rank")
+    # ONNX Runtime reports no dims for an unknown rank: [1] in the config, and no batching.
+    assert model_config.max_batch_size == 0
+    assert [(t.name, list(t.dims)) for t in model_config.input] == [("x", [1]), ("w", [2, 3])]
+    assert [(t.name, list(t.dims)) for t in model_config.output] == [("y", [1]), ("z", [1])]
+    feeds = {"x": np.array([1.5], np.float32), "w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    got = infer(client, "unknown_rank", feeds, ["y", "z"])
+    expected = in_process(files["unknown_rank"], feeds, ["y", "z"])
+    assert got["y"].tolist() == expected["y"].tolist() == [3.0]
+    # An output of unknown rank comes back at the shape ONNX Runtime gives it, whatever the config says.
+    assert got["z"].shape == expected["z"].shape == (2, 3)
+    np.testing.assert_array_equal(got["z"], expected["z"])
+
+
+def test_string_bytes_that_are_not_utf8_fail_their_request_with_the_reason(served, client):
+    # Out: ONNX Runtime's Python API cannot decode the graph's string, so the request fails saying so.
+    assert infer(client, "string_not_utf8", {"i": np.array([0])}, ["word"])["word"].tolist() == [b"ok"]
+    with pytest.raises(InferenceServerException, match="'utf-8' codec can't decode byte 0xff in position 0"):
+        infer(client, "string_not_utf8", {"i": np.array([1])}, ["word"])
+    # In: refused before ONNX Runtime, naming the element.
+    inputs = typed_inputs(1, seed=7)
+    inputs["x_string"] = np.array([[b"ok", b"\xff\xfe"]], dtype=object)
+    with pytest.raises(InferenceServerException, match="input 'x_string' element 1 is not valid UTF-8") as refused:
+        infer(client, "every_type", inputs, ["y_string"])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert infer(client, "string_not_utf8", {"i": np.array([0])}, ["word"])["word"].tolist() == [b"ok"]
+
+
+def test_a_custom_operator_library_named_by_its_soname_is_found_on_the_servers_library_path(served, client):
+    text = np.array([[b"tritonnx"], ["w\u00f6rld".encode()]], dtype=object)  # [batch, 1]: one string per row
+    got = infer(client, "custom_op_by_soname", {"text": text}, ["upper"])["upper"]
+    assert got.tolist() == [[b"TRITONNX"], ["W\u00f6RLD".encode()]]
+
+
+def test_a_backend_config_written_with_a_space_reaches_the_onnxruntime_backend(served, client):
+    assert SERVER_ARGS == ["--backend-config", "onnxruntime,default-max-batch-size=6"]
+    assert config(served, client, "space_form_backend_config").max_batch_size == 6

@@ -1,8 +1,10 @@
 import numpy as np
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
 
-from backend.errors import InvalidInputError
-from backend.tensors import TensorSpec
+from backend.errors import InvalidInputError, ModelConfigError
+from backend.tensors import TensorSpec, tensor_spec
 from backend.validation import ModelSignature, prepare_request
 
 IMAGE = ModelSignature(
@@ -110,8 +112,46 @@ def test_strings_become_str_with_nul_and_non_ascii_bytes_kept():
 
 def test_bytes_that_are_not_utf8_are_refused_with_their_place():
     words = np.array([b"ok", b"\xff\xfe"], dtype=object)
-    with pytest.raises(InvalidInputError, match=r"input 'words' element 1 is not valid UTF-8 .*at byte 0"):
+    with pytest.raises(InvalidInputError, match=r"input 'words' element 1 is not valid UTF-8 .*at byte 0") as refused:
         prepare_request({"scale": np.ones(1, np.float32), "axes": np.zeros(0, np.int64), "words": words}, FLAT)
+    assert "ONNX Runtime's Python API, which serves the model, takes string tensors as UTF-8 text only" in str(
+        refused.value
+    )
+
+
+def test_onnx_runtimes_python_api_cannot_carry_bytes_that_are_not_utf8_either_way():
+    # Why the bytes are refused above rather than passed on: in, ONNX Runtime turns a bytes object into its repr and
+    # refuses a str holding them as surrogates; out, it fails decoding a string that is not UTF-8.
+    words = helper.make_tensor_value_info("words", TensorProto.STRING, ["n"])
+    same = helper.make_tensor_value_info("same", TensorProto.STRING, ["n"])
+    stored = helper.make_tensor_value_info("stored", TensorProto.STRING, [1])
+    constant = helper.make_tensor("constant", TensorProto.STRING, [1], [b"\xff\xfe"])
+    nodes = [helper.make_node("Identity", ["words"], ["same"]), helper.make_node("Identity", ["constant"], ["stored"])]
+    graph = helper.make_graph(nodes, "strings", [words], [same, stored], [constant])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(["same"], {"words": np.array([b"\xff"], object)})[0].tolist() == ["b'\\xff'"]
+    with pytest.raises(UnicodeEncodeError):
+        session.run(["same"], {"words": np.array([b"\xff".decode(errors="surrogateescape")], object)})
+    with pytest.raises(UnicodeDecodeError):
+        session.run(["stored"], {"words": np.array(["ok"], object)})
+
+
+def test_a_tensor_of_unknown_rank_reaches_onnx_runtime_at_the_shape_it_came_with():
+    spec = tensor_spec("free", TensorProto.FLOAT, None, batched=False)
+    assert spec.any_rank and spec.as_config()["dims"] == [1]  # as Triton's onnxruntime backend declares it
+    assert spec.describe() == "free (FP32 unknown rank, sent as [1])"
+    signature = ModelSignature("free", (spec,), (spec,), max_batch_size=0)
+    for shape in [(1,), (), (2, 3)]:
+        array = np.ones(shape, np.float32)
+        assert prepare_request({"free": array}, signature).feeds["free"].shape == shape
+    with pytest.raises(InvalidInputError, match="has datatype INT64, expected FP32"):
+        prepare_request({"free": np.ones(1, np.int64)}, signature)
+    with pytest.raises(
+        ModelConfigError, match=r"'free' has no shape in the graph \(unknown rank\), so it has no batch dim"
+    ):
+        tensor_spec("free", TensorProto.FLOAT, None, batched=True, role="input")
 
 
 def test_an_optional_input_may_be_given_and_a_required_one_may_not_be_left_out():
