@@ -62,7 +62,8 @@ def complete_config(config: Any, onnx_file: Path, config_file: Path, log: Callab
     if writes_inputs_and_outputs(current):
         log(
             f"model '{name}': inputs and outputs are written, so nothing is auto-completed (as Triton's onnxruntime "
-            f"backend does): max_batch_size {current.get('max_batch_size', 0)} as written, no scheduler added"
+            f"backend does): max_batch_size {current.get('max_batch_size', 0)} (as written, 0 when unwritten), no scheduler "
+            "added"
         )
     else:
         max_batch_size = _complete_batching(config, name, graph, config_file, log)

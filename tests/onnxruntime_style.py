@@ -1,8 +1,9 @@
 """A model repository written for Triton's onnxruntime backend: no model.py in it, configs as Triton's documentation
 and tutorials write them (`platform: "onnxruntime_onnx"`, `backend: "onnxruntime"`, none at all,
-`default_model_filename`, inputs spelled out with `reshape` and labels, sequence batching's controls), plus `backend:
-"tritonnx"`, the name that picks tritonnx where NVIDIA's native onnxruntime backend is installed. The integration tests
-serve it as `make serve` does, the container tests in tritonnx:cpu and tritonnx:ngc.
+`default_model_filename`, inputs spelled out with `reshape` and labels, every dim written with no max_batch_size,
+sequence batching's controls), plus `backend: "tritonnx"`, the name that picks tritonnx where NVIDIA's native
+onnxruntime backend is installed. The integration tests serve it as `make serve` does, the container tests in
+tritonnx:cpu and tritonnx:ngc.
 """
 
 from __future__ import annotations
@@ -24,6 +25,15 @@ from tests.integration.any_models import _model, value
 from tests.kserve import assert_close, make_inputs, reference_session
 from tests.serving import MODEL_REPOSITORY
 
+TUTORIAL = (
+    'platform: "onnxruntime_onnx"\n'
+    'input [{ name: "input", data_type: TYPE_FP32, dims: [-1, 3, 224, 224] }]\n'
+    'output [{ name: "output", data_type: TYPE_FP32, dims: [-1, 1000] }]\n'
+)
+EXPLICIT = (
+    'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+    'input [{ name: "x", data_type: TYPE_FP32, dims: [3] }]\noutput [{ name: "y", data_type: TYPE_FP32, dims: [3] }]\n'
+)
 # model -> (config.pbtxt, or None for none at all; the graph's file name in the version folder)
 REPOSITORY = {
     "platform": ('platform: "onnxruntime_onnx"\nmax_batch_size: 8\n', "model.onnx"),
@@ -59,7 +69,14 @@ REPOSITORY = {
         f'platform: "onnxruntime_onnx"\nmax_batch_size: 8\nmodel_operations {{ op_library_filename: "{get_library_path()}" }}\n',
         "model.onnx",
     ),
+    # Triton's tutorials' style: every dim written, the batch dim included, and no max_batch_size. Nothing is
+    # auto-completed: max_batch_size 0, each request's tensors handed whole to the graph.
+    "tutorial": (TUTORIAL, "model.onnx"),
+    # max_batch_size with explicit dims and no scheduler: nothing is auto-completed, Triton's default scheduler.
+    "explicit": (EXPLICIT, "model.onnx"),
 }
+# Models that are the real mobilenet_v3_small of the demo repository.
+REAL_NETWORKS = frozenset({"mobilenet", "tutorial"})
 
 
 def sequence_step() -> onnx.ModelProto:
@@ -110,7 +127,7 @@ def write_repository(
         if config is not None:
             (repository / name / "config.pbtxt").write_text(config)
         files[name] = repository / name / "1" / file_name
-        if name == "mobilenet":
+        if name in REAL_NETWORKS:
             shutil.copyfile(MODEL_REPOSITORY / "mobilenet_v3_small" / "1" / "model.onnx", files[name])
         elif name == "custom_op":
             string_upper(files[name])
@@ -140,7 +157,7 @@ class Example:
 def example(name: str, seed: int = 1) -> Example:
     """A request of two rows (one for the sequence model, whose request starts and ends its sequence)."""
     rng = np.random.default_rng(seed)
-    if name == "mobilenet":
+    if name in REAL_NETWORKS:
         x = rng.standard_normal((2, 3, 224, 224), dtype=np.float32)
         return Example({"input": x}, {"input": x})
     if name == "quantized":
@@ -169,7 +186,7 @@ def assert_served_as_in_process(client: grpcclient.InferenceServerClient, name: 
     for output, expected in zip(names, session.run(names, request.fed), strict=True):
         served = result.as_numpy(output)
         assert served is not None and served.shape == expected.shape, (name, output)
-        if name == "mobilenet":
+        if name in REAL_NETWORKS:
             assert_close(served, expected)
         else:
             np.testing.assert_array_equal(served, expected, err_msg=f"{name}: {output}")

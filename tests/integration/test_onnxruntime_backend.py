@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +17,18 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.server.model_control import TritonControl
+from backend.server.model_control import ControlError, TritonControl
 from backend.server.stack import ServingStack
 from backend.server.stubs import live_stubs
 from backend.server.versions import ModelFolder, publish
 from tests.graphs import LOUD_ID
+from tests.integration.any_models import _model, value
 from tests.kserve import infer_concurrently, make_inputs, reference_session
 from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, scaled_relu, write_repository
+
+# The repository's models whose configs write inputs and outputs: tritonserver serves them as written with or
+# without --disable-auto-complete-config.
+FULL_CONFIGS = ("tutorial", "explicit", "labelled")
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +74,14 @@ def test_batching_and_instances_are_what_the_config_and_the_graph_say(client):
         "quantized": 8,
         "centred": 8,
         "custom_op": 8,
+        "tutorial": 0,  # inputs and outputs written, no max_batch_size: nothing auto-completed
+        "explicit": 8,
     }
     assert configs["not_batched"].input[0].dims == [-1, 3] and configs["platform"].input[0].dims == [3]
+    assert configs["tutorial"].input[0].dims == [-1, 3, 224, 224]
+    # The dynamic batcher where Triton's onnxruntime backend adds one: not where inputs and outputs are written.
+    batchers = {name for name, config in configs.items() if config.HasField("dynamic_batching")}
+    assert batchers == set(REPOSITORY) - {"not_batched", "labelled", "sequence", "quantized", "centred", *FULL_CONFIGS}
     # Triton's default for the backend named onnxruntime: two CPU instances; one for any other name.
     assert sum(g.count for g in configs["platform"].instance_group) == 2
     assert sum(g.count for g in configs["named_tritonnx"].instance_group) == 1
@@ -178,3 +190,68 @@ def test_publish_writes_the_graph_under_the_configs_name_and_no_model_py(served,
     result = client.infer("own_file_name", make_inputs({"x": x}), model_version="2")
     np.testing.assert_array_equal(result.as_numpy("y"), reference_session(new).run(["y"], {"x": x})[0])
     assert Path(files["own_file_name"]).exists()  # version 1 stays on disk
+
+
+# --- both auto-complete modes: tritonserver as started above, and with --disable-auto-complete-config ------------
+
+
+@pytest.fixture(scope="module")
+def without_auto_complete(tmp_path_factory):
+    """(stack, {model: its graph}): the models of FULL_CONFIGS under tritonserver --disable-auto-complete-config."""
+    workdir = tmp_path_factory.mktemp("no-auto-complete")
+    repository = workdir / "repository"
+    files = write_repository(repository, FULL_CONFIGS)
+    triton_args = ["--disable-auto-complete-config"]
+    with ServingStack(repository, workdir, with_facade=False, triton_http=False, triton_args=triton_args) as stack:
+        yield stack, files
+
+
+@pytest.fixture(params=["auto-complete", "disabled"])
+def either_mode(request):
+    """The served stack of this module, then the one without auto-complete."""
+    return request.getfixturevalue("served" if request.param == "auto-complete" else "without_auto_complete")
+
+
+@pytest.mark.parametrize("model", FULL_CONFIGS)
+def test_written_inputs_and_outputs_load_as_written_and_answer_as_in_process(either_mode, model):
+    stack, files = either_mode
+    with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        config = client.get_model_config(model).config
+        assert config.max_batch_size == {"tutorial": 0, "explicit": 8, "labelled": 8}[model]
+        assert not config.HasField("dynamic_batching")  # Triton's default scheduler: the native backend adds none
+        assert_served_as_in_process(client, model, files[model])
+
+
+def two_inputs() -> onnx.ModelProto:
+    """y = x + z, x and z FP32 [n, 3]."""
+    inputs = [value("x", onnx.TensorProto.FLOAT, ["n", 3]), value("z", onnx.TensorProto.FLOAT, ["n", 3])]
+    return _model(
+        [onnx.helper.make_node("Add", ["x", "z"], ["y"])], inputs, [value("y", onnx.TensorProto.FLOAT, ["n", 3])]
+    )
+
+
+CONTRADICTED = {
+    "misspelt": ('input [{ name: "X", data_type: TYPE_FP32, dims: [3] }]', "input 'X': the graph has no such input "
+                 "(its inputs: x, z)"),
+    "missing": ('input [{ name: "x", data_type: TYPE_FP32, dims: [3] }]', "input 'z': the graph needs it and the "
+                "config's inputs leave it out (the graph's inputs: x, z)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CONTRADICTED)
+def test_a_config_the_graph_contradicts_fails_the_load_naming_the_graphs_inputs(either_mode, case):
+    stack, _ = either_mode
+    written, reason = CONTRADICTED[case]
+    name = f"contradicted_{case}"
+    folder = stack.triton.model_repository / name
+    (folder / "1").mkdir(parents=True)
+    try:
+        onnx.save(two_inputs(), folder / "1" / "model.onnx")
+        output = 'output [{ name: "y", data_type: TYPE_FP32, dims: [3] }]'
+        (folder / "config.pbtxt").write_text(f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{written}\n{output}\n')
+        with TritonControl(stack.triton.grpc_url, stack.triton.admin_key) as control, pytest.raises(ControlError):
+            control.load(name)
+        [state] = [s for s in stack.triton.model_states() if s["name"] == name]
+        assert state["state"] == "UNAVAILABLE" and f"model '{name}': {reason}" in state["reason"], state
+    finally:
+        shutil.rmtree(folder)
