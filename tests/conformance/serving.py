@@ -45,7 +45,6 @@ _CAUSES = (
     ),
     (r"which Triton has no datatype for", "element type Triton has no datatype for"),
     (r"cannot hand BF16 tensors to numpy", "BF16: the Python backend cannot hand it to numpy"),
-    (r"no shape in the graph", "a tensor of unknown rank"),
 )
 REFUSAL_CAUSES = frozenset(cause for _, cause in _CAUSES)
 
