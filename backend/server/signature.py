@@ -22,7 +22,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from backend.autocomplete import DEFAULT_MAX_BATCH_SIZE, writes_max_batch_size
+from backend.autocomplete import DEFAULT_MAX_BATCH_SIZE, writes_inputs_and_outputs, writes_max_batch_size
 from backend.errors import ModelConfigError
 from backend.onnx_io import GraphIO, read_graph_io
 from backend.runner import _caller_message  # ONNX Runtime's message without its C++ source locations
@@ -187,10 +187,13 @@ def check_signature(
 ) -> Signature:
     """The new file's signature as it will be served; SignatureError if it cannot be, or breaks the served one."""
     served_signature = Signature.from_config(served) if served is not None else None
-    # The load that follows reads config.pbtxt again: its max_batch_size, if written, is the one that applies.
-    written = (
-        int(read_config(config_file.parent).get("max_batch_size", 0)) if writes_max_batch_size(config_file) else None
-    )
+    # The load that follows reads config.pbtxt again: its max_batch_size, if written, is the one that applies; a config
+    # that lists inputs and outputs gets nothing completed, so an unwritten one is 0.
+    config = read_config(config_file.parent) if config_file.is_file() else {}
+    if writes_max_batch_size(config_file):
+        written: int | None = int(config.get("max_batch_size", 0))
+    else:
+        written = 0 if writes_inputs_and_outputs(config) else None
     # An unwritten max_batch_size is the server's --backend-config default, which the served version got too.
     server_default = int((served or {}).get("max_batch_size", 0)) or DEFAULT_MAX_BATCH_SIZE
     max_batch_size = auto_completed_max_batch_size(graph, written, server_default)

@@ -26,6 +26,7 @@ from backend.server.signature import (
     Tensor,
     auto_completed_max_batch_size,
     check_onnx,
+    check_signature,
     incompatibilities,
 )
 from backend.server.versions import (
@@ -146,6 +147,22 @@ def test_batching_is_predicted_as_auto_complete_decides_it(tmp_path):
     assert auto_completed_max_batch_size(fixed, written=None) == 0
     assert auto_completed_max_batch_size(dynamic, written=16) == 16
     assert auto_completed_max_batch_size(dynamic, written=0) == 0
+
+
+def test_a_config_writing_inputs_and_outputs_is_predicted_not_to_batch(tmp_path):
+    """Tutorial style: every dim written and no max_batch_size; auto-complete completes nothing, so it serves with 0."""
+    (tmp_path / "1").mkdir()
+    onnx_file = identity_graph(tmp_path / "1" / "model.onnx")
+    (tmp_path / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\n'
+        'input [{ name: "x", data_type: TYPE_FP32, dims: [-1, 4] }]\n'
+        'output [{ name: "y", data_type: TYPE_FP32, dims: [-1, 4] }]\n'
+    )
+    served = {"max_batch_size": 0, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": ["-1", "4"]}],
+              "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": ["-1", "4"]}]}  # fmt: skip
+    new = check_signature("m", tmp_path / "config.pbtxt", read_graph_io(onnx_file), served, False, lambda _: None)
+    assert new.max_batch_size == 0
+    assert [t.dims for t in new.inputs] == [(-1, 4)]
 
 
 def test_a_file_onnx_runtime_cannot_load_is_refused_with_its_reason(tmp_path):
