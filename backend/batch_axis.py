@@ -68,6 +68,11 @@ _PER_SAMPLE = frozenset(
     }
 )  # fmt: skip
 _RECURRENT = frozenset({"RNN", "GRU", "LSTM"})
+# Operators whose output has their input's shape.
+_SAME_SHAPE = frozenset(
+    {"Softmax", "LogSoftmax", "Hardmax", "CumSum", "LpNormalization", "LayerNormalization", "BatchNormalization",
+     "MeanVarianceNormalization", "InstanceNormalization", "GroupNormalization", "LRN", "Trilu"}
+)  # fmt: skip
 # Inputs that give a shape, axes, a count or a range, not values: the batch size there is not data.
 _SHAPE_INPUTS = {
     "Reshape": {1}, "Expand": {1}, "ConstantOfShape": {0}, "Tile": {1}, "Slice": {1, 2, 3, 4}, "Pad": {1, 3},
@@ -813,10 +818,11 @@ class _Flow:
             out = (None,) * width
         elif first is None:
             return
-        elif op in _PER_SAMPLE or op in _ONE_AXIS or op in ("LayerNormalization", "BatchNormalization", "Slice", "Pad",
-                                                              "MeanVarianceNormalization", "Tile", "Split", "Concat"):  # fmt: skip
+        elif op in _SAME_SHAPE:
+            out = first
+        elif op in _PER_SAMPLE or op in _ONE_AXIS or op in ("Slice", "Pad", "Tile", "Split", "Concat"):
             out = (None,) * len(first)
-            if op in _ONE_AXIS and op in ("ArgMax", "ArgMin") and not node.attr("keepdims", 1):
+            if op in ("ArgMax", "ArgMin") and not node.attr("keepdims", 1):
                 out = out[:-1]
         elif op == "Transpose":
             perm = node.ints.get("perm") or tuple(range(len(first)))[::-1]
@@ -858,6 +864,9 @@ class _Flow:
             axis = _resolve(node.attr("axis", 0), len(first)) or 0
             out = first[:axis] + given[1] + first[axis + 1 :]
         elif op in ("Cast", "Identity"):
+            out = first
+        elif op == "DynamicQuantizeLinear":
+            self.dims.update({name: () for name in node.outputs[1:] if name})  # the scale and zero point
             out = first
         if out is not None and node.outputs and node.outputs[0]:
             self.dims[node.outputs[0]] = out

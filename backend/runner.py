@@ -156,8 +156,9 @@ class OnnxModelRunner:
             differs = rows_agree(stacked, alone)
             if differs:
                 self.coupled = True
+                unjudged = f" the batch-axis rule cannot judge {undecided};" if undecided else ""
                 self._log(
-                    f"model '{name}': its rows are not independent: {rows} rows run stacked and one by one "
+                    f"model '{name}': its rows are not independent:{unjudged} {rows} rows run stacked and one by one "
                     f"disagree ({differs}): each request runs alone"
                 )
             elif undecided:

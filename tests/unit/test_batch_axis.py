@@ -1,5 +1,7 @@
 """The batch-axis rule of backend/batch_axis.py, each case proven by in-process ONNX Runtime: a graph the rule names
-gives a row another answer beside other rows than alone, a graph it passes gives the same."""
+gives a row another answer beside other rows than alone, a graph it passes gives the same. The corpus of
+tests/batch_corpus.py is judged here too, each graph with the verdict it expects (coupled, independent, or left
+undecided to the check at load)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from backend.onnx_io import read_graph_io
+from backend.runner import rows_agree
+from tests.batch_corpus import CORPUS
+from tests.batch_corpus import rows as corpus_rows
 from tests.graphs import batch_centred
 
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
@@ -154,3 +159,26 @@ def test_a_graph_whose_rows_are_independent_is_not_named(case, tmp_path):
     alone, batched = rows_alone_and_batched(INDEPENDENT[case], tmp_path)
     np.testing.assert_array_equal(alone, batched)
     assert read_graph_io(tmp_path / "m.onnx").batch_coupling() is None
+
+
+# --- the corpus of tests/batch_corpus.py --------------------------------------------------------------------------
+
+
+def stacked_and_alone(path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    alone = np.concatenate([session.run(None, {"x": rows[i : i + 1]})[0] for i in range(len(rows))])
+    return session.run(None, {"x": rows})[0], alone
+
+
+@pytest.mark.parametrize("case", CORPUS)
+def test_the_rule_judges_each_corpus_graph_and_in_process_onnx_runtime_agrees(case, tmp_path):
+    graph_case = CORPUS[case]
+    path = tmp_path / "m.onnx"
+    onnx.save(graph_case.model, path)
+    stacked, alone = stacked_and_alone(path, corpus_rows(3, seed=0))
+    assert (rows_agree({"y": stacked}, [{"y": row[None]} for row in alone]) is not None) == graph_case.coupled
+    graph = read_graph_io(path)
+    coupling, undecided = graph.batch_coupling(), graph.batch_undecided()
+    verdict = "coupled" if coupling else "undecided" if undecided else "independent"
+    assert verdict == graph_case.rule, (coupling, undecided)
+    assert graph_case.phrase in (coupling or undecided or "")

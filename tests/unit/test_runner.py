@@ -128,8 +128,12 @@ def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
 
 
 # Shapes that only a model which does not batch (or a graph unlike the demo models) has.
+import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
+from backend.runner import rows_agree  # noqa: E402
+from tests.batch_corpus import CORPUS  # noqa: E402
+from tests.batch_corpus import rows as corpus_rows  # noqa: E402
 from tests.graphs import string_upper  # noqa: E402
 from tests.unit.conftest import save_graph  # noqa: E402
 
@@ -362,3 +366,70 @@ def test_a_batch_coupled_graph_runs_each_request_alone_whatever_the_batcher_gath
     requests = [{"ids": np.array([[1, 2, 3, 4, 5]])}, {"ids": np.full((1, 5), LOUD_ID)}, {"ids": np.array([[7] * 5])}]
     for request, result in zip(requests, runner.infer(requests), strict=True):
         np.testing.assert_array_equal(result["logits"], session.run(["logits"], request)[0])
+
+
+# --- batch independence: the corpus of tests/batch_corpus.py, and the check at load -------------------------------
+
+
+@pytest.mark.parametrize("case", CORPUS)
+def test_each_corpus_graph_gets_its_verdict_at_load_and_every_request_its_own_answer(case, tmp_path):
+    graph_case = CORPUS[case]
+    path = tmp_path / "m.onnx"
+    onnx.save(graph_case.model, path)
+    lines: list[str] = []
+    runner = OnnxModelRunner.load(path, case, SETTINGS, max_batch_size=8, log=lines.append)
+    assert runner.coupled == graph_case.coupled, lines
+    if graph_case.rule == "coupled":
+        assert lines and "its rows are not independent (" in lines[0] and "each request runs alone" in lines[0]
+    elif graph_case.rule == "undecided":
+        [line] = lines
+        verdict = "disagree (output 'y' differs by up to" if graph_case.coupled else "agree: it batches"
+        assert f"model '{case}': " in line and verdict in line and graph_case.phrase in line
+    else:
+        assert lines == []
+    requests = [{"x": corpus_rows(n, seed=n)} for n in (1, 2, 1)]
+    for request, result in zip(requests, runner.infer(requests), strict=True):
+        expected = reference(path, request)[0]
+        if graph_case.coupled:
+            np.testing.assert_array_equal(result["y"], expected)  # its own run, as in-process
+        else:
+            assert rows_agree({"y": result["y"]}, [{"y": expected}]) is None
+
+
+def test_a_check_whose_values_the_model_rejects_keeps_the_rules_verdict(tmp_path):
+    # A table of two rows looked up by ids: ones (the warm-up's) fit, the check's values up to 3 do not.
+    table = numpy_helper.from_array(np.ones((2, 4), np.float32), "table")
+    path = save_graph(
+        tmp_path / "lookup.onnx",
+        [helper.make_node("Gather", ["table", "ids"], ["y"])],
+        [value("ids", TensorProto.INT64, ["n"])],
+        [value("y", TensorProto.FLOAT, ["n", 4])],
+        [table],
+    )
+    lines: list[str] = []
+    runner = OnnxModelRunner.load(path, "lookup", SETTINGS, max_batch_size=8, log=lines.append)
+    assert not runner.coupled
+    [line] = lines
+    assert line.startswith("model 'lookup': the batch-independence check could not run (ids [3]: ")
+    assert line.endswith("the rule's verdict stands: it batches")
+
+
+def test_the_check_of_a_graph_that_divides_runs_in_a_child_first(tmp_path):
+    # y = x / (x - 2) over int64: ones (the warm-up's) divide by -1, the check's small values by zero, a SIGFPE no
+    # Python code survives.
+    two = numpy_helper.from_array(np.array(2, np.int64), "two")
+    path = save_graph(
+        tmp_path / "fpe.onnx",
+        [helper.make_node("Sub", ["x", "two"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
+        [value("x", TensorProto.INT64, ["n"])],
+        [value("y", TensorProto.INT64, ["n"])],
+        [two],
+    )
+    lines: list[str] = []
+    runner = OnnxModelRunner.load(path, "fpe", SETTINGS, max_batch_size=8, log=lines.append)
+    assert lines == [
+        "model 'fpe': the batch-independence check was killed by SIGFPE in a child process; the rule's verdict "
+        "stands: it batches"
+    ]
+    assert not runner.coupled
+    np.testing.assert_array_equal(runner.infer([{"x": np.array([3, 4], np.int64)}])[0]["y"], [[3], [2]])
