@@ -28,10 +28,8 @@ Dims = tuple[int | None, ...]  # a tensor's dims where its rank is known; None f
 # BATCH_DATA (depends on the batch size otherwise).
 Sym = int | str
 BATCH, BATCH_TIMES, FREE, BATCH_DATA = "N", "N*", "?", "N?"
-_HUGE = 1 << 30
-Axes = list[
-    int | None
-]  # the batch axis of each output of a node, None where it holds no batch  # a Slice end at least this large runs to the end of its axis
+_HUGE = 1 << 30  # a Slice end at least this large runs to the end of its axis
+Axes = list[int | None]  # the batch axis of each output of a node, None where it holds no batch
 
 REDUCTIONS = frozenset(
     {
@@ -445,9 +443,7 @@ class _Flow:
             return [None] * len(node.outputs)
         if op in ("Shape", "Size"):
             return [None]  # a shape of unknown rank: followed in `symbolic`
-        self.unsure(
-            node, f"is not judged (an operator of domain '{node.domain or 'ai.onnx'}' the rule does not know)", where
-        )
+        self.unsure(node, f"is an operator the rule does not know (domain '{node.domain or 'ai.onnx'}')", where)
         return keep
 
     def elementwise(self, node: Node, batched: dict[int, int], where: str) -> Axes:

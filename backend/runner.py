@@ -156,15 +156,15 @@ class OnnxModelRunner:
             differs = rows_agree(stacked, alone)
             if differs:
                 self.coupled = True
-                unjudged = f" the batch-axis rule cannot judge {undecided};" if undecided else ""
+                unjudged = f" the batch-axis rule cannot judge every node ({undecided});" if undecided else ""
                 self._log(
                     f"model '{name}': its rows are not independent:{unjudged} {rows} rows run stacked and one by one "
                     f"disagree ({differs}): each request runs alone"
                 )
             elif undecided:
                 self._log(
-                    f"model '{name}': the batch-axis rule cannot judge {undecided}; {rows} rows run stacked and one by "
-                    "one agree: it batches"
+                    f"model '{name}': the batch-axis rule cannot judge every node ({undecided}); {rows} rows run "
+                    "stacked and one by one agree: it batches"
                 )
             return
         self._log(f"model '{name}': the batch-independence check could not run ({'; '.join(failures)}); {_KEPT}")

@@ -119,7 +119,8 @@ def _coupled() -> dict[str, Case]:
             "coupled", True, "Gather picking rows of the batch",
         ),
         "layernorm_over_batch": Case(
-            model([node("Shape", ["x"], ["shape"]), node("ConstantOfShape", ["shape"], ["ones"], value=floats("one", [1.0])),
+            model([node("Shape", ["x"], ["shape"]),
+                   node("ConstantOfShape", ["shape"], ["ones"], value=floats("one", [1.0])),
                    node("LayerNormalization", ["x", "ones"], ["y"], axis=-2)]),
             "coupled", True, "LayerNormalization normalises over axes 0 and after, the batch axis 0",
         ),
@@ -211,7 +212,7 @@ def _coupled() -> dict[str, Case]:
         "trilu_of_transposed_rows": Case(
             model([node("Transpose", ["x"], ["t"], perm=[1, 0]), node("Trilu", ["t"], ["u"], upper=1),
                    node("Transpose", ["u"], ["y"], perm=[1, 0])]),
-            "undecided", True, "Trilu is not judged",
+            "undecided", True, "Trilu is an operator the rule does not know",
         ),
     }  # fmt: skip
 
@@ -284,13 +285,15 @@ def _controls() -> dict[str, Case]:
         ),
         "loop_per_row": Case(
             model([node("Loop", ["trips", "true", "x"], ["y"], body=row_body)],
-                  [numpy_helper.from_array(np.array(3, np.int64), "trips"), numpy_helper.from_array(np.array(True), "true"),
-                   floats("half", [0.5])]),
+                  [numpy_helper.from_array(np.array(3, np.int64), "trips"),
+                   numpy_helper.from_array(np.array(True), "true"), floats("half", [0.5])]),
             "independent", False,
         ),
         "scan_over_columns": Case(
-            model([node("ReduceSum", ["x", "columns"], ["total"], keepdims=0), node("Mul", ["total", "nought"], ["start"]),
-                   node("Scan", ["start", "x"], ["last", "sums"], num_scan_inputs=1, scan_input_axes=[1], body=column_body),
+            model([node("ReduceSum", ["x", "columns"], ["total"], keepdims=0),
+                   node("Mul", ["total", "nought"], ["start"]),
+                   node("Scan", ["start", "x"], ["last", "sums"], num_scan_inputs=1, scan_input_axes=[1],
+                        body=column_body),
                    node("Transpose", ["sums"], ["y"], perm=[1, 0])],
                   [ints("columns", [1]), floats("nought", [0.0])]),
             "independent", False,
@@ -304,7 +307,7 @@ def _controls() -> dict[str, Case]:
         "trilu_of_each_row": Case(
             model([node("Reshape", ["x", "square"], ["r"]), node("Trilu", ["r"], ["u"]),
                    node("Reshape", ["u", "back"], ["y"])], [ints("square", [-1, 2, 2]), ints("back", [-1, 4])]),
-            "undecided", False, "Trilu is not judged",
+            "undecided", False, "Trilu is an operator the rule does not know",
         ),
     }  # fmt: skip
 
