@@ -80,7 +80,7 @@ _SHAPE_INPUTS = {
 # Operators evaluated on symbolic shapes.
 _SYMBOLIC = frozenset(
     {"Shape", "Size", "Gather", "Slice", "Concat", "Unsqueeze", "Squeeze", "Identity", "Cast", "Reshape", "Add",
-     "Sub", "Mul", "Div", "Max", "Min", "ReduceProd", "Equal", "Where", "Constant"}
+     "Sub", "Mul", "Div", "Max", "Min", "ReduceProd", "Equal", "Where"}
 )  # fmt: skip
 
 
@@ -117,6 +117,7 @@ class Node:
     strings: Mapping[str, str] = field(default_factory=dict)
     graphs: Mapping[str, Graph] = field(default_factory=dict)
     refs: Mapping[str, str] = field(default_factory=dict)
+    value_dims: Dims | None = None  # a Constant's value, where its dims are known
 
     def axes(self, constants: Mapping[str, Ints], attribute: str, position: int) -> Ints | None:
         """An axes argument: the attribute (older opsets) or the constant input at `position` (newer ones)."""
@@ -244,8 +245,11 @@ class _Flow:
 
     def visit(self, node: Node, where: str) -> None:
         op = node.op_type
-        if op == "Constant" and len(node.ints) == 1 and node.outputs:
-            self.constants[node.outputs[0]] = self.sym[node.outputs[0]] = next(iter(node.ints.values()))
+        if op == "Constant" and node.outputs:
+            if node.value_dims is not None:
+                self.dims[node.outputs[0]] = node.value_dims
+            if len(node.ints) == 1:
+                self.constants[node.outputs[0]] = self.sym[node.outputs[0]] = next(iter(node.ints.values()))
             return
         function = self.functions.get((node.domain, op))
         if function is not None and node.domain not in ("", "ai.onnx"):
@@ -287,7 +291,7 @@ class _Flow:
     def symbolic(self, node: Node) -> bool:
         """Follow a small integer tensor (a shape, a size) through the operators exporters compute shapes with."""
         op, ins = node.op_type, node.inputs
-        if op not in _SYMBOLIC or not node.outputs or any(n in self.tainted for n in ins):
+        if op not in _SYMBOLIC or not ins or not node.outputs or any(n in self.tainted for n in ins):
             return False
         if op in ("Shape", "Size"):
             source = ins[0]
@@ -348,6 +352,7 @@ class _Flow:
         else:
             return False
         self.sym[node.outputs[0]] = result
+        self.dims_after(node)
         return True
 
     def unbatched(self, node: Node, where: str) -> None:
@@ -799,6 +804,8 @@ class _Flow:
         op, ins = node.op_type, node.inputs
         given = [self.dims.get(n) if n else None for n in ins]
         first = given[0] if given else None
+        if op == "Concat":
+            first = next((d for d in given if d is not None), None)
         out: Dims | None = None
         if op in _ELEMENTWISE and all(d is not None for d, n in zip(given, ins, strict=True) if n):
             width = max((len(d) for d in given if d is not None), default=0)
@@ -963,7 +970,7 @@ class _Flow:
         nodes = tuple(
             Node(n.op_type, n.name, n.inputs, n.outputs,
                  {**n.ints, **{k: node.ints[v] for k, v in n.refs.items() if v in node.ints}},
-                 n.domain, n.strings, n.graphs)
+                 n.domain, n.strings, n.graphs, value_dims=n.value_dims)
             for n in function.nodes
         )  # fmt: skip
         child.run(Graph(nodes, function.inputs, function.outputs, function.constants), f" in function '{node.op_type}'")

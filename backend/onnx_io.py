@@ -210,6 +210,7 @@ def _node(data: Buffer, span: Span) -> Node:
     words: dict[str, str] = {}
     graphs: dict[str, Graph] = {}
     refs: dict[str, str] = {}
+    value_dims: Dims | None = None  # a Constant's
     for field in fields(data, *span):
         if field.number in strings and field.wire == LENGTH_DELIMITED:
             strings[field.number].append(text(data, field.span))
@@ -222,6 +223,7 @@ def _node(data: Buffer, span: Span) -> Node:
                     values += repeated_ints(data, part)
                 elif part.number == _ATTRIBUTE_TENSOR:
                     values += small_int_tensor(data, part.span) or ()
+                    value_dims = _tensor_dims(data, part.span)
                 elif part.number == _ATTRIBUTE_STRING and part.wire == LENGTH_DELIMITED:
                     words[name] = text(data, part.span)
                 elif part.number == _ATTRIBUTE_GRAPH:
@@ -230,6 +232,10 @@ def _node(data: Buffer, span: Span) -> Node:
                     refs[name] = text(data, part.span)
             if values:
                 ints[name] = tuple(values)
+            if name in ("value_float", "value_int"):
+                value_dims = ()
+            elif name in ("value_floats", "value_ints"):
+                value_dims = (len(values) or None,)
             if name in words and name in refs:
                 del words[name]
     return Node(
@@ -242,7 +248,12 @@ def _node(data: Buffer, span: Span) -> Node:
         strings=words,
         graphs=graphs,
         refs=refs,
+        value_dims=value_dims,
     )
+
+
+def _tensor_dims(data: Buffer, span: Span) -> Dims:
+    return tuple(d for f in fields(data, *span) if f.number == _TENSOR_DIMS for d in repeated_ints(data, f))
 
 
 def _graph(data: Buffer, span: Span) -> Graph:
@@ -251,7 +262,7 @@ def _graph(data: Buffer, span: Span) -> Graph:
     dims: dict[str, Dims] = {}
     for initializer in messages(data, span, _GRAPH_INITIALIZER):
         names = [text(data, n) for n in messages(data, initializer, _TENSOR_NAME)]
-        shape = tuple(d for f in fields(data, *initializer) if f.number == _TENSOR_DIMS for d in repeated_ints(data, f))
+        shape = _tensor_dims(data, initializer)
         values = small_int_tensor(data, initializer)
         for name in names:
             dims[name] = shape

@@ -182,3 +182,30 @@ def test_the_rule_judges_each_corpus_graph_and_in_process_onnx_runtime_agrees(ca
     verdict = "coupled" if coupling else "undecided" if undecided else "independent"
     assert verdict == graph_case.rule, (coupling, undecided)
     assert graph_case.phrase in (coupling or undecided or "")
+
+
+UNDECIDED = {
+    "axes given at run time": (
+        graph(add_to_x(helper.make_node("ReduceSum", ["x", "axes"], ["z"])),
+              inputs=[X, helper.make_tensor_value_info("axes", TensorProto.INT64, [1])]),
+        "ReduceSum takes its axes at run time",
+    ),
+    "a Squeeze with no axes": (
+        graph([helper.make_node("Squeeze", ["x"], ["s"]), helper.make_node("Identity", ["s"], ["y"])]),
+        "Squeeze with no axes drops the batch axis of a batch of one",
+    ),
+    "a Reshape to [-1, 4] of rows of unknown size": (
+        graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], initializers=[ints("shape", [-1, 4])],
+              inputs=[helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", "m"])]),
+        "Reshape to [-1, 4] keeps the rows apart only if each holds 4 elements",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", UNDECIDED)
+def test_what_the_rule_cannot_judge_is_named_and_left_to_the_check_at_load(case, tmp_path):
+    model, phrase = UNDECIDED[case]
+    onnx.save(model, tmp_path / "m.onnx")
+    graph_io = read_graph_io(tmp_path / "m.onnx")
+    assert graph_io.batch_coupling() is None
+    assert phrase in (graph_io.batch_undecided() or "")

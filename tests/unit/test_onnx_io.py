@@ -63,8 +63,10 @@ def test_scalars_zero_dims_and_unknown_rank_are_told_apart(tmp_path):
     path = save(tmp_path, [helper.make_node("Identity", ["s"], ["y"])], [s, axes, free], [y])
     graph = read_graph_io(path)
     assert [t.shape for t in graph.inputs] == [(), (0,), None]
+    free_spec = graph.specs(batched=False)[0][2]  # served as Triton's onnxruntime backend serves it: [1], any shape
+    assert free_spec.any_rank and free_spec.as_config()["dims"] == [1]
     with pytest.raises(ModelConfigError, match="input 'free' has no shape in the graph"):
-        graph.specs(batched=False)
+        graph.inputs[2].spec(True, "input")
     scalar, zero = graph.inputs[0].spec(False, "input"), graph.inputs[1].spec(False, "input")
     assert scalar.as_config() == {"name": "s", "data_type": "TYPE_FP32", "dims": [1]}
     assert zero.dims == (0,) and zero.as_config()["dims"] == [-1]
