@@ -124,6 +124,13 @@ def _coupled() -> dict[str, Case]:
                    node("LayerNormalization", ["x", "ones"], ["y"], axis=-2)]),
             "coupled", True, "LayerNormalization normalises over axes 0 and after, the batch axis 0",
         ),
+        "instance_norm_over_batch": Case(
+            model([node("Transpose", ["x"], ["t"], perm=[1, 0]), node("Unsqueeze", ["t", "zero_axis"], ["u"]),
+                   node("InstanceNormalization", ["u", "scale", "bias"], ["n"]),
+                   node("Squeeze", ["n", "zero_axis"], ["s"]), node("Transpose", ["s"], ["y"], perm=[1, 0])],
+                  [ints("zero_axis", [0]), floats("scale", np.ones(4)), floats("bias", np.zeros(4))]),
+            "coupled", True, "InstanceNormalization works across axis 2, where the batch is",
+        ),
         "matmul_xtx": Case(
             model([node("Transpose", ["x"], ["xt"], perm=[1, 0]), node("MatMul", ["xt", "x"], ["gram"]),
                    node("MatMul", ["x", "gram"], ["y"])]),

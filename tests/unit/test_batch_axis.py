@@ -74,6 +74,15 @@ MIXING = {
         ),
         "MeanVarianceNormalization over axis 0",
     ),
+    # Stateful in ONNX Runtime too (its running statistics move with each run): kept out of the served corpus.
+    "BatchNormalization in training mode": (
+        graph(
+            [helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"], training_mode=1)],
+            opset=15,
+            initializers=[numpy_helper.from_array(np.full(3, v, np.float32), n) for n, v in zip("sbmv", (1, 0, 0, 1), strict=True)],
+        ),
+        "BatchNormalization in training mode normalises over the batch axis",
+    ),
     "Gather of row 0": (
         graph(add_to_x(helper.make_node("Gather", ["x", "row"], ["z"], axis=0)), initializers=[ints("row", [0])]),
         "Gather picking rows of the batch",
