@@ -327,8 +327,16 @@ def read_graph_io(onnx_file: Path) -> GraphIO:
             inputs,
             tuple(_value_info(data, span) for span in messages(data, graph, _GRAPH_OUTPUT)),
             frozenset(op_types),
-            judge(_graph(data, graph), batched, _functions(data, whole)),
+            _rows(data, whole, graph, batched),
         )
+
+
+def _rows(data: Buffer, whole: Span, graph: Span, batched: list[str]) -> Verdict:
+    """The batch-axis rule's verdict; a graph the rule trips on is left to the check at load, not refused."""
+    try:
+        return judge(_graph(data, graph), batched, _functions(data, whole))
+    except (IndexError, KeyError, ValueError, TypeError, ZeroDivisionError) as error:
+        return Verdict(undecided=(f"the batch-axis rule failed on this graph ({type(error).__name__}: {error})",))
 
 
 def read_file_io(onnx_file: Path, batched: bool) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:

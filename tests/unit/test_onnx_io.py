@@ -186,3 +186,15 @@ def test_an_output_declared_one_row_long_that_follows_the_rows_is_served_with_a_
     assert graph.cannot_batch() == "output 'label' has a fixed first dim 1"
     _, outputs = graph.specs(batched=False)
     assert [o.as_config()["dims"] for o in outputs] == [[-1], [-1, 3]]
+
+
+def test_a_graph_the_batch_axis_rule_trips_on_is_left_undecided_not_refused(double_onnx, monkeypatch):
+    import backend.onnx_io
+
+    def trips(*args):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(backend.onnx_io, "judge", trips)
+    graph = read_graph_io(double_onnx)
+    assert graph.batch_coupling() is None
+    assert graph.batch_undecided() == "the batch-axis rule failed on this graph (IndexError: tuple index out of range)"
