@@ -391,7 +391,7 @@ class _Flow:
                 self.couple(
                     node, f"works across axis {data}, where the batch is (it holds one sample per row of axis 0)", where
                 )
-            return [0] * len(node.outputs)
+            return [data] * len(node.outputs)
         if op in ("LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization"):
             return self.layer_norm(node, data, rank, where) if data is not None else keep
         if op == "BatchNormalization":
@@ -432,6 +432,8 @@ class _Flow:
                 self.unsure(node, "has a negative axis of a tensor of unknown rank", where)
             elif axis <= first:
                 self.couple(node, f"at axis {axis} merges the rows of the batch into one", where)
+            elif first != 0:
+                self.unsure(node, f"merges the batch on axis {first} with the axes before it", where)
             return [0 if first == 0 else None]
         if op == "Reshape":
             return [self.reshape(node, first, where)] if data is not None else keep
@@ -443,6 +445,12 @@ class _Flow:
             return self.positional(node, batched, rank, where)
         if op == "Expand":
             return [data + max(0, len(self.sym.get(node.inputs[1]) or ()) - (rank or 0)) if data is not None else None]
+        if op == "OneHot" and data is not None:
+            added = _resolve(node.attr("axis", -1), rank + 1 if rank is not None else None)
+            if added is None:
+                self.unsure(node, "has a negative axis of a tensor of unknown rank", where)
+                return keep
+            return [data + (added <= data)]
         if op in ("NonZero", "Unique"):
             self.couple(node, "lists values across the whole batch", where)
             return [None] * len(node.outputs)
@@ -624,6 +632,7 @@ class _Flow:
             self.unsure(node, "has a negative axis of a tensor of unknown rank", where)
             return axis
         if axis in removed:
+            self.unsure(node, "squeezes the batch axis away, as only a batch of one allows", where)
             return None
         return axis - sum(a < axis for a in removed)  # type: ignore[operator]
 
@@ -863,6 +872,8 @@ class _Flow:
             out = (None,) * (max(len(a), len(b), 2) - (len(a) == 1) - (len(b) == 1))
         elif op == "Gemm":
             out = (None, None)
+        elif op == "OneHot":
+            out = (None,) * (len(first) + 1)
         elif op == "Gather" and len(given) > 1 and given[1] is not None:
             axis = _resolve(node.attr("axis", 0), len(first)) or 0
             out = first[:axis] + given[1] + first[axis + 1 :]

@@ -126,6 +126,15 @@ INDEPENDENT = {
          helper.make_node("ReduceSum", ["u", "zero"], ["y"], keepdims=0)],
         initializers=[ints("zero", [0])],
     ),
+    "a one-hot of batched ids, summed over tokens": graph(
+        [helper.make_node("OneHot", ["ids", "depth", "values"], ["h"]),
+         helper.make_node("ReduceSum", ["h"], ["y"], axes=[-2], keepdims=0)],
+        initializers=[numpy_helper.from_array(np.array(10, np.int64), "depth"),
+                      numpy_helper.from_array(np.array([0, 1], np.float32), "values")],
+        inputs=[helper.make_tensor_value_info("ids", TensorProto.INT64, ["n", 4])],
+        outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])],
+        opset=11,
+    ),
     "an embedding table gathered by batched ids, then a mean over tokens": graph(
         [helper.make_node("Gather", ["table", "ids"], ["e"]),
          helper.make_node("ReduceMean", ["e"], ["y"], axes=[1], keepdims=0)],
@@ -167,7 +176,8 @@ def test_a_graph_that_mixes_rows_is_named_with_its_node(case, tmp_path):
 def test_a_graph_whose_rows_are_independent_is_not_named(case, tmp_path):
     alone, batched = rows_alone_and_batched(INDEPENDENT[case], tmp_path)
     np.testing.assert_array_equal(alone, batched)
-    assert read_graph_io(tmp_path / "m.onnx").batch_coupling() is None
+    graph_io = read_graph_io(tmp_path / "m.onnx")
+    assert graph_io.batch_coupling() is None and graph_io.batch_undecided() is None
 
 
 # --- the corpus of tests/batch_corpus.py --------------------------------------------------------------------------
