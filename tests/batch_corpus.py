@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -38,7 +39,7 @@ def ints(name: str, values: Sequence[int]) -> onnx.TensorProto:
     return numpy_helper.from_array(np.array(values, np.int64), name)
 
 
-def floats(name: str, values: np.ndarray) -> onnx.TensorProto:
+def floats(name: str, values: Sequence[float] | np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(np.asarray(values, np.float32), name)
 
 
@@ -54,7 +55,7 @@ def model(
     return made
 
 
-def node(op: str, inputs: Sequence[str], outputs: Sequence[str], **attributes: object) -> onnx.NodeProto:
+def node(op: str, inputs: Sequence[str], outputs: Sequence[str], **attributes: Any) -> onnx.NodeProto:
     return helper.make_node(op, list(inputs), list(outputs), **attributes)
 
 
