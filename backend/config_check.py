@@ -32,7 +32,8 @@ def check_config(config: dict[str, Any], graph: GraphIO) -> None:
     control). Each output written must be a graph output of its datatype and dims; outputs may be left out.
     """
     refuse_unsupported(config)
-    inputs, outputs = graph.specs(int(config.get("max_batch_size", 0)) > 0)
+    batched = int(config.get("max_batch_size", 0)) > 0
+    inputs, outputs = graph.specs(batched)
     by_name = {spec.name: spec for spec in inputs}
     controls = control_inputs(config)
     check_controls(controls, by_name)
@@ -49,6 +50,13 @@ def check_config(config: dict[str, Any], graph: GraphIO) -> None:
             raise ModelConfigError(f"input '{name}': the graph has no such input (its inputs: {_names(inputs)})")
         if entry.get("optional") and not spec.optional:
             raise ModelConfigError(f"input '{name}' is optional in the config, but the graph has no default for it")
+        if entry.get("allow_ragged_batch") and batched and spec.scalar:
+            raise ModelConfigError(
+                f"input '{name}' is ragged and the graph takes it as one flat dim, the onnxruntime backend's form "
+                "(every request's elements one after another, each request's share told by batch_input); tritonnx "
+                "pads a ragged input to the longest request instead, so the graph needs a batch dim before its ragged "
+                "dims"
+            )
         _check_entry("input", entry, spec)
     listed = {entry["name"] for entry in written} | set(controls)
     for spec in inputs:

@@ -33,6 +33,14 @@ def fixed_onnx(tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def flat_onnx(tmp_path_factory) -> Path:
+    """y = -x, x FP32 [n]: one flat dim, as the onnxruntime backend hands a ragged input to its graph."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
+    return save_graph(tmp_path_factory.mktemp("flat") / "model.onnx", [helper.make_node("Neg", ["x"], ["y"])], [x], [y])
+
+
 def config_of(written: dict | None = None, max_batch_size: int = 0) -> dict:
     """The config Triton hands auto-complete: name and backend, max_batch_size (0 when unwritten), what is written."""
     return {**empty_config("m", max_batch_size), "backend": "onnxruntime", **(written or {})}
@@ -232,6 +240,12 @@ REFUSALS = {
         8,
         {"input": [X4], "output": [Y4]},
         "input 'x' has a fixed first dim 3, so it cannot be a batch dim",
+    ),
+    "a ragged input the graph takes flat": (
+        "flat_onnx",
+        8,
+        {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1], "allow_ragged_batch": True}], "output": [Y4]},
+        "input 'x' is ragged and the graph takes it as one flat dim",
     ),
     "batch_input": (
         "double_onnx",
