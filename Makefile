@@ -34,6 +34,8 @@ help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: venv proto models ## Install everything, generate the protobuf code and the models (serve and test do this first)
+	@# Commit subjects of at most 72 characters (.githooks/commit-msg), in a git checkout of this project only.
+	@if [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ]; then git config core.hooksPath .githooks; fi
 
 apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service), iproute2 and nftables
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -75,10 +77,11 @@ traces: venv ## Print OpenTelemetry traces received on 127.0.0.1:4318 (beside ma
 monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
 	$(PY) -m client.monitor $(MONITOR_ARGS)
 
-lint: venv proto ## ruff (lint and format check) and mypy (backend/, client/, bench/, the test helpers); `make format` rewrites
+lint: venv proto ## ruff (lint and format check), mypy (backend/, client/, bench/, the test helpers), commit subjects; `make format` rewrites
 	$(PY) -m ruff check backend client bench tests
 	$(PY) -m ruff format --check backend client bench tests
 	$(PY) -m mypy
+	$(PY) .githooks/commit-msg --history
 
 format: venv ## Format the code and apply ruff's safe fixes
 	$(PY) -m ruff format backend client bench tests
