@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from backend.errors import ModelConfigError
+from backend.varint import VarintError, read_varint
 
 Span = tuple[int, int]  # a message's (start, end) in the file
 Buffer = mmap.mmap  # the file, mapped: never read whole
 
 LENGTH_DELIMITED = 2
+_NOT_ONNX = "the ONNX file is truncated or not an ONNX model"
 # TensorProto: the fields a small integer constant (axes, perm) is read from.
 _TENSOR_DIMS, _TENSOR_DATA_TYPE, _TENSOR_INT32_DATA, _TENSOR_INT64_DATA, _TENSOR_RAW_DATA = 1, 2, 5, 7, 9
 _INT32, _INT64 = 6, 7
@@ -35,22 +37,16 @@ class Field(NamedTuple):
     span: Span = (0, 0)
 
 
-def varint(data: Buffer, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ModelConfigError("the ONNX file is truncated or not an ONNX model")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
 def signed(value: int) -> int:
     """An int64 as the wire carries it (two's complement in 64 bits) back to its sign."""
     return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def varint(data: Buffer, pos: int) -> tuple[int, int]:
+    try:
+        return read_varint(data, pos)
+    except VarintError:
+        raise ModelConfigError(_NOT_ONNX) from None
 
 
 def fields(data: Buffer, start: int = 0, end: int | None = None) -> Iterator[Field]:
@@ -69,7 +65,7 @@ def fields(data: Buffer, start: int = 0, end: int | None = None) -> Iterator[Fie
         else:
             raise ModelConfigError(f"unexpected protobuf wire type {wire} in the ONNX file")
         if pos > end:
-            raise ModelConfigError("the ONNX file is truncated or not an ONNX model")
+            raise ModelConfigError(_NOT_ONNX)
         yield field
 
 

@@ -28,6 +28,7 @@ from dataclasses import field as dataclass_field
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from backend.varint import MAX_VARINT_BYTES, VarintError, read_varint, varint
 from client.proto import inference_pb2
 
 # Field 1 (data / predictions) of both messages, field 8 (raw_data) and field 10 (inputs) of PredictRequest.
@@ -40,8 +41,6 @@ _PACKED_FLOAT_TAG = b"\x0a"
 _UNPACKED_FLOAT_KEY = (1 << 3) | 5
 _UNPACKED_FLOAT_BYTES = 5
 _FLOAT32_LE = np.dtype("<f4")
-# A varint encodes at most 64 bits, in at most 10 bytes.
-_MAX_VARINT_BYTES = 10
 _INT64_MAX = 2**63 - 1
 
 _WIRE_VARINT, _WIRE_FIXED64, _WIRE_LEN, _WIRE_FIXED32 = 0, 1, 2, 5
@@ -89,7 +88,7 @@ class Limits:
 
 
 # A packed shape of more than this many bytes holds more than MAX_RANK dims whatever their values.
-_PACKED_DIMS_BYTES = MAX_RANK * _MAX_VARINT_BYTES
+_PACKED_DIMS_BYTES = MAX_RANK * MAX_VARINT_BYTES
 TENSOR_LIMITS = Limits(
     inference_pb2.Tensor,
     max_fields=MAX_RANK + 16,
@@ -124,35 +123,6 @@ class EncodedResponse:
 
     message: inference_pb2.PredictResponse  # field 1 (`predictions`) must be left empty
     predictions: np.ndarray | None
-
-
-def varint(n: int) -> bytes:
-    """The protobuf base-128 varint encoding of the unsigned integer `n`."""
-    if n < 0:
-        raise ValueError(f"varint of a negative number: {n}")
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def read_varint(buffer: memoryview | bytes, pos: int) -> tuple[int, int]:
-    """The varint starting at `pos`, and the position after it."""
-    result = 0
-    shift = 0
-    end = min(len(buffer), pos + _MAX_VARINT_BYTES)
-    while pos < end:
-        byte = buffer[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-    if pos == len(buffer):
-        raise WireError(f"truncated varint at byte {pos} of {len(buffer)}")
-    raise WireError(f"varint longer than {_MAX_VARINT_BYTES} bytes ending at byte {pos}")
 
 
 def decode_predict_request(buffer: bytes) -> DecodedRequest:
@@ -276,48 +246,52 @@ def _walk(view: memoryview, limits: Limits, unpacked_floats: bool = False) -> It
     counts = dict.fromkeys(limits.counts, 0)
     fields = 0
     pos = 0
-    while pos < size:
-        fields += 1
-        if fields > limits.max_fields:
-            raise RequestRefused(
-                f"the {limits.name_of_message} has more than {limits.max_fields} fields, far more than a valid one needs"
-            )
-        field_start = pos
-        key, pos = read_varint(view, pos)
-        field, wire_type = key >> 3, key & 7
-        if field == 0:
-            raise WireError(f"field number 0 at byte {field_start}")
-        value_start = pos
-        if wire_type == _WIRE_VARINT:
-            _, pos = read_varint(view, pos)
-        elif wire_type == _WIRE_LEN:
-            length, pos = read_varint(view, pos)
-            value_start, pos = pos, pos + length
-            most = limits.lengths.get(field)
-            if most is not None and length > most:
+    # The shared codec's errors are this module's: the servicer answers them as malformed requests.
+    try:
+        while pos < size:
+            fields += 1
+            if fields > limits.max_fields:
                 raise RequestRefused(
-                    f"{limits.name_of_message}.{limits.name(field)} is {length} bytes long: at most {most} are accepted"
+                    f"the {limits.name_of_message} has more than {limits.max_fields} fields, far more than a valid one needs"
                 )
-        elif wire_type == _WIRE_FIXED64:
-            pos += 8
-        elif wire_type == _WIRE_FIXED32:
-            if unpacked_floats and field == _FLOAT_FIELD and view[field_start] == _UNPACKED_FLOAT_KEY:
-                pos = field_start + _UNPACKED_FLOAT_BYTES * _unpacked_float_run(view, field_start)
+            field_start = pos
+            key, pos = read_varint(view, pos)
+            field, wire_type = key >> 3, key & 7
+            if field == 0:
+                raise WireError(f"field number 0 at byte {field_start}")
+            value_start = pos
+            if wire_type == _WIRE_VARINT:
+                _, pos = read_varint(view, pos)
+            elif wire_type == _WIRE_LEN:
+                length, pos = read_varint(view, pos)
+                value_start, pos = pos, pos + length
+                most = limits.lengths.get(field)
+                if most is not None and length > most:
+                    raise RequestRefused(
+                        f"{limits.name_of_message}.{limits.name(field)} is {length} bytes long: at most {most} are accepted"
+                    )
+            elif wire_type == _WIRE_FIXED64:
+                pos += 8
+            elif wire_type == _WIRE_FIXED32:
+                if unpacked_floats and field == _FLOAT_FIELD and view[field_start] == _UNPACKED_FLOAT_KEY:
+                    pos = field_start + _UNPACKED_FLOAT_BYTES * _unpacked_float_run(view, field_start)
+                else:
+                    pos += 4
             else:
-                pos += 4
-        else:
-            # 3/4 are groups (absent from this schema, deprecated), 6/7 do not exist.
-            raise WireError(f"field {field} has unsupported wire type {wire_type} at byte {field_start}")
-        if pos > size:
-            raise WireError(f"field {field} at byte {field_start} runs past the end of the {size}-byte message")
-        if field in counts:
-            counts[field] += 1
-            if counts[field] > limits.counts[field]:
-                raise RequestRefused(
-                    f"{limits.name_of_message}.{limits.name(field)} has more than {limits.counts[field]} entries: at most "
-                    f"{limits.counts[field]} are accepted"
-                )
-        yield field, wire_type, field_start, value_start, pos
+                # 3/4 are groups (absent from this schema, deprecated), 6/7 do not exist.
+                raise WireError(f"field {field} has unsupported wire type {wire_type} at byte {field_start}")
+            if pos > size:
+                raise WireError(f"field {field} at byte {field_start} runs past the end of the {size}-byte message")
+            if field in counts:
+                counts[field] += 1
+                if counts[field] > limits.counts[field]:
+                    raise RequestRefused(
+                        f"{limits.name_of_message}.{limits.name(field)} has more than {limits.counts[field]} entries: at most "
+                        f"{limits.counts[field]} are accepted"
+                    )
+            yield field, wire_type, field_start, value_start, pos
+    except VarintError as error:
+        raise WireError(str(error)) from None
 
 
 def _unpacked_float_run(view: memoryview, start: int) -> int:
