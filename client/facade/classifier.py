@@ -15,6 +15,7 @@ from client.facade.classify import (
     top_k,
 )
 from client.facade.deadline import Deadline
+from client.facade.default_model import DefaultModel
 from client.facade.errors import FacadeError, NotFound
 from client.facade.gateway import Gateway
 from client.facade.metrics import UNRESOLVED_MODEL
@@ -26,7 +27,7 @@ class Classifier:
     """One ClassifyRequest through the classifier's Triton ensemble."""
 
     def __init__(
-        self, gateway: Gateway, default_model: str, max_image_bytes: int, default_timeout: float | None = None
+        self, gateway: Gateway, default_model: DefaultModel, max_image_bytes: int, default_timeout: float | None = None
     ) -> None:
         """`default_timeout`: the deadline of a call that sets none (--request-timeout)."""
         self.gateway = gateway
@@ -34,15 +35,12 @@ class Classifier:
         self.max_image_bytes = max_image_bytes
         self.default_timeout = default_timeout
 
-    def pipeline(self, request: inference_pb2.ClassifyRequest) -> str:
-        return pipeline_name(request.model_name or self.default_model)
-
     # What the servicer asks of an RPC's requests (see service.Endpoint).
     def label(self, request: inference_pb2.ClassifyRequest | None) -> str:
         """The metrics label: the pipeline, once Triton confirmed it serves it."""
         if request is None:
             return UNRESOLVED_MODEL
-        name = self.pipeline(request)
+        name = pipeline_name(request.model_name or self.default_model.name)
         return name if self.gateway.knows(name, "") else UNRESOLVED_MODEL
 
     @staticmethod
@@ -71,10 +69,11 @@ class Classifier:
         deadline = Deadline(time_remaining, request.timeout_ms, self.default_timeout)
         with trace.span("decode"):
             check_image(request.image, self.max_image_bytes)
+            asked = request.model_name or await self.default_model.for_request(deadline.left())
             try:
-                info = await self.gateway.model_info(self.pipeline(request), "", deadline.left())
+                info = await self.gateway.model_info(pipeline_name(asked), "", deadline.left())
             except NotFound:
-                raise NotFound(await self._not_found_message(request)) from None
+                raise NotFound(await self._not_found_message(asked)) from None
             call = to_infer_request(request, info, top_k(request, info), deadline.triton_timeout_us())
         trace.set("tritonnx.model", info.name)
         with trace.span("ModelInfer", client=True) as span:
@@ -83,14 +82,13 @@ class Classifier:
         with trace.span("encode"):
             return info.name, to_classify_response(request, response)
 
-    async def _not_found_message(self, request: inference_pb2.ClassifyRequest) -> str:
-        asked = request.model_name or self.default_model
+    async def _not_found_message(self, asked: str) -> str:
         try:
             entries = await self.gateway.repository_index(ready_only=True, timeout=2.0)
         except FacadeError:
-            return f"model '{asked}' has no image pipeline ('{self.pipeline(request)}') on this server"
+            return f"model '{asked}' has no image pipeline ('{pipeline_name(asked)}') on this server"
         served = sorted({classifier_name(e.name) for e in entries if e.name.endswith(PIPELINE_SUFFIX)})
         return (
-            f"model '{asked}' has no image pipeline ('{self.pipeline(request)}') on this server; "
+            f"model '{asked}' has no image pipeline ('{pipeline_name(asked)}') on this server; "
             f"models that classify images: {', '.join(served) or 'none'}"
         )

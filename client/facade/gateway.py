@@ -42,12 +42,13 @@ log = logging.getLogger("tritonnx.facade")
 # inputs use the socket meanwhile.
 _REGISTRATION_RETRY_SECONDS = 1.0
 # A request refused against model metadata older than this makes the metadata be asked of Triton again
-# (a version with another signature may have gone live): at most once a second per model.
+# (a version with another signature may have gone live): at most once a second per model (with_current_metadata).
 METADATA_RECHECK_S = 1.0
 # How long Triton's list of served models answers "not served" for a name it does not hold, without asking Triton:
 # a flood of requests for names that do not exist costs the facade a set lookup each, and Triton nothing.
 SERVED_NAMES_TTL_S = 1.0
 T = TypeVar("T")
+Answered = tuple[ModelInfo, service_pb2.ModelInferResponse]  # a model's metadata and its answer
 
 
 class Gateway(Protocol):
@@ -346,10 +347,6 @@ class TritonGateway:
                 failure = await self._not_found(model, version)
             else:
                 failure = from_triton(error, model, version)
-            if isinstance(failure, InvalidArgument):
-                # Refused against metadata held for a while: a version with another signature may have gone
-                # live (the health probe's request is built from it too). The next call asks Triton again.
-                self.forget(model, older_than=METADATA_RECHECK_S)
             if on_tritons_side(failure):
                 self.last_failure = (time.monotonic(), f"{failure.code.name}: {failure.message}")
             try:
@@ -409,3 +406,25 @@ class TritonGateway:
                     pass  # Triton is gone, and the region with it
             self._pool.close()
         await self._replicas.close()
+
+
+async def with_current_metadata(
+    gateway: Gateway, name: str, version: str, attempt: Callable[[], Awaitable[Answered]]
+) -> Answered:
+    """The stale-metadata rule, its one home: `attempt` (which reads the model's metadata from `gateway` and infers).
+
+    A request is built from metadata held for the TTL, while a version with another signature may have gone live.
+    Refused (InvalidArgument, by the facade's checks or by Triton) against metadata held longer than
+    METADATA_RECHECK_S, the metadata is dropped and `attempt` runs once more with Triton's; an answer from a version
+    the held metadata does not list drops it too, for the next request.
+    """
+    try:
+        info, response = await attempt()
+    except InvalidArgument:
+        renewed = gateway.forget(name, older_than=METADATA_RECHECK_S)
+        if not renewed and gateway.knows(name, version):
+            raise
+        info, response = await attempt()
+    if response.model_version and response.model_version not in info.versions:
+        gateway.forget(name)
+    return info, response

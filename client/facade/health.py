@@ -1,8 +1,9 @@
 """Health from a real inference.
 
-Triton 2.51 keeps reporting READY after a Python stub died, so the facade is healthy only while the default model
-answers an actual request and no request failed on Triton's side lately (a dead stub fails only the requests sent to its
-instance, which a single probe may miss). While unhealthy it probes often, to report recovery quickly.
+Triton 2.51 keeps reporting READY after a Python stub died, so the facade is healthy only while the probed model
+(default_model.py says which) answers an actual request and no request failed on Triton's side lately (a dead stub
+fails only the requests sent to its instance, which a single probe may miss). While unhealthy it probes often, to
+report recovery quickly.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from backend.tensors import RAW_DTYPES
+from client.facade.default_model import DefaultModel
 from client.facade.errors import FacadeError
-from client.facade.gateway import Gateway
-from client.facade.translate import InferCall
+from client.facade.gateway import Gateway, with_current_metadata
+from client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
 # The request id of the health probe's inferences (Triton's log and traces tell them from callers').
@@ -55,7 +57,7 @@ class HealthReport:
 
 
 class HealthMonitor:
-    """Probes the default model with a batch-1 zeros request and publishes the result.
+    """Probes the default model (else a model served) with a batch-1 zeros request and publishes the result.
 
     The result goes to grpc.health.v1 (overall and per service) and to /health.
     """
@@ -63,7 +65,7 @@ class HealthMonitor:
     def __init__(
         self,
         gateway: Gateway,
-        model: str,
+        model: DefaultModel,
         timeout: float,
         interval: float,
         services: list[str],
@@ -77,11 +79,11 @@ class HealthMonitor:
         self.services = ["", *services]
         self.servicer = servicer
         self.draining = False
-        self.report = HealthReport(False, model, time.monotonic(), 0.0, "not probed yet")
+        self.report = HealthReport(False, model.name, time.monotonic(), 0.0, "not probed yet")
         self._probe_lock = asyncio.Lock()
 
-    async def _probe_request(self) -> InferCall:
-        info = await self.gateway.model_info(self.model, "", self.timeout)
+    async def _probe(self, name: str) -> tuple[ModelInfo, service_pb2.ModelInferResponse]:
+        info = await self.gateway.model_info(name, "", self.timeout)
         call = InferCall(service_pb2.ModelInferRequest(model_name=info.name, id=PROBE_ID), [])
         for tensor in info.inputs:
             # -1 dims (batch, sequence) become 1: the smallest real request.
@@ -90,12 +92,14 @@ class HealthMonitor:
                 service_pb2.ModelInferRequest.InferInputTensor(name=tensor.name, datatype=tensor.datatype, shape=shape)
             )
             call.payloads.append(memoryview(np.zeros(shape, RAW_DTYPES[tensor.datatype]).tobytes()))
-        return call
+        return info, await self.gateway.infer(call, self.timeout)
 
     async def probe(self) -> HealthReport:
         started = time.monotonic()
+        name = self.model.name
         try:
-            await self.gateway.infer(await self._probe_request(), self.timeout)
+            name = await self.model.to_probe(self.timeout)
+            await with_current_metadata(self.gateway, name, "", lambda: self._probe(name))
             serving, detail = not self.draining, "draining" if self.draining else "real inference answered"
         except FacadeError as error:
             serving, detail = False, f"{error.code.name}: {error.message}"
@@ -105,7 +109,7 @@ class HealthMonitor:
                 False,
                 f"a request failed in Triton {time.monotonic() - failure[0]:.1f}s ago ({failure[1]})",
             )
-        report = HealthReport(serving, self.model, time.monotonic(), time.monotonic() - started, detail)
+        report = HealthReport(serving, name, time.monotonic(), time.monotonic() - started, detail)
         if report.serving != self.report.serving:
             log.log(
                 logging.INFO if report.serving else logging.WARNING,
@@ -144,5 +148,5 @@ class HealthMonitor:
     async def drain(self) -> None:
         """NOT_SERVING everywhere from now on: load balancers stop sending before the server stops."""
         self.draining = True
-        self.report = HealthReport(False, self.model, time.monotonic(), 0.0, "draining")
+        self.report = HealthReport(False, self.model.name, time.monotonic(), 0.0, "draining")
         await self.servicer.enter_graceful_shutdown()

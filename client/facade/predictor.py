@@ -9,8 +9,9 @@ from tritonclient.grpc import service_pb2
 from client.facade.admission import HIGH_PRIORITY
 from client.facade.cache import ResultCache, cache_key
 from client.facade.deadline import Deadline
-from client.facade.errors import InvalidArgument, NotFound
-from client.facade.gateway import METADATA_RECHECK_S, Gateway
+from client.facade.default_model import DefaultModel
+from client.facade.errors import NotFound
+from client.facade.gateway import Gateway, with_current_metadata
 from client.facade.metrics import UNRESOLVED_MODEL
 from client.facade.tracing import NOT_TRACED, CallTrace
 from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
@@ -28,7 +29,7 @@ class Predictor:
     def __init__(
         self,
         gateway: Gateway,
-        default_model: str,
+        default_model: DefaultModel,
         cache: ResultCache | None = None,
         lanes: Mapping[str, str] | None = None,
         default_timeout: float | None = None,
@@ -45,7 +46,7 @@ class Predictor:
         """The metrics label of a request: its model once Triton confirmed it serves that model."""
         if decoded is None:
             return UNRESOLVED_MODEL
-        name = decoded.message.model_name or self.default_model
+        name = decoded.message.model_name or self.default_model.name
         return name if self.gateway.knows(name, decoded.message.model_version) else UNRESOLVED_MODEL
 
     @staticmethod
@@ -75,19 +76,12 @@ class Predictor:
         """The model's name and the response; `time_remaining` is the caller's deadline in seconds."""
         message = decoded.message
         deadline = Deadline(time_remaining, message.timeout_ms, self.default_timeout)
-        name = await self._route(message.model_name or self.default_model, message, deadline)
-        try:
-            info, response = await self._infer(decoded, name, deadline, trace)
-        except InvalidArgument:
-            # Refused (by the checks here or by Triton) against metadata held for a while: a version with
-            # another signature may have gone live. Once more with Triton's metadata (the gateway drops
-            # it on Triton's refusal; here on the facade's own).
-            renewed = self.gateway.forget(name, older_than=METADATA_RECHECK_S)
-            if not renewed and self.gateway.knows(name, message.model_version):
-                raise
-            info, response = await self._infer(decoded, name, deadline, trace)
-        if response.model_version and response.model_version not in info.versions:
-            self.gateway.forget(name)  # a version went live that the metadata held does not list
+        name = await self._route(
+            message.model_name or await self.default_model.for_request(deadline.left()), message, deadline
+        )
+        info, response = await with_current_metadata(
+            self.gateway, name, message.model_version, lambda: self._infer(decoded, name, deadline, trace)
+        )
         trace.set("tritonnx.model_version", response.model_version)
         with trace.span("encode"):
             return info.name, to_predict_response(decoded, info, response)

@@ -23,6 +23,7 @@ from client.facade.admission import Admission
 from client.facade.auth import BearerTokenInterceptor
 from client.facade.cache import ResultCache
 from client.facade.classifier import Classifier
+from client.facade.default_model import DefaultModel
 from client.facade.gateway import Gateway, TritonGateway
 from client.facade.health import HealthMonitor
 from client.facade.metrics import FacadeMetrics
@@ -125,9 +126,10 @@ class Facade:
             self.metrics.shm_slots_in_use.set_function(gateway.shm_slots_in_use)
             self.metrics.metadata_entries.set_function(gateway.metadata_entries)
         self.health_servicer = HealthServicer()
+        self.default_model = DefaultModel(self.gateway, settings.default_model)
         self.monitor = HealthMonitor(
             self.gateway,
-            settings.default_model,
+            self.default_model,
             settings.health_timeout,
             settings.health_interval,
             [SERVICE_NAME],
@@ -136,7 +138,7 @@ class Facade:
         self.servicer = InferenceServicer(
             Predictor(
                 self.gateway,
-                settings.default_model,
+                self.default_model,
                 ResultCache(
                     frozenset(filter(None, settings.cache_models.split(","))), settings.cache_bytes, self.metrics
                 )
@@ -145,7 +147,7 @@ class Facade:
                 lanes,
                 settings.request_timeout,
             ),
-            Classifier(self.gateway, settings.default_model, settings.max_image_bytes, settings.request_timeout),
+            Classifier(self.gateway, self.default_model, settings.max_image_bytes, settings.request_timeout),
             Admission(
                 settings.max_in_flight,
                 settings.retry_after_ms,
@@ -252,7 +254,7 @@ class Facade:
             s.host,
             self.http_port,
             s.triton_url,
-            s.default_model,
+            self.default_model.describe(),
             s.max_in_flight,
             f"; ports written to {s.port_file}" if s.port_file else "",
         )

@@ -160,7 +160,12 @@ class FacadeSettings:
         "Triton's KServe v2 gRPC endpoint: host:port, several comma-separated (replicas, taken in turn), or a name "
         "resolving to several (a headless Service); a call whose replica went away goes once to another",
     )
-    default_model: str = setting("resnet50", "model served when a request names none")
+    default_model: str = setting(
+        "",
+        "the model of a request that names none, and the one /health probes; empty: resnet50 while Triton serves it, "
+        "else the one model Triton serves; with several, requests name theirs and /health probes the first by name "
+        "with numeric inputs",
+    )
     max_in_flight: int = setting(
         64,
         "requests handled at once, counted once their body arrived; beyond it callers get RESOURCE_EXHAUSTED at once "

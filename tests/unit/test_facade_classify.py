@@ -17,6 +17,7 @@ from client.facade.classify import (
     to_infer_request,
     top_k,
 )
+from client.facade.default_model import DefaultModel
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
 from client.facade.service import InferenceServicer
@@ -131,10 +132,9 @@ class Context:
 def servicer(limit: int = 4):
     metrics = FacadeMetrics()
     gateway = StandInGateway()
-    classifier = Classifier(gateway, "resnet50", 10**6)
-    return InferenceServicer(
-        Predictor(gateway, "resnet50"), classifier, Admission(limit, 100, metrics), metrics
-    ), gateway
+    default = DefaultModel(gateway, "resnet50")
+    classifier = Classifier(gateway, default, 10**6)
+    return InferenceServicer(Predictor(gateway, default), classifier, Admission(limit, 100, metrics), metrics), gateway
 
 
 def classify(service, request, context=None):

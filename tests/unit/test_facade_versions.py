@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from client.facade.cache import ResultCache
+from client.facade.default_model import DefaultModel
 from client.facade.errors import InvalidArgument
 from client.facade.metrics import FacadeMetrics
 from client.facade.predictor import Predictor
@@ -34,7 +35,7 @@ def predict(predictor: Predictor, body: bytes):
 
 def test_a_swap_to_another_signature_is_followed_by_the_simple_contract_at_once():
     gateway = SwappingGateway()
-    predictor = Predictor(gateway, "m")
+    predictor = Predictor(gateway, DefaultModel(gateway, "m"))
     assert predict(predictor, request()).message.model_version == "1"
     gateway.serving = V2  # version 2 goes live; the facade still holds version 1's metadata
     # The facade names the input after the metadata it holds ('x'); Triton refuses it; the facade asks
@@ -47,7 +48,7 @@ def test_a_swap_to_another_signature_is_followed_by_the_simple_contract_at_once(
 
 def test_a_request_for_the_new_signature_is_not_refused_by_old_metadata():
     gateway = SwappingGateway()
-    predictor = Predictor(gateway, "m")
+    predictor = Predictor(gateway, DefaultModel(gateway, "m"))
     predict(predictor, request())
     gateway.serving = V2
     named = inference_pb2.PredictRequest(model_name="m")
@@ -61,7 +62,7 @@ def test_a_request_for_the_new_signature_is_not_refused_by_old_metadata():
 
 def test_a_wrong_request_is_checked_again_at_most_once_a_second():
     gateway = SwappingGateway()
-    predictor = Predictor(gateway, "m")
+    predictor = Predictor(gateway, DefaultModel(gateway, "m"))
     wrong = inference_pb2.PredictRequest(model_name="m", shape=[1, 5], raw_data=np.ones(5, "<f4").tobytes())
     with pytest.raises(InvalidArgument, match="does not fit"):
         predict(predictor, wrong.SerializeToString())
@@ -76,7 +77,7 @@ def test_an_answer_from_a_version_the_metadata_does_not_list_makes_the_next_requ
     gateway = SwappingGateway()
     gateway.serving = ModelInfo("m", "", V1.inputs, V1.outputs, 8, ("2",))  # the same signature, a new version
     gateway.held = V1  # held from before the swap: versions ('1',)
-    predictor = Predictor(gateway, "m")
+    predictor = Predictor(gateway, DefaultModel(gateway, "m"))
     assert predict(predictor, request()).message.model_version == "2"
     assert gateway.held is None  # forgotten: the next request learns version 2
 
@@ -84,7 +85,7 @@ def test_an_answer_from_a_version_the_metadata_does_not_list_makes_the_next_requ
 def test_the_result_cache_answers_with_the_version_that_computed_it():
     gateway = SwappingGateway()
     cache = ResultCache(frozenset({"m"}), 1 << 20, FacadeMetrics())
-    predictor = Predictor(gateway, "m", cache)
+    predictor = Predictor(gateway, DefaultModel(gateway, "m"), cache)
     first = predict(predictor, request())
     assert (first.message.model_version, first.predictions.tolist()) == ("1", [0.0, 2.0, 4.0, 6.0])
     gateway.serving = ModelInfo("m", "", V1.inputs, V1.outputs, 8, ("2",))
