@@ -11,16 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tritonclient.utils import InferenceServerException
-
-from client.triton_common import (
-    URL_HELP_EPILOG,
-    ServerUnreachable,
-    TritonClient,
-    add_connection_args,
-    describe_error,
-    resolve_url,
-)
+from backend.server.model_control import ControlError, TritonControl, TritonUnreachable
+from client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
 
 # Health calls are cheap; a server that needs longer than this to answer one is not healthy.
 CALL_TIMEOUT_S = 10.0
@@ -99,7 +91,7 @@ def summarize_config(config: dict) -> dict[str, Any]:
     return summary
 
 
-def check_model(client: TritonClient, name: str, index: list[dict]) -> dict[str, Any]:
+def check_model(client: TritonControl, name: str, index: list[dict]) -> dict[str, Any]:
     """Readiness, versions, metadata and config summary of one model.
 
     A model that is not loaded has no metadata; the reason goes into `error` instead of failing the whole check.
@@ -112,30 +104,32 @@ def check_model(client: TritonClient, name: str, index: list[dict]) -> dict[str,
     ready = sorted(int(v["version"]) for v in versions if v.get("state") == "READY" and v["version"].isdigit())
     report: dict[str, Any] = {
         "name": name,
-        "ready": client.model_ready(name),
+        "ready": client.ready(name),
         "versions": versions,
         # What a request that names no version gets (and whose metadata and config are shown).
         "default_version": str(ready[-1]) if ready else None,
     }
     try:
-        metadata = client.model_metadata(name)
+        metadata = client.metadata(name)
         report.update(
             platform=metadata["platform"],
             inputs=metadata["inputs"],
             outputs=metadata["outputs"],
-            config=summarize_config(client.model_config(name)),
+            config=summarize_config(client.config(name)),
         )
-    except InferenceServerException as exc:
-        report["error"] = describe_error(exc)
+    except TritonUnreachable:
+        raise
+    except ControlError as exc:
+        report["error"] = exc.described()
     return report
 
 
-def check(client: TritonClient, models: Sequence[str]) -> dict[str, Any]:
+def check(client: TritonControl, models: Sequence[str]) -> dict[str, Any]:
     """The whole report; `ok` is what the exit code reflects."""
     live = client.server_live()
     ready = client.server_ready()
     server_metadata = client.server_metadata()
-    index = client.repository_index()
+    index = client.index()
     # The index lists one entry per version; keep each model once, in index order.
     names = list(models) or list(dict.fromkeys(entry["name"] for entry in index))
     model_reports = [check_model(client, name, index) for name in names]
@@ -225,13 +219,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     url = resolve_url(args)
     try:
-        with TritonClient(url, args.protocol, CALL_TIMEOUT_S) as client:
+        with TritonControl(url, timeout_s=CALL_TIMEOUT_S, protocol=args.protocol) as client:
             report = check(client, args.models)
-    except ServerUnreachable as exc:
+    except TritonUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except InferenceServerException as exc:  # a server-level call failed: not healthy
-        print(f"error: {describe_error(exc)}", file=sys.stderr)
+    except ControlError as exc:  # a server-level call failed: not healthy
+        print(f"error: {exc.described()}", file=sys.stderr)
         return 1
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0 if report["ok"] else 1

@@ -14,17 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from tritonclient.utils import InferenceServerException
 
+from backend.server.model_control import ControlError, TritonControl, TritonUnreachable
 from client.infer_inputs import GENERATED_SOURCES, InputError, build_inputs
-from client.triton_common import (
-    URL_HELP_EPILOG,
-    ServerUnreachable,
-    TritonClient,
-    add_connection_args,
-    describe_error,
-    resolve_url,
-)
+from client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
 
 # How many leading values to show of an output that gets no top-k listing.
 FIRST_VALUES = 8
@@ -200,13 +193,13 @@ def latency_stats(latencies_ms: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def run(client: TritonClient, args: argparse.Namespace) -> dict[str, Any]:
+def run(client: TritonControl, args: argparse.Namespace) -> dict[str, Any]:
     """Fetch the model's metadata and config, send the requests, and return the report."""
     # First contact goes through the liveness probe, so that a server that cannot be reached (or
     # never answers) is reported as such (exit 2) rather than as a failed metadata request.
     client.server_live()
-    metadata = client.model_metadata(args.model)
-    max_batch_size = int(client.model_config(args.model).get("max_batch_size", 0))
+    metadata = client.metadata(args.model)
+    max_batch_size = int(client.config(args.model).get("max_batch_size", 0))
     named_sources = dict(args.input_name)
     inputs = build_inputs(metadata, max_batch_size, args.input, named_sources, args.batch_size, args.seq_len, args.seed)
     input_datatypes = {spec["name"]: spec["datatype"] for spec in metadata["inputs"]}
@@ -276,13 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     timeout_s = args.timeout_ms / 1000.0 if args.timeout_ms else None
     try:
-        with TritonClient(resolve_url(args), args.protocol, timeout_s) as client:
+        with TritonControl(resolve_url(args), timeout_s=timeout_s, protocol=args.protocol) as client:
             report = run(client, args)
-    except ServerUnreachable as exc:
+    except TritonUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except InferenceServerException as exc:
-        print(f"error: {describe_error(exc)}", file=sys.stderr)
+    except ControlError as exc:
+        print(f"error: {exc.described()}", file=sys.stderr)
         return 1
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)

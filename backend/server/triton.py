@@ -19,11 +19,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tritonclient.grpc as grpcclient
-
 from backend.model_files import ONNX_BACKENDS, PYTHON_MODEL_FILE
 from backend.server.admin import ADMIN_HEADER, GRPC_ADMIN_HEADER, RESTRICTED_PROTOCOLS, new_admin_key
-from backend.server.model_control import TritonControl
+from backend.server.model_control import ControlError, TritonControl
 from backend.server.ports import TRITON_GRPC, TRITON_HTTP, TRITON_METRICS
 from backend.server.process import ManagedProcess, ServerError
 from backend.server.repository import STOCK_MODEL_PY
@@ -256,10 +254,10 @@ class TritonServer(ManagedProcess):
                 raise ServerError(f"tritonserver is up, but not every model is ready:\n{format_model_states(failed)}")
 
     def _grpc_live(self) -> bool:
-        with grpcclient.InferenceServerClient(self.grpc_url) as client:
+        with TritonControl(self.grpc_url, self.admin_key, timeout_s=1.0) as control:
             try:
-                return client.is_server_live(client_timeout=1.0)
-            except Exception:  # noqa: BLE001 - any failure means: not up yet
+                return control.server_live()
+            except ControlError:  # not up yet
                 return False
 
     def model_states(self) -> list[dict]:

@@ -8,10 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from tritonclient.utils import InferenceServerException
 
+from backend.server.model_control import ControlError, TritonUnreachable, normalize_metadata
 from client import triton_common, triton_health, triton_infer
-from client.triton_common import ServerUnreachable, describe_error, normalize_metadata
 
 # --- triton_common ----------------------------------------------------------------------------
 
@@ -40,13 +39,13 @@ def test_url_with_a_scheme_is_refused_at_parse_time():
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
-        ("StatusCode.NOT_FOUND", "NOT_FOUND: no such model"),  # gRPC
+        ("NOT_FOUND", "NOT_FOUND: no such model"),  # gRPC
         ("404", "404: no such model"),  # HTTP
-        (None, "no such model"),  # raised by tritonclient itself
+        ("", "no such model"),  # raised by tritonclient itself
     ],
 )
-def test_describe_error(status, expected):
-    assert describe_error(InferenceServerException("no such model", status=status)) == expected
+def test_an_error_is_described_with_its_status(status, expected):
+    assert ControlError("no such model", status).described() == expected
 
 
 def test_normalize_metadata_turns_grpc_string_dims_into_ints_and_fills_missing_keys():
@@ -172,11 +171,11 @@ def test_latency_stats_of_one_request():
 
 
 class FakeClient:
-    """Stands in for TritonClient: a live server with one batching model `demo`."""
+    """Stands in for TritonControl: a live server with one batching model `demo`."""
 
     error: Exception | None = None  # raised by every server call when set
 
-    def __init__(self, url, protocol, timeout_s=None):
+    def __init__(self, url, timeout_s=None, protocol="grpc"):
         self.url, self.protocol = url, protocol
 
     def __enter__(self):
@@ -199,15 +198,15 @@ class FakeClient:
     def server_metadata(self):
         return {"name": "triton", "version": "2.51.0", "extensions": ["binary_tensor_data"]}
 
-    def repository_index(self):
+    def index(self):
         return [{"name": "demo", "version": "1", "state": "READY"}]
 
-    def model_ready(self, name):
+    def ready(self, name):
         return name == "demo"
 
-    def model_metadata(self, name):
+    def metadata(self, name):
         if name != "demo":
-            raise InferenceServerException(f"Request for unknown model: '{name}'", "StatusCode.NOT_FOUND")
+            raise ControlError(f"Request for unknown model: '{name}'", "NOT_FOUND")
         return normalize_metadata(
             {
                 "name": "demo",
@@ -218,7 +217,7 @@ class FakeClient:
             }
         )
 
-    def model_config(self, name):
+    def config(self, name):
         return {
             "max_batch_size": 8,
             "dynamic_batching": {"max_queue_delay_microseconds": "100"},
@@ -234,8 +233,8 @@ class FakeClient:
 @pytest.fixture
 def fake_client(monkeypatch):
     FakeClient.error = None
-    monkeypatch.setattr(triton_infer, "TritonClient", FakeClient)
-    monkeypatch.setattr(triton_health, "TritonClient", FakeClient)
+    monkeypatch.setattr(triton_infer, "TritonControl", FakeClient)
+    monkeypatch.setattr(triton_health, "TritonControl", FakeClient)
     yield FakeClient
     FakeClient.error = None
 
@@ -270,7 +269,7 @@ def test_infer_main_input_error_exit_1(fake_client, capsys):
 
 
 def test_infer_main_unreachable_exit_2(fake_client, capsys):
-    fake_client.error = ServerUnreachable("127.0.0.1:1", "grpc", "connection refused")
+    fake_client.error = TritonUnreachable("cannot reach Triton at 127.0.0.1:1 (grpc): connection refused")
     assert triton_infer.main(["--model", "demo", "--url", "127.0.0.1:1"]) == 2
     assert capsys.readouterr().err == "error: cannot reach Triton at 127.0.0.1:1 (grpc): connection refused\n"
 
@@ -355,7 +354,7 @@ def test_health_main_missing_model_exit_1(fake_client, capsys):
 
 
 def test_health_main_unreachable_exit_2(fake_client, capsys):
-    fake_client.error = ServerUnreachable("127.0.0.1:1", "http", "[Errno 111] Connection refused")
+    fake_client.error = TritonUnreachable("cannot reach Triton at 127.0.0.1:1 (http): [Errno 111] Connection refused")
     assert triton_health.main(["--protocol", "http", "--url", "127.0.0.1:1"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "error: cannot reach Triton at 127.0.0.1:1 (http): [Errno 111] Connection refused\n"

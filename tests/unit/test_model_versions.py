@@ -623,7 +623,7 @@ def test_the_commands_print_what_they_did_and_what_serves(tmp_path):
 
 
 class TwoVersionsClient:
-    """TritonClient's interface over a model served as versions 4 and 5, after 1 to 3 were swapped out."""
+    """TritonControl's interface over a model served as versions 4 and 5, after 1 to 3 were swapped out."""
 
     url, protocol = "127.0.0.1:8001", "grpc"
 
@@ -635,7 +635,7 @@ class TwoVersionsClient:
     def server_metadata(self) -> dict:
         return {"name": "triton", "version": "2.51.0", "extensions": []}
 
-    def repository_index(self) -> list[dict]:
+    def index(self) -> list[dict]:
         return [
             {"name": "m", "version": "3", "state": "UNAVAILABLE", "reason": "unloaded"},
             {"name": "m", "version": "4", "state": "READY"},
@@ -643,14 +643,14 @@ class TwoVersionsClient:
             {"name": "m", "version": "6", "state": "UNAVAILABLE", "reason": "Internal: ModelConfigError: no graph"},
         ]
 
-    def model_ready(self, name: str) -> bool:
+    def ready(self, name: str) -> bool:
         return True
 
-    def model_metadata(self, name: str) -> dict:
+    def metadata(self, name: str) -> dict:
         tensors = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], "outputs": []}
         return {"name": name, "versions": ["4", "5"], "platform": "python", **tensors}
 
-    def model_config(self, name: str) -> dict:
+    def config(self, name: str) -> dict:
         return {"max_batch_size": 8}
 
 
