@@ -1,4 +1,4 @@
-"""Measurements: make bench, bench-peers, tune, soak and chaos (overload); one-off studies in bench/studies/.
+"""Measurements: make bench, bench-peers, tune, soak and chaos (overload); the images study in bench/studies/.
 
 They run from the checkout, serve its model repository (or $TRITONNX_MODEL_REPOSITORY) and write
 their results under bench/results/ (not committed; kept reports go to bench/reports/).

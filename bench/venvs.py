@@ -1,6 +1,6 @@
 """Venvs the benchmarks make beside the project's .venv, under build/.
 
-Each peer's framework (bench/peers/venvs.py), the OpenVINO stubs (bench/studies/openvino.py). Made with an
+Each peer's framework (bench/peers/venvs.py). Made with an
 interpreter found on PATH; pip's output goes to a log whose end an error quotes.
 """
 

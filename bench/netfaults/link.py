@@ -150,7 +150,3 @@ class Link:
     def clear(self) -> None:
         self._rules()
         self.fault = "none"
-
-    @property
-    def _veth_out_inside(self) -> str:
-        return self._veth_in  # inside the namespace, packets leave through its own end of the pair

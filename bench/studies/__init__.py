@@ -1,6 +1,4 @@
-"""One-off measurements, each run to back a claim or a decision (README.md here: study, command, report, claim).
+"""Studies: claims of the documentation measured apart from the make targets (README.md here).
 
-Not part of `make bench`, `make soak`, `make chaos` or `make tune`: run one as `python -m bench.studies.<name>`
-(`--help` for its options). Each serves from the checkout's model repository on free loopback ports and writes
-bench/results/<UTC time>-<name>/; a run worth keeping is copied to bench/reports/.
+`python -m bench.studies.images` stays (the container tier runs it); the removed studies' reports keep their figures.
 """
