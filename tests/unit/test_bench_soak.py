@@ -9,10 +9,10 @@ import os
 import pytest
 
 from bench.load.stats import Tally
-from bench.soak import parse
-from bench.soak_judge import judge, publish_gate
-from bench.soak_load import interval_row, merged, split_rates
-from bench.soak_report import series_name, write_outputs
+from bench.soak.__main__ import parse
+from bench.soak.judge import judge, publish_gate
+from bench.soak.load import interval_row, merged, split_rates
+from bench.soak.report import series_name, write_outputs
 from bench.usage import Watcher
 
 

@@ -7,7 +7,7 @@ import onnx
 from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2
 
-from bench.soak_checked import CheckedFacade, CheckedTriton, reference_session
+from bench.soak.checked import CheckedFacade, CheckedTriton, reference_session
 from client.proto import inference_pb2
 
 

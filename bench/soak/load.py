@@ -1,7 +1,7 @@
 """The soak's load: every model through both paths at once, each answer checked, the rate split by capacity.
 
 A stream is one model through one path (the facade's `Predict`, or Triton's KServe `ModelInfer` direct) with a
-target that checks every answer (bench/soak_checked.py), its capacity, offered rate and open loop.
+target that checks every answer (bench/soak/checked.py), its capacity, offered rate and open loop.
 
 How the load is split: each stream's capacity is measured alone (closed loop), and each of the N streams is offered
 `load_fraction / N` of its own capacity. A stream at rate r with capacity c keeps the machine busy r / c of the time,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench.load.loops import LoadResult, OpenLoop, run_load
 from bench.load.stats import Tally, percentiles
-from bench.soak_checked import CheckedFacade, CheckedTriton, StreamTarget, reference_session
+from bench.soak.checked import CheckedFacade, CheckedTriton, StreamTarget, reference_session
 
 PATHS = ("facade", "triton")
 

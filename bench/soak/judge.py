@@ -16,8 +16,8 @@ import math
 from collections.abc import Sequence
 
 from bench.output import Gate
-from bench.soak_load import PATHS
-from bench.soak_report import series, series_name
+from bench.soak.load import PATHS
+from bench.soak.report import series, series_name
 from bench.trend import Level, Trend, level, trend
 
 # Statuses the facade and Triton document as load shedding: allowed, up to --max-rejected.

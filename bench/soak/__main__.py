@@ -1,20 +1,20 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
 Serves a scratch copy of the model repository as `make serve` does (`python -m client.serve`: tritonserver, the
-supervisor and the facade; bench/soak_serve.py), then:
+supervisor and the facade; bench/soak/serve.py), then:
 
-1. opens a stream per model and path (the facade's Predict, Triton's KServe ModelInfer; bench/soak_load.py), each
-   answer checked against in-process ONNX Runtime (bench/soak_checked.py), and measures each stream's capacity
-   alone (bench/soak_run.py runs these phases);
+1. opens a stream per model and path (the facade's Predict, Triton's KServe ModelInfer; bench/soak/load.py), each
+   answer checked against in-process ONNX Runtime (bench/soak/checked.py), and measures each stream's capacity
+   alone (bench/soak/run.py runs these phases);
 2. runs every stream at once in a closed loop for `--burst-seconds`, so that buffers sized by the peak grow now;
 3. offers each of the N streams `--load-fraction` / N of its capacity, open loop, for `--duration` seconds: the
    streams together keep the machine busy `--load-fraction` of its time, in equal shares;
 4. every `--publish-every` seconds publishes the next model of the rotation again as a new version
-   (bench/soak_publish.py): Triton swaps it in under the load, the answers stay checked;
+   (bench/soak/publish.py): Triton swaps it in under the load, the answers stay checked;
 5. every `--interval` seconds samples RSS, PSS, open fds and threads of tritonserver, each stub, the facade and
    the supervisor's process, the /dev/shm regions of these processes, and each path's throughput and latency
    (bench/usage.py);
-6. stops the stack, checks nothing is left, and judges the run (bench/soak_judge.py): memory slopes after the
+6. stops the stack, checks nothing is left, and judges the run (bench/soak/judge.py): memory slopes after the
    warm-up, flat counts, right answers, no failures beyond the documented rejections, every publish served, no
    process died.
 
@@ -38,12 +38,12 @@ from backend.server.repository import CONFIG_FILE, link_models
 from bench import REPOSITORY
 from bench.load.targets import VerificationError
 from bench.output import Gate, machine, run_folder, say, settings, verdict
-from bench.soak_judge import DOCUMENTED_REJECTIONS, judge
-from bench.soak_load import make_streams
-from bench.soak_publish import Publisher
-from bench.soak_report import write_outputs
-from bench.soak_run import load_phases
-from bench.soak_serve import ServeProcess
+from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
+from bench.soak.load import make_streams
+from bench.soak.publish import Publisher
+from bench.soak.report import write_outputs
+from bench.soak.run import load_phases
+from bench.soak.serve import ServeProcess
 from bench.usage import SHM_DIR, Watcher
 
 DEMO_MODELS = tuple(MODELS)  # resnet50, mobilenet_v3_small, text_classifier, token_classifier

@@ -13,10 +13,10 @@ from datetime import datetime, timezone
 from backend.server.process import ServerError, StopRequest
 from bench.load.loops import OpenLoop
 from bench.output import say
-from bench.soak_judge import DOCUMENTED_REJECTIONS
-from bench.soak_load import Stream, Totals, burst, close_all, measure, open_all, split_rates, take_intervals
-from bench.soak_publish import Publisher
-from bench.soak_report import progress_line
+from bench.soak.judge import DOCUMENTED_REJECTIONS
+from bench.soak.load import Stream, Totals, burst, close_all, measure, open_all, split_rates, take_intervals
+from bench.soak.publish import Publisher
+from bench.soak.report import progress_line
 from bench.usage import Watcher, gone
 
 
