@@ -38,7 +38,7 @@ ARRIVALS = ("uniform", "poisson")
 
 @dataclass
 class LoadResult:
-    target: str  # "triton-grpc", "facade", "facade-floats", "fastapi"
+    target: str  # "triton-grpc", "facade", "fastapi"
     model: str
     batch: int
     concurrency: int

@@ -294,9 +294,8 @@ class KServeTarget(GrpcTarget):
 class FacadeTarget(GrpcTarget):
     """The project's `inference.InferenceService/Predict`.
 
-    `raw=True` sends the image as `raw_data` (compact bytes); `raw=False` as the `data` float list
-    of the simple contract (serialized once all the same). Text models (`text_inputs`, by default
-    for model names containing "text") are sent as named INT64 `inputs` of shape [batch, 16].
+    An image goes as `raw_data` (compact bytes). Text models (`text_inputs`, by default for model
+    names containing "text") are sent as named INT64 `inputs` of shape [batch, 16].
     """
 
     method_path = "/inference.InferenceService/Predict"
@@ -306,20 +305,16 @@ class FacadeTarget(GrpcTarget):
         url: str,
         model: str = "resnet50",
         batch: int = 1,
-        raw: bool = True,
         *,
         text_inputs: Sequence[str] | None = None,
         image_shape: Sequence[int] = IMAGE_SHAPE,
         **options: Any,
     ) -> None:
         super().__init__(url, model, batch, **options)
-        self.raw = raw
-        self.name = "facade" if raw else "facade-floats"
+        self.name = "facade"
         self.text_inputs = (
             tuple(text_inputs) if text_inputs is not None else (TEXT_INPUTS if "text" in model.lower() else ())
         )
-        if self.text_inputs and not raw:
-            raise ValueError("the float-list contract carries one FP32 input: text models need raw=True")
         self.image_shape = tuple(image_shape)
 
     async def _build(self) -> list[bytes]:
@@ -353,12 +348,8 @@ class FacadeTarget(GrpcTarget):
         return request.SerializeToString()
 
     def _image_request(self, image: np.ndarray) -> bytes:
-        request = inference_pb2.PredictRequest(model_name=self.model, shape=image.shape)
-        if self.raw:
-            request.raw_data = image.astype("<f4", copy=False).tobytes()
-            request.dtype = inference_pb2.FP32
-        else:
-            request.data.extend(image.ravel().tolist())
+        request = inference_pb2.PredictRequest(model_name=self.model, shape=image.shape, dtype=inference_pb2.FP32)
+        request.raw_data = image.astype("<f4", copy=False).tobytes()
         return request.SerializeToString()
 
     def output(self, body: bytes) -> np.ndarray:
@@ -379,5 +370,5 @@ class FacadeTarget(GrpcTarget):
                     f"{where}: output '{output.name}' has shape {list(output.shape)}, "
                     f"expected the batch {self.batch} first"
                 )
-        if (self.raw or self.text_inputs) and not response.outputs:
+        if not response.outputs:
             raise VerificationError(f"{where}: an extended (raw/named) request got no named outputs")

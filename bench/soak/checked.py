@@ -77,7 +77,7 @@ class CheckedFacade(Checked, FacadeTarget):
         inputs = graph_inputs(session)
         text = [name for name, kind in inputs if kind == "tensor(int64)"]
         images = None if text else [_image(seed) for seed in IMAGE_SEEDS]
-        super().__init__(url, model, 1, raw=True, text_inputs=text, images=images, **options)
+        super().__init__(url, model, 1, text_inputs=text, images=images, **options)
         self.setup_check(session)
 
     async def _build(self) -> list[bytes]:

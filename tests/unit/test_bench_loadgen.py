@@ -1,10 +1,9 @@
-"""The load engine (bench.load targets and closed loop) and the bench.loadgen command, against tiny
-in-process servers (grpc.aio, sync grpc, aiohttp): no Triton."""
+"""The load engine (bench.load targets, closed loop and burst), against tiny in-process servers (grpc.aio, sync
+grpc, aiohttp): no Triton."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from concurrent import futures
@@ -16,7 +15,6 @@ import pytest
 from aiohttp import web
 from tritonclient.grpc import service_pb2
 
-from bench import loadgen
 from bench.load.burst import burst
 from bench.load.http import HttpTarget
 from bench.load.loops import LoadResult, run, run_load
@@ -315,7 +313,7 @@ def test_first_call_failure_raises():
         load(lambda url: FacadeTarget(url, "resnet50", 1), Fake(fail_every=1), concurrency=2, duration_s=0.2)
 
 
-def test_facade_raw_floats_and_text_requests():
+def test_facade_raw_and_text_requests():
     fake = Fake()
     result = load(
         lambda url: FacadeTarget(url, "mobilenet_v3_small", 2),
@@ -331,19 +329,6 @@ def test_facade_raw_floats_and_text_requests():
     assert request.model_name == "mobilenet_v3_small" and list(request.shape) == [2, 3, 224, 224]
     assert len(request.raw_data) == 2 * 3 * 224 * 224 * 4 and request.dtype == inference_pb2.FP32
     assert len(request.data) == 0
-
-    fake = Fake()
-    result = load(
-        lambda url: FacadeTarget(url, "resnet50", 1, raw=False),
-        fake,
-        concurrency=1,
-        duration_s=UNTIL_COUNT_S,
-        warmup_s=0,
-        max_requests=5,
-    )
-    assert result.target == "facade-floats" and result.requests == 5
-    request = inference_pb2.PredictRequest.FromString(fake.first)
-    assert len(request.data) == 3 * 224 * 224 and not request.raw_data
 
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
     result = load(
@@ -499,68 +484,6 @@ def test_run_sync_wrapper_reuses_target(sync_server):
     assert fake.calls == first.warmup_requests + 6 + second.warmup_requests + 4 and fake.all_same
 
 
-def test_cli_json_and_text(sync_server, capsys):
-    fake, url = sync_server
-    assert (
-        loadgen.main(
-            [
-                "--target",
-                "facade",
-                "--url",
-                url,
-                "--concurrency",
-                "1",
-                "2",
-                "--duration",
-                str(UNTIL_COUNT_S),
-                "--warmup",
-                "0",
-                "--max-requests",
-                "3",
-                "--json",
-            ]
-        )
-        == 0
-    )
-    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["target"], r["concurrency"], r["requests"]) for r in lines] == [("facade", 1, 3), ("facade", 2, 3)]
-
-    assert (
-        loadgen.main(
-            [
-                "--target",
-                "kserve",
-                "--url",
-                url,
-                "--model",
-                "mobilenet_v3_small",
-                "--duration",
-                str(UNTIL_COUNT_S),
-                "--warmup",
-                "0",
-                "--max-requests",
-                "3",
-            ]
-        )
-        == 0
-    )
-    out = capsys.readouterr().out
-    assert "triton-grpc" in out and "mobilenet_v3_small" in out and "req/s" in out and "client CPU" in out
-
-
-def test_cli_reports_verification_failure(capsys):
-    async def scenario():
-        server, url = await _aio_server(Fake(wrong_dim=True))
-        try:
-            # main() runs its own loop: call it from a worker thread while this loop serves.
-            return await asyncio.to_thread(loadgen.main, ["--target", "kserve", "--url", url, "--duration", "1"])
-        finally:
-            await server.stop(None)
-
-    assert asyncio.run(scenario()) == 2
-    assert "error: triton-grpc" in capsys.readouterr().err
-
-
 def test_arguments_are_checked():
     target = KServeTarget("127.0.0.1:1", "m", 1)
     for kwargs in (
@@ -570,8 +493,6 @@ def test_arguments_are_checked():
     ):
         with pytest.raises(ValueError):
             asyncio.run(run_load(target, **kwargs))
-    with pytest.raises(ValueError):
-        FacadeTarget("127.0.0.1:1", "text_classifier", 1, raw=False)
 
 
 def test_unreachable_server_fails_clearly_and_closes():
