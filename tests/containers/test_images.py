@@ -6,13 +6,16 @@ The NGC image is built on the stand-in with NGC's layout, since NVIDIA's registr
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -27,7 +30,8 @@ from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.conftest import DEMO_IMAGES
 from tests.containers.docker import Container, docker, listening_addresses, run, run_triton, wait_http
-from tests.helpers import judged
+from tests.graphs import small_classifier
+from tests.helpers import judged, wait_until
 from tests.images import image_file, reference_pixels
 from tests.kserve import assert_close
 from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, write_repository
@@ -244,29 +248,98 @@ def test_a_dev_shm_too_small_for_the_models_is_refused_with_what_to_give(images)
         container.remove()
 
 
-def test_compose_runs_triton_and_the_facade_healthy_on_real_inference(images):
+@contextlib.contextmanager
+def composed(*files: str, env: dict[str, str] | None = None) -> Iterator[dict[str, str]]:
+    """deploy/compose.yaml (with `files` over it) up on free ports until both services are healthy; down after.
+
+    Yields the variables it ran with (the ports among them)."""
     ports = dict(zip(["TRITONNX_TRITON_HTTP_PORT", "TRITONNX_TRITON_GRPC_PORT", "TRITONNX_TRITON_METRICS_PORT",
                       "TRITONNX_SUPERVISOR_METRICS_PORT", "TRITONNX_PORT", "TRITONNX_HTTP_PORT"],
                      map(str, free_ports(6)), strict=True))  # fmt: skip
-    env = {**os.environ, **ports, "TRITONNX_ADMIN_KEY": ADMIN_KEY}
-    compose = ["docker-compose", "-f", str(CHECKOUT / "deploy/compose.yaml"), "-p", f"tnx{uuid.uuid4().hex[:6]}"]
-    subprocess.run([*compose, "up", "-d"], env=env, check=True, capture_output=True, timeout=120)
+    variables = {**os.environ, **ports, "TRITONNX_ADMIN_KEY": ADMIN_KEY, **(env or {})}
+    compose = ["docker-compose", "-p", f"tnx{uuid.uuid4().hex[:6]}"]
+    for name in ("compose.yaml", *files):
+        compose += ["-f", str(CHECKOUT / "deploy" / name)]
+    subprocess.run([*compose, "up", "-d"], env=variables, check=True, capture_output=True, timeout=120)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            listed = subprocess.run([*compose, "ps"], env=env, capture_output=True, text=True, check=True).stdout
-            if listed.count("(healthy)") == 2:
-                break
-            assert time.monotonic() < deadline, listed
-            time.sleep(1)
-        with grpc.insecure_channel(f"127.0.0.1:{ports['TRITONNX_PORT']}") as channel:
-            reply = inference_pb2_grpc.InferenceServiceStub(channel).Predict(
-                inference_pb2.PredictRequest(data=[0.5] * 150528, shape=[1, 3, 224, 224])
-            )
-        assert list(reply.shape) == [1, 1000]
+
+        def healthy() -> bool:
+            listed = subprocess.run([*compose, "ps"], env=variables, capture_output=True, text=True, check=True)
+            return listed.stdout.count("(healthy)") == 2
+
+        wait_until(healthy, 120, "both services healthy", interval=1)
+        yield variables
     finally:
-        down = subprocess.run([*compose, "down", "-t", "30"], env=env, capture_output=True, text=True, timeout=120)
+        down = subprocess.run([*compose, "down", "-t", "30"], env=variables, capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
     assert down.returncode == 0, down.stderr
+
+
+def test_compose_runs_triton_and_the_facade_healthy_on_real_inference(images):
+    with composed() as env, grpc.insecure_channel(f"127.0.0.1:{env['TRITONNX_PORT']}") as channel:
+        reply = inference_pb2_grpc.InferenceServiceStub(channel).Predict(
+            inference_pb2.PredictRequest(data=[0.5] * 150528, shape=[1, 3, 224, 224])
+        )
+    assert list(reply.shape) == [1, 1000]
+
+
+def predict(env: dict[str, str], image: np.ndarray) -> inference_pb2.PredictResponse:
+    """A Predict naming no model through the facade Compose runs."""
+    with grpc.insecure_channel(f"127.0.0.1:{env['TRITONNX_PORT']}") as channel:
+        return inference_pb2_grpc.InferenceServiceStub(channel).Predict(
+            inference_pb2.PredictRequest(raw_data=image.tobytes(), dtype=inference_pb2.FP32, shape=image.shape),
+            timeout=30,
+        )
+
+
+def models_command(env: dict[str, str], repository: Path, *argv: str) -> subprocess.CompletedProcess:
+    """`tritonnx-models` from the host's venv, against the mounted repository and the container's Triton."""
+    variables = {**os.environ, "TRITONNX_ADMIN_KEY": ADMIN_KEY, "TRITONNX_MODEL_REPOSITORY": str(repository),
+                 "TRITONNX_TRITON_URL": f"127.0.0.1:{env['TRITONNX_TRITON_GRPC_PORT']}"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "client.models", *argv], env=variables, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_your_own_repository_under_compose_takes_versions_published_from_the_host(images, tmp_path):
+    """None of the demo models and no default model named: Compose's pair becomes healthy, and tritonnx-models, run
+    from the host's venv (the images have no onnx or quantizer), publishes FP32 and INT8 versions and rolls back."""
+    repository = tmp_path / "models"
+    graphs = {n: small_classifier(tmp_path / "graphs" / f"v{n}.onnx", seed=n) for n in (1, 2)}
+    (repository / "scorer" / "1").mkdir(parents=True)
+    shutil.copyfile(graphs[1], repository / "scorer" / "1" / "model.onnx")
+    (repository / "scorer" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
+    calibration = tmp_path / "calibration"
+    calibration.mkdir()
+    np.save(calibration / "a.npy", np.random.default_rng(0).standard_normal((20, 3, 16, 16), dtype=np.float32))
+    for path in [tmp_path, *tmp_path.rglob("*")]:  # the container's user is uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    image = np.random.default_rng(4).standard_normal((2, 3, 16, 16), dtype=np.float32)
+
+    def in_process(graph: Path) -> np.ndarray:
+        return ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"]).run(None, {"image": image})[0]
+
+    with composed("compose.own.yaml", env={"TRITONNX_MODEL_REPOSITORY": str(repository)}) as env:
+        reply = predict(env, image)
+        assert (reply.model_name, reply.model_version) == ("scorer", "1")
+        assert_close(np.array(reply.predictions, np.float32).reshape(2, 10), in_process(graphs[1]))
+
+        models_command(env, repository, "publish", "scorer", str(graphs[2]))
+        reply = predict(env, image)
+        assert reply.model_version == "2"
+        assert_close(np.array(reply.predictions, np.float32).reshape(2, 10), in_process(graphs[2]))
+
+        models_command(env, repository, "publish", "scorer", str(graphs[2]), "--quantize", "static",
+                       "--calibration", str(calibration))  # fmt: skip
+        reply = predict(env, image)
+        assert reply.model_version == "3"  # the INT8 version, as in-process ONNX Runtime runs its file
+        int8 = repository / "scorer" / "3" / "model.onnx"
+        assert_close(np.array(reply.predictions, np.float32).reshape(2, 10), in_process(int8))
+
+        models_command(env, repository, "rollback", "scorer")
+        assert predict(env, image).model_version == "2"
+        assert "scorer" in models_command(env, repository, "list", "scorer").stdout
 
 
 def test_size_and_start_up_are_measured_and_reported(images, tmp_path):

@@ -1,4 +1,5 @@
-"""The pod of deploy/k8s, run by Docker as the rendered manifests say Kubernetes runs it.
+"""The pod of deploy/k8s, run by Docker as the rendered manifests say Kubernetes runs it, with the demo models and
+with a repository of one's own.
 
 Both containers of the production overlay's pod, with the settings of their generated ConfigMaps,
 the pod's user and group, each container's securityContext turned into `docker run` flags, and the
@@ -23,6 +24,7 @@ import pytest
 from backend.server.process import free_ports
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.docker import Container, listening_addresses, run, wait_http
+from tests.graphs import small_classifier
 from tests.kserve import assert_close
 from tests.manifests import container, deployment_pod, environment, rendered
 from tests.serving import MODEL_REPOSITORY
@@ -51,7 +53,27 @@ def plain(env: dict[str, Any]) -> dict[str, str]:
     return values | {name: secrets[name] for name, value in env.items() if isinstance(value, dict)}
 
 
-def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_between_its_containers(images, tmp_path):
+def demo_case(images: dict[str, str], tmp_path: Path) -> tuple[str, tuple[str, ...], str, Path, int]:
+    """The rendered image with its demo models: (image, extra flags, input name, graph, stubs at least)."""
+    return images["demo"], (), "input", MODEL_REPOSITORY / "resnet50/1/model.onnx", 9
+
+
+def own_case(images: dict[str, str], tmp_path: Path) -> tuple[str, tuple[str, ...], str, Path, int]:
+    """tritonnx:cpu with a repository of one model, none of the demo's, mounted at /models (a volume, as a
+    PersistentVolumeClaim holding it would be), and no default model named."""
+    repository = tmp_path / "models"
+    graph = small_classifier(repository / "scorer" / "1" / "model.onnx", seed=4)
+    (repository / "scorer" / "config.pbtxt").write_text('backend: "onnxruntime"\nmax_batch_size: 8\n')
+    for path in [repository, *repository.rglob("*")]:  # the pod's user is uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return images["cpu"], (f"--volume={repository}:/models:ro",), "image", graph, 1
+
+
+@pytest.mark.parametrize("case", [demo_case, own_case], ids=["demo-models", "own-repository"])
+def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_between_its_containers(
+    images, tmp_path, case
+):
+    image, mounts, input_name, graph, stubs = case(images, tmp_path)
     objects = rendered("k8s/overlays/production")
     pod = deployment_pod(objects)
     triton_spec, facade_spec = container(pod, "triton"), container(pod, "facade")
@@ -79,12 +101,12 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
         "TRITONNX_HTTP_PORT": str(facade_http),
         "TRITONNX_TRITON_URL": f"127.0.0.1:{grpc_port}",
     }
+    assert "TRITONNX_DEFAULT_MODEL" not in facade_env  # the default follows what the repository serves
     started: list[Container] = []
     try:
-        triton = run(triton_spec["image"], env=triton_env, options=docker_flags(pod, triton_spec, volumes))
+        triton = run(image, env=triton_env, options=(*docker_flags(pod, triton_spec, volumes), *mounts))
         started.append(triton)
-        facade = run(facade_spec["image"], *facade_spec["args"], env=facade_env,
-                     options=docker_flags(pod, facade_spec, volumes))  # fmt: skip
+        facade = run(image, *facade_spec["args"], env=facade_env, options=docker_flags(pod, facade_spec, volumes))
         started.append(facade)
         # The startup and readiness probes' URL: 200 only once a real inference went through Triton.
         wait_http(f"http://127.0.0.1:{facade_http}/health", facade, timeout=180)
@@ -96,22 +118,23 @@ def test_the_production_pod_serves_with_a_read_only_root_and_shared_memory_betwe
         for kind in ("startupProbe", "livenessProbe"):
             triton.exec(*triton_spec[kind]["exec"]["command"])  # fails the test on a non-zero exit
 
-        data = np.random.default_rng(11).standard_normal((1, 3, 224, 224), dtype=np.float32)
-        request = inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=[1, 3, 224, 224])
+        session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        shape = [1, *session.get_inputs()[0].shape[1:]]
+        data = np.random.default_rng(11).standard_normal(shape, dtype=np.float32)
+        request = inference_pb2.PredictRequest(data=data.ravel().tolist(), shape=shape)  # names no model
         with grpc.insecure_channel(f"127.0.0.1:{facade_grpc}") as channel:
             stub = inference_pb2_grpc.InferenceServiceStub(channel)
             with pytest.raises(grpc.RpcError) as refused:
                 stub.Predict(request)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # the Secret's token is required
             reply = stub.Predict(request, metadata=[("authorization", f"Bearer {AUTH_TOKEN}")])
-        session = ort.InferenceSession(str(MODEL_REPOSITORY / "resnet50/1/model.onnx"),
-                                       providers=["CPUExecutionProvider"])  # fmt: skip
-        assert_close(np.array(reply.predictions, np.float32).reshape(1, 1000), session.run(None, {"input": data})[0])
+        expected = session.run(None, {input_name: data})[0]
+        assert_close(np.array(reply.predictions, np.float32).reshape(expected.shape), expected)
         # The facade's inputs reached Triton through the shared emptyDir, not over the socket.
         assert "inputs go to Triton through shared memory" in facade.logs()
         regions = [p.name for p in volumes["dshm"].iterdir()]
         facade_regions = [name for name in regions if name.startswith("tritonnx_facade_")]
-        assert len(facade_regions) == 1 and len(regions) >= 10, regions  # + one per stub of Triton
+        assert len(facade_regions) == 1 and len(regions) >= 1 + stubs, regions  # + one per stub of Triton
         # Everything the processes write went to the /tmp emptyDir (the root is read-only).
         assert (volumes["tmp"] / "tritonnx").is_dir()
     finally:
