@@ -21,6 +21,8 @@ FOLLOW_TTL_S = 2.0
 
 
 class DefaultModel:
+    """The default model: the one set, or the one that follows what Triton serves (see the module's rule)."""
+
     def __init__(self, gateway: Gateway, configured: str) -> None:
         self.gateway = gateway
         self.configured = configured
@@ -42,10 +44,12 @@ class DefaultModel:
         if self.configured:
             return self.configured
         default, served = await self._follow(timeout)
+        if not served:
+            raise NotFound("the request names no model, and Triton serves none")
         if not default:
             raise InvalidArgument(
                 "the request names no model and the facade has no default model (--default-model) while Triton "
-                f"serves several: name one of {', '.join(served) or 'none'}"
+                f"serves several: name one of {', '.join(served)}"
             )
         return default
 
@@ -60,9 +64,9 @@ class DefaultModel:
             info = await self.gateway.model_info(name, "", timeout)
             if all(tensor.datatype != "BYTES" for tensor in info.inputs):
                 return name
-        raise Unavailable(
-            f"no model to probe: Triton serves {', '.join(served) or 'none'}, none of them with numeric inputs"
-        )
+        if not served:
+            raise Unavailable("no model to probe: Triton serves none")
+        raise Unavailable(f"no model to probe: of the models Triton serves ({', '.join(served)}), none takes numbers")
 
     async def _follow(self, timeout: float | None) -> tuple[str, tuple[str, ...]]:
         now = time.monotonic()

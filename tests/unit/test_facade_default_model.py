@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from client.facade.default_model import DEMO_MODEL, DefaultModel
-from client.facade.errors import InvalidArgument, NotFound
+from client.facade.errors import InvalidArgument, NotFound, Unavailable
 from client.facade.translate import ModelInfo, TensorInfo
 from client.proto import inference_pb2_grpc
 from tests.unit.fakes import DOUBLE, FakeGateway, ModelIndex
@@ -62,6 +62,21 @@ def test_unset_with_several_models_a_request_names_its_own_and_health_probes_a_n
         asyncio.run(default.for_request(1.0))
     assert asyncio.run(default.to_probe(1.0)) == "double"  # a_text comes first by name, but takes strings
     assert default.name == ""
+
+
+def test_unset_a_triton_serving_nothing_has_no_default_and_nothing_to_probe():
+    class Empty(FakeGateway):
+        async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+            raise NotFound(f"model '{name}' is not served")
+
+        async def repository_index(self, ready_only: bool, timeout: float | None = None) -> list[ModelIndex]:
+            return []
+
+    default = DefaultModel(Empty(), "")
+    with pytest.raises(NotFound, match="names no model, and Triton serves none"):
+        asyncio.run(default.for_request(1.0))
+    with pytest.raises(Unavailable, match="no model to probe: Triton serves none"):
+        asyncio.run(default.to_probe(1.0))
 
 
 def test_unset_a_triton_that_cannot_list_its_models_is_said_so():
