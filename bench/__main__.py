@@ -32,10 +32,10 @@ from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
 from bench.output import CORES, machine, say, settings
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.servers import Policy, peer
+from bench.peers.venvs import VenvError
 from bench.report import write_report
 from bench.startup import measure_triton_startup
 from bench.usage import tree_memory
-from bench.venvs import VenvError
 
 
 def sweep(

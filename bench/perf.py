@@ -73,24 +73,15 @@ def run_perf_analyzer(
     shapes: tuple[str, ...] = (),
     input_data: str = "random",
     headers: dict[str, str] | None = None,
-    request_rate: float = 0.0,
-    stability_percentage: int = 100,
 ) -> PerfPoint:
-    """One perf_analyzer measurement: a closed loop of `concurrency` callers, or `request_rate` calls a second.
+    """One perf_analyzer measurement: a closed loop of `concurrency` callers.
 
     With `shared_memory`, inputs and outputs travel through system shared memory registered once, as a local client of
     Triton can do: the client's copies then cost next to nothing on the cores the server runs on. `shapes` are
     perf_analyzer `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
     perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary). `headers` go
-    with every call (Triton's restricted APIs need `TritonServer.admin_headers`). A `request_rate` is offered with
-    Poisson arrivals and asynchronous calls from `concurrency` threads, so that a slow answer does not hold the next
-    call back. perf_analyzer merges its last 3 windows once they vary by at most `stability_percentage`.
+    with every call (Triton's restricted APIs need `TritonServer.admin_headers`).
     """
-    if request_rate > 0:
-        load = ["--request-rate-range", f"{request_rate:.3f}", "--request-distribution", "poisson", "--async",
-                "--max-threads", str(concurrency)]  # fmt: skip
-    else:
-        load = ["--concurrency-range", f"{concurrency}:{concurrency}"]
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
@@ -103,13 +94,15 @@ def run_perf_analyzer(
             url,
             "-b",
             str(batch),
-            *load,
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
             "--measurement-interval",
             str(measurement_ms),
             "--max-trials",
             str(max_trials),
+            # Any 3 windows are stable: a busy machine's drift must not turn a point into max_trials failures.
             "--stability-percentage",
-            str(stability_percentage),
+            "100",
             "-f",
             str(report),
             "--verbose-csv",

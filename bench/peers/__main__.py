@@ -32,8 +32,8 @@ from bench.peers import goodput, servers, venvs
 from bench.peers.open_report import write_open_report
 from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.peers.table import servers_table
+from bench.peers.venvs import VenvError
 from bench.usage import tree_memory
-from bench.venvs import VenvError
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)

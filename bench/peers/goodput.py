@@ -26,8 +26,8 @@ from bench.load.targets import Target, VerificationError
 from bench.output import CORES, Gate, say
 from bench.peers import servers
 from bench.peers.reference import check_answers, reference_outputs, sample_images, sample_sequences
+from bench.peers.venvs import VenvError
 from bench.usage import tree_cpu_seconds
-from bench.venvs import VenvError
 
 OBJECTIVE_FACTOR = 5.0
 # A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes

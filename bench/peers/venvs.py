@@ -2,23 +2,27 @@
 
 Each peer's framework pulls its own numpy, protobuf, grpcio and web stack; they live apart from
 the project's .venv and from each other. A venv is (re)built when its requirements file changes
-(a stamp holds the file's hash), so `make bench-peers` downloads only the first time.
+(a stamp holds the file's hash), so `make bench-peers` downloads only the first time. It is made
+with an interpreter found on PATH; pip's output goes to a log whose end an error quotes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
-
-from bench.venvs import new_venv, pip_install
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = Path(__file__).resolve().parent
 BUILD = ROOT / "build" / "peers"
 # The interpreter the venvs are made with (PEERS_PYTHON to change it); a peer may need its own.
 DEFAULT_PYTHON = os.environ.get("PEERS_PYTHON", "python3.11")
+
+
+class VenvError(RuntimeError):
+    """A venv could not be made, or is not what it must be."""
 
 
 def requirements(peer: str) -> Path:
@@ -40,15 +44,30 @@ def is_current(peer: str, interpreter: str = DEFAULT_PYTHON) -> bool:
 
 
 def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say=print) -> Path:
-    """The peer's venv Python, after building the venv if its requirements changed; pip's log in the venv."""
+    """The peer's venv Python, after building the venv afresh if its requirements changed; pip's log in the venv."""
     if is_current(peer, interpreter):
         return python_of(peer)
     venv = BUILD / peer
     say(
         f"{peer}: making {venv} with {interpreter} from {requirements(peer).relative_to(ROOT)} (downloads on first use)"
     )
-    new_venv(venv, interpreter)
-    pip_install(venv, ["-r", str(requirements(peer))], venv / "pip.log")
+    found = shutil.which(interpreter)
+    if found is None:
+        raise VenvError(f"no {interpreter} on PATH to make {venv} with")
+    shutil.rmtree(venv, ignore_errors=True)
+    made = subprocess.run([found, "-m", "venv", str(venv)], capture_output=True, text=True, check=False)
+    if made.returncode != 0:
+        raise VenvError(f"{found} -m venv {venv} failed: {made.stderr.strip()[-500:]}")
+    log = venv / "pip.log"
+    with open(log, "ab") as output:
+        pip = [str(python_of(peer)), "-m", "pip", "install", "--disable-pip-version-check",
+               "-r", str(requirements(peer))]  # fmt: skip
+        done = subprocess.run(pip, stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise VenvError(
+            f"pip install -r {requirements(peer)} in {venv} failed (exit {done.returncode}); end of {log}:\n{tail}"
+        )
     (venv / ".installed").write_text(stamp(peer, interpreter))
     return python_of(peer)
 
