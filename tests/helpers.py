@@ -15,19 +15,25 @@ T = TypeVar("T")
 __all__ = ["MetricsPage", "judged", "metrics", "time_of", "wait_until"]
 
 
-def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll `condition` until it returns something truthy and return that; fail the test naming `what` after `timeout`."""
+def wait_until(condition: Callable[[], T], timeout: float, what: str | Callable[[], str], interval: float = 0.05) -> T:
+    """Poll `condition` until it returns something truthy and return that; fail the test naming `what` after `timeout`.
+
+    The one wait of the tests: no wait ends silently. `what` may be a function, called at the timeout, so the failure
+    says what was seen last (the targets down, the alerts firing).
+    """
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
         if result:
             return result
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s")
+            raise AssertionError(f"{what() if callable(what) else what}: not within {timeout:g}s")
         time.sleep(interval)
 
 
-def time_of(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> float:
+def time_of(
+    condition: Callable[[], object], timeout: float, what: str | Callable[[], str], interval: float = 0.05
+) -> float:
     """`wait_until`, returning the time.monotonic() at which `condition` was seen to hold."""
     wait_until(condition, timeout, what, interval)
     return time.monotonic()

@@ -7,11 +7,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from tests.helpers import wait_until
 
 
 def make_inputs(tensors: Mapping[str, np.ndarray]) -> list[grpcclient.InferInput]:
@@ -91,11 +94,15 @@ def execution_counts(
     """(inference_count, execution_count) of a model since the server started.
 
     Triton counts a request when the model's instance releases it, which may come just after the
-    answer: with `at_least`, wait (5 s at most) until that many inferences are counted.
+    answer: with `at_least`, wait (5 s at most, else fail) until that many inferences are counted.
     """
-    deadline = time.monotonic() + 5
-    while True:
-        stats = client.get_inference_statistics(model, headers=dict(admin_headers)).model_stats[0]
-        if stats.inference_count >= at_least or time.monotonic() > deadline:
-            return stats.inference_count, stats.execution_count
-        time.sleep(0.05)
+
+    def stats() -> Any:
+        return client.get_inference_statistics(model, headers=dict(admin_headers)).model_stats[0]
+
+    def counted() -> Any:
+        found = stats()
+        return found if found.inference_count >= at_least else None
+
+    found = wait_until(counted, 5, lambda: f"{at_least} inferences of {model} counted, not {stats().inference_count}")
+    return found.inference_count, found.execution_count

@@ -31,6 +31,7 @@ from backend.server.model_control import ControlError, TritonControl
 from backend.server.repository import add_model
 from backend.server.stack import ServingStack
 from tests.conformance.corpus import DataSet, Screened, mismatch
+from tests.helpers import wait_until
 
 # Policy only: one CPU instance; inputs, outputs and batching come from auto-complete.
 POLICY_CONFIG = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
@@ -211,9 +212,13 @@ class ConformanceRun:
     @staticmethod
     def _wait_unloaded(control: TritonControl, names: set[str]) -> None:
         """Until the chunk's stubs are gone (an unload returns before they exit)."""
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            index = control.index()
-            if not any(m["name"] in names and m.get("state") in ("READY", "UNLOADING", "LOADING") for m in index):
-                return
-            time.sleep(0.1)
+        wait_until(
+            lambda: (
+                not any(
+                    m["name"] in names and m.get("state") in ("READY", "UNLOADING", "LOADING") for m in control.index()
+                )
+            ),
+            120,
+            f"{len(names)} models unloaded",
+            0.1,
+        )

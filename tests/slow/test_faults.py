@@ -223,18 +223,18 @@ def test_tritonserver_killed_or_stopped_the_facade_fails_fast_and_serves_again(s
     if isinstance(answer, grpc.RpcError):
         assert answer.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), answer.details()
     back_at = time_of(lambda: triton_ready(stack.triton), 120, "tritonserver ready again", 0.02)
-    first_ok = None
-    while first_ok is None and time.monotonic() < back_at + 5:
+
+    def served_at() -> float | None:
         started = time.monotonic()
         answer, answered_at = predict(stack, data, timeout=1)
         assert answered_at - started < 10, "a call hung past its deadline"
         gate(answered_at - started < 1.5, f"a 1 s call ended after {answered_at - started:.2f}s")
-        if isinstance(answer, inference_pb2.PredictResponse):
-            first_ok = answered_at
-            assert_close(np.array(answer.predictions, np.float32), expected_scores(data))
-        else:
-            time.sleep(0.02)
-    assert first_ok is not None, "the facade did not serve again"
+        if not isinstance(answer, inference_pb2.PredictResponse):
+            return None
+        assert_close(np.array(answer.predictions, np.float32), expected_scores(data))
+        return answered_at
+
+    first_ok = wait_until(served_at, 5, "the facade serving again", 0.02)
     gate(first_ok - back_at <= 1.0, f"first answer {first_ok - back_at:.2f}s after Triton was ready again")
     # The supervisor polls readiness more slowly than this test does: its record can come after.
     wait_until(lambda: len(stack.supervisor.restarts) == restarts + 1, 5, "the restart counted")

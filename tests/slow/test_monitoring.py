@@ -131,14 +131,22 @@ def wait_for(prometheus: PrometheusServer, promql: str, timeout: float = 30) -> 
 
 def test_every_target_is_scraped(monitored):
     _, _, prometheus = monitored
-    deadline = time.monotonic() + 30
-    while True:  # service discovery and the first scrapes take a few seconds
-        targets = prometheus.api("targets")["activeTargets"]
-        if len(targets) == 7 and all(t["health"] == "up" for t in targets):
-            break
-        assert time.monotonic() < deadline, [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets]
-        time.sleep(0.5)
-    assert sorted(t["labels"]["job"] for t in targets) == ["facade"] + ["supervisor"] * 3 + ["triton"] * 3
+
+    def targets() -> list[dict]:
+        return prometheus.api("targets")["activeTargets"]
+
+    def all_up() -> list[dict] | None:
+        found = targets()
+        return found if len(found) == 7 and all(t["health"] == "up" for t in found) else None
+
+    # Service discovery and the first scrapes take a few seconds.
+    up = wait_until(
+        all_up,
+        30,
+        lambda: f"7 targets up, not {[(t['scrapeUrl'], t['health'], t['lastError']) for t in targets()]}",
+        0.5,
+    )
+    assert sorted(t["labels"]["job"] for t in up) == ["facade"] + ["supervisor"] * 3 + ["triton"] * 3
 
 
 def test_the_rules_load_and_a_healed_stub_fires_its_alert(monitored):
@@ -149,19 +157,18 @@ def test_the_rules_load_and_a_healed_stub_fires_its_alert(monitored):
     victim = stacks[2]
     (stub,) = live_stubs(victim.triton.pid).values()
     os.kill(stub.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 60
-    while not victim.supervisor.reloads:
-        assert time.monotonic() < deadline, "the supervisor did not heal the stub"
-        time.sleep(0.2)
+    wait_until(lambda: victim.supervisor.reloads, 60, "the supervisor healing the stub", 0.2)
     instance = f"127.0.0.1:{victim.supervisor_metrics_port}"
-    deadline = time.monotonic() + 30
-    while True:
-        alerts = prometheus.api("alerts")["alerts"]
-        healed = [a for a in alerts if a["labels"]["alertname"] == "TritonnxStubHealed"]
-        if healed:
-            break
-        assert time.monotonic() < deadline, alerts
-        time.sleep(0.5)
+
+    def alerts() -> list[dict]:
+        return prometheus.api("alerts")["alerts"]
+
+    healed = wait_until(
+        lambda: [a for a in alerts() if a["labels"]["alertname"] == "TritonnxStubHealed"],
+        30,
+        lambda: f"the TritonnxStubHealed alert, among {alerts()}",
+        0.5,
+    )
     assert [(a["labels"]["model"], a["labels"]["instance"], a["state"]) for a in healed] == [
         (MODEL, instance, "firing")
     ]
@@ -175,11 +182,12 @@ def test_every_dashboard_query_returns_data_after_traffic(monitored):
     assert statuses.get("OK", 0) > 100 and statuses.get("INVALID_ARGUMENT", 0) > 5, statuses
     assert set(statuses) == {"OK", "INVALID_ARGUMENT"}, statuses
     empty = dashboard_queries()
-    deadline = time.monotonic() + 30
-    while empty and time.monotonic() < deadline:  # the next scrapes bring the last calls in
-        empty = [(title, promql) for title, promql in empty if not prometheus.query(promql)]
-        time.sleep(0.5 if empty else 0)
-    assert not empty, f"panels without data: {empty}"
+
+    def every_panel_has_data() -> bool:  # the next scrapes bring the last calls in
+        empty[:] = [(title, promql) for title, promql in empty if not prometheus.query(promql)]
+        return not empty
+
+    wait_until(every_panel_has_data, 30, lambda: f"data in every panel, not in {empty}", 0.5)
 
     # What the panels show matches what was done.
     throughput = prometheus.query(dashboard_queries()[0][1])
