@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from backend.server.process import free_ports
+from tests.helpers import wait_until
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -98,14 +99,18 @@ def listening_addresses(port: int) -> set[str]:
 def wait_http(url: str, container: Container, timeout: float = 120) -> float:
     """Poll `url` until it answers 200; the seconds it took. Fails with the container's log."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
+
+    def answered() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
+                return response.status == 200
         except OSError:
-            pass
-        if not container.running():
-            raise AssertionError(f"{container.image} exited:\n{container.logs()[-4000:]}")
-        time.sleep(0.1)
-    raise AssertionError(f"{url} not 200 within {timeout:.0f}s:\n{container.logs()[-4000:]}")
+            if not container.running():
+                raise AssertionError(f"{container.image} exited") from None
+            return False
+
+    try:
+        wait_until(answered, timeout, f"{url} answering 200", interval=0.1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}:\n{container.logs()[-4000:]}") from None
+    return time.monotonic() - started
