@@ -5,6 +5,8 @@ tests/unit/test_infer_inputs.py's."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -359,3 +361,16 @@ def test_health_main_unreachable_exit_2(fake_client, capsys):
     captured = capsys.readouterr()
     assert captured.err == "error: cannot reach Triton at 127.0.0.1:1 (http): [Errno 111] Connection refused\n"
     assert captured.out == ""
+
+
+def test_the_scripts_load_no_onnx_runtime_and_the_supervisor_no_http_client():
+    """The one Triton client serves both: the scripts stay light, gevent stays out of the serving processes."""
+    code = (
+        "import json, sys\n"
+        "import client.triton_health, client.triton_infer\n"
+        "scripts = sorted(m for m in ('onnxruntime', 'onnx') if m in sys.modules)\n"
+        "import backend.server.supervisor, backend.server.stack\n"
+        "print(json.dumps([scripts, sorted(m for m in ('tritonclient.http', 'gevent') if m in sys.modules)]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == [[], []]
