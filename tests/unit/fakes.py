@@ -123,7 +123,7 @@ class SwappingGateway:
     ) -> service_pb2.ModelInferResponse:
         version = self.serving.versions[0]
         if [t.name for t in call.header.inputs] != [self.serving.inputs[0].name]:
-            self.forget("m", older_than=1.0)  # as TritonGateway does on Triton's refusal
+            self.forget("m", older_than=1.0)  # as gateway.with_current_metadata does on Triton's refusal
             raise InvalidArgument(
                 f"model 'm' rejected the request: unexpected inference input '{call.header.inputs[0].name}'"
             )

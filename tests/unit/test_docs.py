@@ -55,7 +55,7 @@ FIGURE = re.compile(
     r"(?<![\w.,-])(?:\d[\d,]*(?:\.\d+)?-\d[\d,]*(?:\.\d+)?|\d[\d,]*\.\d+) ?(?:req/s|img/s|ms|s|MiB|MB|GiB|KB|%|x)(?![\w/])"
 )
 # The project's goals, which the reports restate beside what they measured: not figures of theirs.
-GOALS = {"0.75x", "0.95x", "1.6x", "1.5x"}  # the last two: bench/studies/int8.py's INT8 goals
+GOALS = {"0.75x", "0.95x", "1.6x", "1.5x"}  # the last two: the INT8 goals its report restates
 
 FENCE = re.compile(r"^ *(```|~~~).*?^ *\1 *$", re.MULTILINE | re.DOTALL)
 CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
