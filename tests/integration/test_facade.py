@@ -16,11 +16,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from backend.server.prometheus import scrape
-from bench.netfaults.stack import facade_regions as facade_regions_in_dev_shm
 from client.facade.shm import region_prefix
 from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics, wait_until
 from tests.kserve import assert_close, infer, reference_session
+from tests.netfaults.stack import facade_regions as facade_regions_in_dev_shm
 from tests.serving import (
     CHECKOUT,
     FACADE_MAX_IN_FLIGHT,

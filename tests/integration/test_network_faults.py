@@ -1,6 +1,6 @@
 """Network faults between the facade and Triton: delay, loss, resets, a partition.
 
-Triton runs in a network namespace of this module's, the facades outside it (bench/netfaults: the kernel drops and
+Triton runs in a network namespace of this module's, the facades outside it (tests/netfaults: the kernel drops and
 resets packets on the link, a user-space proxy adds the delay this kernel's tc cannot). Each fault lasts a few
 seconds under a bounded load of calls with a 2 s deadline. Asserted: every answer that came back is right, every
 failure has a status the fault explains (never INTERNAL or UNKNOWN), no call outlived its deadline by a hang (the
@@ -19,9 +19,9 @@ import pytest
 
 from bench.load.loops import run_load
 from bench.load.stats import OK
-from bench.netfaults.link import unavailable
-from bench.netfaults.stack import DEADLINE_S, FAULTS, NetStack, facade_regions, left_in_dev_shm
 from tests.helpers import metrics, wait_until
+from tests.netfaults.link import unavailable
+from tests.netfaults.stack import DEADLINE_S, FAULTS, NetStack, facade_regions, left_in_dev_shm
 
 pytestmark = pytest.mark.skipif(bool(unavailable()), reason=unavailable() or "")
 

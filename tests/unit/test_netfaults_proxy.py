@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.netfaults.proxy import DelayProxy
+from tests.netfaults.proxy import DelayProxy
 
 
 @pytest.fixture

@@ -28,11 +28,11 @@ from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.stats import OK, Tally
 from bench.load.targets import FacadeTarget, close_enough
-from bench.netfaults.link import Link
-from bench.netfaults.proxy import DelayProxy
 from bench.overload import checked_images
 from client.facade.shm import SHM_DIR, region_prefix
 from client.proto import inference_pb2
+from tests.netfaults.link import Link
+from tests.netfaults.proxy import DelayProxy
 
 MODEL = "mobilenet_v3_small"
 DEADLINE_S = 2.0  # every call's gRPC deadline: the caller the issue speaks of

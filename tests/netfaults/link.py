@@ -6,7 +6,7 @@ table of this module's) breaks the link on demand: random loss, connection reset
 partition (every packet dropped, sockets left open). Each rule matches the namespace's end of the veth pair only.
 
 What this kernel cannot do: added delay. tc's netem qdisc is not built (`Specified qdisc kind is unknown`) and no
-module can be loaded, so delay is emulated above TCP by `bench.netfaults.proxy`. Everything here needs root,
+module can be loaded, so delay is emulated above TCP by `tests.netfaults.proxy`. Everything here needs root,
 iproute2 and nft (`unavailable()` says what is missing).
 """
 
