@@ -315,3 +315,15 @@ def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
         "facade HTTP": [str(ports.FACADE_HTTP)] * 2,
         "supervisor metrics": [str(ports.SUPERVISOR_METRICS)],
     }
+
+
+# The user pages speak to a user: measurement history goes to a report or docs/design-notes.md.
+LAB_NOTEBOOK = re.compile(
+    r"this machine|these machines|\b2 (?:shared )?cores\b|\bissue \d+|(?:live|kept) here only", re.I
+)
+
+
+@pytest.mark.parametrize("page", [README, *sorted(CHECKOUT.glob("docs/*.md"))], ids=page_id)
+def test_it_speaks_to_a_user_not_of_the_test_host_or_an_issue(page: Path):
+    found = sorted({match.group(0) for match in LAB_NOTEBOOK.finditer(page.read_text())})
+    assert not found, f"{page_id(page)} reads as a lab notebook ({found}): state the conclusion, link the report"
