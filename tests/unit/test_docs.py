@@ -319,7 +319,7 @@ def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
 
 # The user pages speak to a user: measurement history goes to a report or docs/design-notes.md.
 LAB_NOTEBOOK = re.compile(
-    r"this machine|these machines|\b2 (?:shared )?cores\b|\bissue \d+|(?:live|kept) here only", re.I
+    r"this machine|these machines|this CPU|\b2 (?:shared )?cores\b|\bissue \d+|(?:live|kept) here only", re.I
 )
 
 
