@@ -1,7 +1,8 @@
 """Health from a real inference.
 
 Triton 2.51 keeps reporting READY after a Python stub died, so the facade is healthy only while the probed model
-(default_model.py says which) answers an actual request and no request failed on Triton's side lately (a dead stub
+(default_model.py says which) answers an actual request of zeros (a refusal of the zeros, INVALID_ARGUMENT, is an
+answer: a model that decodes images refuses them) and no request failed on Triton's side lately (a dead stub
 fails only the requests sent to its instance, which a single probe may miss). While unhealthy it probes often, to
 report recovery quickly.
 """
@@ -20,7 +21,7 @@ from tritonclient.grpc import service_pb2
 
 from backend.tensors import RAW_DTYPES
 from client.facade.default_model import DefaultModel
-from client.facade.errors import FacadeError
+from client.facade.errors import FacadeError, InvalidArgument
 from client.facade.gateway import Gateway, with_current_metadata
 from client.facade.translate import InferCall, ModelInfo
 
@@ -101,6 +102,10 @@ class HealthMonitor:
             name = await self.model.to_probe(self.timeout)
             await with_current_metadata(self.gateway, name, "", lambda: self._probe(name))
             serving, detail = not self.draining, "draining" if self.draining else "real inference answered"
+        except InvalidArgument as error:
+            # The model ran and refused zeros (an image decoder, say): Triton, its instance and the path answer.
+            serving = not self.draining
+            detail = "draining" if self.draining else f"real inference answered, refusing zeros: {error.message}"
         except FacadeError as error:
             serving, detail = False, f"{error.code.name}: {error.message}"
         failure = self.gateway.last_failure

@@ -122,3 +122,26 @@ def test_a_facade_with_no_default_set_refuses_an_unnamed_request_among_several_m
             assert list((await stub.Predict(named)).predictions) == [2, 4, 6, 8]
 
     run(test)
+
+
+def test_a_probed_model_that_refuses_zeros_still_answers_so_the_facade_is_healthy():
+    """A repository whose first numeric model decodes images: its answer to zeros is a refusal, and it did answer."""
+
+    class Decoder(Served):
+        async def infer(self, call, timeout=None):
+            if call.header.model_name == "a_decoder":
+                raise InvalidArgument("model 'a_decoder': not an image")
+            return await super().infer(call, timeout)
+
+        async def model_info(self, name: str, version: str, timeout: float | None = None) -> ModelInfo:
+            if name == "a_decoder":
+                return ModelInfo(name, "", (TensorInfo("image", "UINT8", (-1,)),), TEXT.outputs, 0)
+            return await super().model_info(name, version, timeout)
+
+    async def test() -> None:
+        async with serving(Decoder("a_decoder"), default_model="") as (facade, _):
+            await until(lambda: facade.monitor.report.serving)
+            assert facade.monitor.report.model == "a_decoder"
+            assert "refusing zeros: model 'a_decoder': not an image" in facade.monitor.report.detail
+
+    run(test)
