@@ -19,7 +19,7 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from backend.batching import Tensors, group_compatible, split, stack
 from backend.errors import InvalidInputError, ModelExecutionError, RequestError
-from backend.onnx_io import read_graph_io
+from backend.onnx_io import GraphIO, read_graph_io
 from backend.session_cache import create_session, default_cache_dir
 from backend.settings import SessionSettings, lower_cpu_priority
 from backend.validation import ModelSignature, PreparedRequest, prepare_request
@@ -106,8 +106,13 @@ class OnnxModelRunner:
         max_batch_size: int,
         ragged_inputs: frozenset[str] = frozenset(),
         log: Callable[[str], None] = _warn,
+        graph: GraphIO | None = None,
     ) -> OnnxModelRunner:
-        graph = read_graph_io(onnx_file)
+        """A runner of `onnx_file`'s session, warmed up and judged for batch independence.
+
+        `graph` is the file's `read_graph_io`, when the caller has read it already.
+        """
+        graph = graph or read_graph_io(onnx_file)
         inputs, outputs = graph.specs(max_batch_size > 0)
         signature = ModelSignature(name, inputs, outputs, max_batch_size, frozenset(ragged_inputs))
         # An optimized copy would need the custom operator libraries to load too: such sessions build from the file

@@ -69,9 +69,16 @@ class OnnxRuntimeModel:
             files = self._files(lambda: ModelFiles.of_version(version_folder, config))
             # The served config, auto-completed or not (--disable-auto-complete-config), held to the graph as
             # auto-complete holds it: both modes refuse the same configs with the same messages.
-            check_config(config, read_graph_io(files.onnx_file))
+            graph = read_graph_io(files.onnx_file)
+            check_config(config, graph)
             self.runner = OnnxModelRunner.load(
-                files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn
+                files.onnx_file,
+                name,
+                settings,
+                config.get("max_batch_size", 0),
+                ragged,
+                pb_utils.Logger.log_warn,
+                graph,
             )
         except ModelConfigError as error:
             raise pb_utils.TritonModelException(f"model '{name}': {error}") from None
