@@ -317,7 +317,7 @@ def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
     }
 
 
-# The user pages speak to a user: measurement history goes to a report or docs/design-notes.md.
+# The user pages speak to a user: measurement history goes to a report (figures measured once: bench/reports/2026-11-26-design-notes).
 LAB_NOTEBOOK = re.compile(
     r"this machine|these machines|this CPU|\b2 (?:shared )?cores\b|\bissue \d+|(?:live|kept) here only", re.I
 )
