@@ -19,7 +19,9 @@
 # /opt/tritonserver/bin, the Python backend with its stub in /opt/tritonserver/backends/python,
 # python3 with pip, the user triton-server with uid 1000. Packages go to /opt/tritonnx/site-packages,
 # put first on the system Python's path (the stub's too) by a .pth file, so they win over the
-# numpy NGC installs; nothing NGC ships is changed. NGC has no tini: run with --init.
+# numpy NGC installs; nothing NGC ships is changed (its Python backend's folder gains `backend/`,
+# the import path of model.py files published before the `tritonnx` namespace, for one release).
+# NGC has no tini: run with --init.
 ARG BASE_IMAGE=nvcr.io/nvidia/tritonserver:24.10-py3
 ARG WHEELHOUSE=build/wheelhouse/py3.10
 
@@ -35,14 +37,15 @@ FROM packages AS models
 RUN python3 -m pip install --no-index --no-deps --no-cache-dir --quiet --find-links /wheelhouse \
         --target /tmp/models-tools -r /wheelhouse/requirements-models.txt
 COPY model_repository/ /models/
-RUN PYTHONPATH=/opt/tritonnx/site-packages:/tmp/models-tools python3 -m backend.demo_models --repository /models >/dev/null
+RUN PYTHONPATH=/opt/tritonnx/site-packages:/tmp/models-tools python3 -m tritonnx.offline.demo_models --repository /models >/dev/null
 
 FROM ${BASE_IMAGE}
 COPY --from=packages /opt/tritonnx/ /opt/tritonnx/
 COPY --from=models /models/ /models/
 RUN python3 -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'tritonnx.pth').write_text('import sys; sys.path.insert(0, \"/opt/tritonnx/site-packages\")\n')" \
-    && python3 -c "from pathlib import Path; from backend.server.triton import install_onnx_backends; \
-install_onnx_backends(Path('/opt/tritonserver/backends'), ('tritonnx',))" \
+    && python3 -c "from pathlib import Path; from tritonnx.server.triton import install_onnx_backends, \
+install_legacy_backend; install_onnx_backends(Path('/opt/tritonserver/backends'), ('tritonnx',)); \
+install_legacy_backend(Path('/opt/tritonserver/backends/python'))" \
     && mkdir -p /tmp/tritonnx/ort-cache && chown -R triton-server:triton-server /tmp/tritonnx
 ENV PATH=/opt/tritonnx/site-packages/bin:${PATH} \
     TRITONNX_TRITON_HOME=/opt/tritonserver \

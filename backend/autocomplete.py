@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from backend.config_check import check_config, control_inputs, refuse_unsupported
-from backend.model_files import backend_config
-from backend.onnx_io import GraphIO, read_graph_io
+from tritonnx.backend.config_check import check_config, control_inputs, refuse_unsupported
+from tritonnx.backend.model_files import backend_config
+from tritonnx.backend.onnx_io import GraphIO, read_graph_io
 
 # Triton's `default-max-batch-size` when the server's command line gives none (backend_config).
 DEFAULT_MAX_BATCH_SIZE = 4

@@ -11,7 +11,7 @@ apart from the batch size reaching an output's values.
 
 The verdict has two lists: `coupled`, what the rule shows to mix rows, and `undecided`, what it cannot judge (an
 axis given at run time, a negative axis of unknown rank, an operator it does not know). Nothing is guessed: an
-undecided graph is left to the empirical check at load (`backend.runner`).
+undecided graph is left to the empirical check at load (`tritonnx.backend.runner`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from backend.validation import ModelSignature, PreparedRequest
+from tritonnx.backend.validation import ModelSignature, PreparedRequest
 
 Tensors = Mapping[str, np.ndarray]
 

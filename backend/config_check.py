@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from backend.errors import ModelConfigError
-from backend.onnx_io import GraphIO
-from backend.tensors import TensorSpec
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.onnx_io import GraphIO
+from tritonnx.backend.tensors import TensorSpec
 
 # The type of a sequence control's tensor, by the field its false/true values are written in.
 _CONTROL_VALUE_TYPES = {

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from backend.errors import InvalidInputError
-from backend.image_format import ACCEPTED, format_problem, sniff
+from tritonnx.backend.errors import InvalidInputError
+from tritonnx.backend.image_format import ACCEPTED, format_problem, sniff
 
 INPUT_NAME = "image"  # UINT8 [-1]: the file's bytes, one image per row
 OUTPUT_NAME = "pixels"  # FP32 [3, 224, 224]

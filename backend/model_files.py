@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.errors import ModelConfigError
+from tritonnx.backend.errors import ModelConfigError
 
 ONNX_BACKENDS = ("onnxruntime", "tritonnx")  # the Python-based backends that serve a version folder's ONNX file
 DEFAULT_ONNX_FILE = "model.onnx"

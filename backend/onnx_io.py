@@ -12,10 +12,19 @@ import mmap
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from backend.batch_axis import Dims, Graph, Ints, Node, Verdict, judge
-from backend.errors import ModelConfigError
-from backend.onnx_wire import LENGTH_DELIMITED, Buffer, Span, fields, messages, repeated_ints, small_int_tensor, text
-from backend.tensors import TensorSpec, tensor_spec
+from tritonnx.backend.batch_axis import Dims, Graph, Ints, Node, Verdict, judge
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.onnx_wire import (
+    LENGTH_DELIMITED,
+    Buffer,
+    Span,
+    fields,
+    messages,
+    repeated_ints,
+    small_int_tensor,
+    text,
+)
+from tritonnx.backend.tensors import TensorSpec, tensor_spec
 
 # Field numbers of onnx.proto3.
 _MODEL_GRAPH, _MODEL_FUNCTIONS = 7, 25
@@ -77,7 +86,7 @@ class GraphTensor:
 class GraphIO:
     """A graph's inputs and outputs, the operator types it uses (subgraphs included), and its nodes that mix rows.
 
-    `rows` is `backend.batch_axis`'s verdict: node by node, where the graph (its subgraphs and local functions
+    `rows` is `tritonnx.backend.batch_axis`'s verdict: node by node, where the graph (its subgraphs and local functions
     included) mixes the rows of a batch, and what the rule cannot judge.
     """
 
@@ -194,7 +203,7 @@ def _node_op_types(data: Buffer, node: Span, found: set[str]) -> None:
 
 
 def _node(data: Buffer, span: Span) -> Node:
-    """A node as `backend.batch_axis` reads it.
+    """A node as `tritonnx.backend.batch_axis` reads it.
 
     Its op type, domain, name, inputs, outputs, integer and string attributes, subgraphs, and references to the
     attributes of a function's call.

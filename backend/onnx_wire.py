@@ -10,8 +10,8 @@ import mmap
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from backend.errors import ModelConfigError
-from backend.varint import VarintError, read_varint
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.varint import VarintError, read_varint
 
 Span = tuple[int, int]  # a message's (start, end) in the file
 Buffer = mmap.mmap  # the file, mapped: never read whole

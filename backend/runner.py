@@ -17,13 +17,13 @@ import numpy as np
 import onnxruntime as ort
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
-from backend.batching import Tensors, group_compatible, split, stack
-from backend.errors import InvalidInputError, ModelExecutionError, RequestError
-from backend.onnx_io import GraphIO, read_graph_io
-from backend.session_cache import create_session, default_cache_dir
-from backend.settings import SessionSettings, lower_cpu_priority
-from backend.validation import ModelSignature, PreparedRequest, prepare_request
-from backend.warmup import TRAPPING_OPS, crash_in_child, random_rows, warm_up_candidates
+from tritonnx.backend.batching import Tensors, group_compatible, split, stack
+from tritonnx.backend.errors import InvalidInputError, ModelExecutionError, RequestError
+from tritonnx.backend.onnx_io import GraphIO, read_graph_io
+from tritonnx.backend.session_cache import create_session, default_cache_dir
+from tritonnx.backend.settings import SessionSettings, lower_cpu_priority
+from tritonnx.backend.validation import ModelSignature, PreparedRequest, prepare_request
+from tritonnx.backend.warmup import TRAPPING_OPS, crash_in_child, random_rows, warm_up_candidates
 
 Result = dict[str, np.ndarray] | RequestError
 
@@ -83,7 +83,7 @@ class OnnxModelRunner:
         coupled: bool = False,
     ) -> None:
         self.session = session
-        # A batch-coupled graph (found by backend.batch_axis, or by the check at load) runs each request alone,
+        # A batch-coupled graph (found by tritonnx.backend.batch_axis, or by the check at load) runs each request alone,
         # whatever Triton's batcher gathered, so that an answer never depends on strangers' rows.
         self.coupled = coupled
         self.signature = signature
@@ -146,7 +146,7 @@ class OnnxModelRunner:
     def check_rows(self, undecided: str | None) -> None:
         """Run a few rows stacked and one by one: rows that disagree make each request run alone.
 
-        The static rule (backend.batch_axis) names what it can show; this catches what it cannot judge or does not
+        The static rule (tritonnx.backend.batch_axis) names what it can show; this catches what it cannot judge or does not
         know. Floats compare within a tolerance (`rows_agree`), everything else exactly.
         """
         name, failures = self.signature.name, []
@@ -196,7 +196,7 @@ class OnnxModelRunner:
         return crash_in_child(run_in_child, _WARM_UP_CHILD_SECONDS)
 
     def warm_up(self) -> None:
-        """Run requests of ones until one runs (backend.warmup says which shapes are tried).
+        """Run requests of ones until one runs (tritonnx.backend.warmup says which shapes are tried).
 
         ONNX Runtime allocates on its first run, which would otherwise land on the first caller. When no shape runs,
         the log says so; the model serves anyway.
@@ -217,7 +217,7 @@ class OnnxModelRunner:
         )
 
     def warm_up_in_child_first(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> None:
-        """Warm up only if a forked child survives the same runs (see backend.warmup)."""
+        """Warm up only if a forked child survives the same runs (see tritonnx.backend.warmup)."""
         candidates = list(warm_up_candidates(self.signature.inputs, self.signature.batched))
         options = settings.session_options()
         options.intra_op_num_threads = options.inter_op_num_threads = 1  # a fork has none of our threads

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 import onnxruntime as ort
 
-from backend.errors import ModelConfigError
-from backend.session_cache import CPU_PROVIDER, KeyedSessionOptions, Providers
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.session_cache import CPU_PROVIDER, KeyedSessionOptions, Providers
 
 # Triton's onnxruntime backend levels: -1 basic, 1 basic + extended, 2 none, anything else all.
 _GRAPH_LEVELS = {

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from backend.errors import ModelConfigError
+from tritonnx.backend.errors import ModelConfigError
 
 
 @dataclass(frozen=True)

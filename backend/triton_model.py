@@ -17,11 +17,11 @@ from typing import Any, ClassVar
 
 import triton_python_backend_utils as pb_utils
 
-from backend.autocomplete import complete_config
-from backend.config_check import check_config
-from backend.errors import InvalidInputError, ModelConfigError, RequestError
-from backend.model_files import ModelFiles, backend_config
-from backend.onnx_io import read_graph_io
+from tritonnx.backend.autocomplete import complete_config
+from tritonnx.backend.config_check import check_config
+from tritonnx.backend.errors import InvalidInputError, ModelConfigError, RequestError
+from tritonnx.backend.model_files import ModelFiles, backend_config
+from tritonnx.backend.onnx_io import read_graph_io
 
 
 def _triton_error(error: RequestError) -> pb_utils.TritonError:
@@ -56,8 +56,8 @@ class OnnxRuntimeModel:
         # needs none of ONNX Runtime, and loading it there (and tearing it down) slows start-up.
         import onnxruntime as ort
 
-        from backend.runner import OnnxModelRunner
-        from backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
+        from tritonnx.backend.runner import OnnxModelRunner
+        from tritonnx.backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
 
         started = time.perf_counter()
         config = json.loads(args["model_config"])
@@ -112,14 +112,14 @@ class OnnxRuntimeModel:
 class ImagePreprocessModel:
     """Image files (JPEG, PNG) to a classifier's input tensor; the first step of the image ensembles.
 
-    Its input and output come from backend.image_preprocess (UINT8 [-1] bytes in, FP32 [3, 224, 224]
+    Its input and output come from tritonnx.backend.image_preprocess (UINT8 [-1] bytes in, FP32 [3, 224, 224]
     out); `config.pbtxt` holds the policy. Each request is decoded on its own: a file that cannot be
     decoded fails its request, with the reason, and only it.
     """
 
     @classmethod
     def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
-        from backend.image_preprocess import CROP, INPUT_NAME, OUTPUT_NAME
+        from tritonnx.backend.image_preprocess import CROP, INPUT_NAME, OUTPUT_NAME
 
         auto_complete_model_config.add_input({"name": INPUT_NAME, "data_type": "TYPE_UINT8", "dims": [-1]})
         auto_complete_model_config.add_output({"name": OUTPUT_NAME, "data_type": "TYPE_FP32", "dims": [3, CROP, CROP]})
@@ -127,7 +127,7 @@ class ImagePreprocessModel:
 
     def initialize(self, args: dict) -> None:
         # Pillow is loaded by the instances only, not by the auto-complete stub.
-        from backend.image_preprocess import INPUT_NAME, OUTPUT_NAME, preprocess_requests
+        from tritonnx.backend.image_preprocess import INPUT_NAME, OUTPUT_NAME, preprocess_requests
 
         self._input, self._output, self._preprocess = INPUT_NAME, OUTPUT_NAME, preprocess_requests
         pb_utils.Logger.log_info(

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from backend.errors import InvalidInputError
-from backend.tensors import TensorSpec, datatype_name
+from tritonnx.backend.errors import InvalidInputError
+from tritonnx.backend.tensors import TensorSpec, datatype_name
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ not fill (an audio model's first convolution). Dims of one name get one size, a 
 keys and values is 0 (an empty cache), and a dim named by an expression of such names
 (`past_sequence_length + sequence_length`, an attention mask) is that sum.
 
-The batch-independence check at load (backend.runner) takes the same shapes with a few rows of
+The batch-independence check at load (tritonnx.backend.runner) takes the same shapes with a few rows of
 pseudo-random values (`random_rows`).
 """
 
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from backend.tensors import TensorSpec
+from tritonnx.backend.tensors import TensorSpec
 
 # Integer Div and Mod trap on a zero divisor; their element type is not known without type
 # inference, so any use of them makes the warm-up run in a child first.

@@ -6,7 +6,7 @@ their results under bench/results/ (not committed; kept reports go to bench/repo
 
 from pathlib import Path
 
-from backend.server.paths import Paths
+from tritonnx.common.paths import Paths
 
 REPOSITORY = Paths.from_environment().model_repository
 RESULTS = Path(__file__).resolve().parent / "results"

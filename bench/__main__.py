@@ -17,9 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from backend.server.process import ServerError, free_ports
-from backend.server.stack import ServingStack
-from backend.server.triton import Ports
 from bench import REPOSITORY, RESULTS
 from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import measured_split, setups
@@ -36,6 +33,9 @@ from bench.peers.venvs import VenvError
 from bench.report import write_report
 from bench.startup import measure_triton_startup
 from bench.usage import tree_memory
+from tritonnx.server.process import ServerError, free_ports
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.triton import Ports
 
 
 def sweep(

@@ -16,10 +16,10 @@ from typing import TypeVar
 import psutil
 import tritonclient.grpc as grpcclient
 
-from backend.server.supervisor import live_stubs
-from backend.server.triton import TritonServer
 from bench.perf import PerfPoint, run_perf_analyzer
 from bench.usage import cpu_seconds
+from tritonnx.server.supervisor import live_stubs
+from tritonnx.server.triton import TritonServer
 
 T = TypeVar("T")
 # The roles a process on the serving path plays, in the order a report lists them.

@@ -17,9 +17,9 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from backend.server.repository import add_model
-from backend.server.stack import ServingStack
 from bench.cpu import perf_analyzer_with_cpu
+from tritonnx.server.repository import add_model
+from tritonnx.server.stack import ServingStack
 
 
 def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -61,7 +61,7 @@ def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
     """`workdir/floor-repo` holding `model` with its own config and model.py, and the floor graph."""
     source = repository / model
     # The floor is not the model: it leaves no optimized copy in the model's cache, where it would
-    # take the place of the model's own (backend.session_cache keeps two copies per model name).
+    # take the place of the model's own (tritonnx.backend.session_cache keeps two copies per model name).
     config = (
         source / "config.pbtxt"
     ).read_text() + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'

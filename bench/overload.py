@@ -35,13 +35,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget, KServeTarget
 from bench.output import run_folder, say, write_json
 from bench.usage import tree_memory
+from tritonnx.server.stack import ServingStack
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05

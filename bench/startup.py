@@ -9,10 +9,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.server.repository import link_models
-from backend.server.triton import Ports, TritonServer
 from bench import REPOSITORY
 from bench.usage import Memory, tree_memory
+from tritonnx.server.repository import link_models
+from tritonnx.server.triton import Ports, TritonServer
 
 
 @dataclass(frozen=True)

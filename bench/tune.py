@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.perf import PerfAnalyzerError, run_perf_analyzer
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 
 @dataclass(frozen=True)

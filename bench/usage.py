@@ -1,4 +1,4 @@
-"""What the serving processes use, as the benchmarks see it (not how they are run: backend.server.process).
+"""What the serving processes use, as the benchmarks see it (not how they are run: tritonnx.server.process).
 
 Memory (PSS, since tritonserver and its stub processes share pages), CPU time, the Python stubs (found as the supervisor
 finds them) and the /dev/shm files they use.
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from backend.server.supervisor import live_stubs
-from client.facade.shm import SHM_DIR, region_prefix
+from tritonnx.client.facade.shm import SHM_DIR, region_prefix
+from tritonnx.server.supervisor import live_stubs
 
 MIB = 2**20
 SERVERS = ("facade", "tritonserver", "supervisor")  # the Watcher's labels of the servers; stubs go by instance

@@ -1,7 +1,7 @@
 """The request `triton_infer` sends: one array per model input, built from the model's metadata.
 
 Random or zero tensors of the right names, datatypes and shapes, or arrays from .npy files; the
-rules are in `python -m client.triton_infer --help`.
+rules are in `python -m tritonnx.client.triton_infer --help`.
 """
 
 from __future__ import annotations

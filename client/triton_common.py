@@ -1,6 +1,6 @@
 """What the scripts that talk to Triton share: its address (flags, environment, defaults).
 
-The client itself, for both protocols, is `backend.server.model_control.TritonControl`.
+The client itself, for both protocols, is `tritonnx.client.model_control.TritonControl`.
 """
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from backend.server.model_control import PROTOCOLS
-from backend.server.ports import TRITON_HTTP, local
-from client.facade.settings import FacadeSettings, env_name
+from tritonnx.client.facade.settings import FacadeSettings
+from tritonnx.client.model_control import PROTOCOLS
+from tritonnx.common.ports import TRITON_HTTP, local
+from tritonnx.common.settings import env_name
 
 # protocol -> (environment variable, fallback). The gRPC address is the facade's setting of the same name
 # (TRITONNX_TRITON_URL); the ports are tritonserver's defaults.

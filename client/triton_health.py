@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from backend.server.model_control import ControlError, TritonControl, TritonUnreachable
-from client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
+from tritonnx.client.model_control import ControlError, TritonControl, TritonUnreachable
+from tritonnx.client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
 
 # Health calls are cheap; a server that needs longer than this to answer one is not healthy.
 CALL_TIMEOUT_S = 10.0
@@ -22,9 +22,9 @@ Exit codes: 0 the server and every requested model are ready, 1 something is not
 2 the server cannot be reached (or bad arguments).
 
 Examples:
-  python -m client.triton_health
-  python -m client.triton_health --model resnet50 --model bert
-  python -m client.triton_health --protocol http --url 127.0.0.1:8000 --json
+  python -m tritonnx.client.triton_health
+  python -m tritonnx.client.triton_health --model resnet50 --model bert
+  python -m tritonnx.client.triton_health --protocol http --url 127.0.0.1:8000 --json
 
 {URL_HELP_EPILOG}
 """
@@ -32,7 +32,7 @@ Examples:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m client.triton_health",
+        prog="python -m tritonnx.client.triton_health",
         description="Check a Triton server: liveness, readiness, version and extensions, and for\n"
         "each model its readiness, versions, inputs/outputs and key configuration\n"
         "(max_batch_size, dynamic batching, instance groups).",

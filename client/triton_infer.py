@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from backend.server.model_control import ControlError, TritonControl, TritonUnreachable
-from client.infer_inputs import GENERATED_SOURCES, InputError, build_inputs
-from client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
+from tritonnx.client.infer_inputs import GENERATED_SOURCES, InputError, build_inputs
+from tritonnx.client.model_control import ControlError, TritonControl, TritonUnreachable
+from tritonnx.client.triton_common import URL_HELP_EPILOG, add_connection_args, resolve_url
 
 # How many leading values to show of an output that gets no top-k listing.
 FIRST_VALUES = 8
@@ -38,10 +38,10 @@ Dims of -1 take --batch-size (the batch dim of a model with max_batch_size > 0) 
 Exit codes: 0 success, 1 inference or input error, 2 bad arguments or server unreachable.
 
 Examples:
-  python -m client.triton_infer --model resnet50
-  python -m client.triton_infer --model resnet50 --batch-size 4 --requests 50 --json
-  python -m client.triton_infer --model resnet50 --protocol http --input image.npy
-  python -m client.triton_infer --model bert --seq-len 128 --input-name attention_mask=zeros
+  python -m tritonnx.client.triton_infer --model resnet50
+  python -m tritonnx.client.triton_infer --model resnet50 --batch-size 4 --requests 50 --json
+  python -m tritonnx.client.triton_infer --model resnet50 --protocol http --input image.npy
+  python -m tritonnx.client.triton_infer --model bert --seq-len 128 --input-name attention_mask=zeros
 
 {URL_HELP_EPILOG}
 """
@@ -76,7 +76,7 @@ def _positive_float(value: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m client.triton_infer",
+        prog="python -m tritonnx.client.triton_infer",
         description="Build inputs from a model's metadata, send inference requests to Triton\n"
         "(tensors as binary data), and print the outputs and the client-side latency.",
         epilog=EPILOG,

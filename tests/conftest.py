@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from backend.demo_models import generate
-from backend.server.facade import FacadeProcess
-from backend.server.stack import ServingStack
-from backend.server.triton import TritonServer
 from tests.serving import MODEL_REPOSITORY, MODELS, start_facade
+from tritonnx.offline.demo_models import generate
+from tritonnx.server.facade import FacadeProcess
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.triton import TritonServer
 
 TIERS = ("unit", "integration", "slow", "conformance", "containers")
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from client.facade.wire import read_varint, varint
+from tritonnx.client.facade.wire import read_varint, varint
 
 DEFAULT_SECONDS = 45.0
 SECONDS = float(os.environ.get("FUZZ_SECONDS", DEFAULT_SECONDS))

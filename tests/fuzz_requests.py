@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from client.proto import inference_pb2
 from tests import fuzz
 from tests.images import image_file
 from tests.serving import MODELS
+from tritonnx.client.proto import inference_pb2
 
 IMAGE_MODELS = ("resnet50", "mobilenet_v3_small")
 

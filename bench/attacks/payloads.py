@@ -11,8 +11,8 @@ import struct
 
 import numpy as np
 
-from client.facade.wire import varint
-from client.proto import inference_pb2
+from tritonnx.client.facade.wire import varint
+from tritonnx.client.proto import inference_pb2
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = (1, 3, 224, 224)

@@ -12,7 +12,7 @@ from bench.attacks.campaign import AttackResult, Campaign, statuses
 from bench.attacks.catalog import mb
 from bench.attacks.watch import KINDS, ProbeSummary
 from bench.output import Gate, gates_section, machine, settings
-from client.facade.errors import FacadeError
+from tritonnx.client.facade.errors import FacadeError
 
 ANSWER_S = 1.0  # every attack call answered within this
 PROBE_SLACK_MS = 100.0  # the probe's slowest call during an attack, above its slowest before the attacks

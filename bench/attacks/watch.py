@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from bench.attacks.calls import Metadata, channel
 from bench.attacks.payloads import MODEL, PREDICT, valid_predict
-from client.proto import inference_pb2
+from tritonnx.client.proto import inference_pb2
 
 MIB = 2**20
 PROBE_INTERVAL_S = 0.5

@@ -16,7 +16,7 @@ from types import TracebackType
 
 import psutil
 
-from backend.server.process import ManagedProcess
+from tritonnx.server.process import ManagedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Each uvicorn worker logs this when its lifespan (the model load) has finished.

@@ -19,7 +19,6 @@ import numpy as np
 if TYPE_CHECKING:
     import aiohttp
 
-from backend.tensors import RAW_DTYPES, datatype_name
 from bench.load.targets import (
     CALL_TIMEOUT_S,
     IMAGE_CLASSES,
@@ -28,6 +27,7 @@ from bench.load.targets import (
     close_enough,
     random_tensor,
 )
+from tritonnx.backend.tensors import RAW_DTYPES, datatype_name
 
 # A pooled connection idle longer than this is not reused. Servers close idle connections (gunicorn's keep-alive, which
 # uvicorn workers take, is 2 s): reusing one the server is closing fails the call (ServerDisconnectedError,

@@ -19,8 +19,8 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES, datatype_name
-from client.proto import inference_pb2
+from tritonnx.backend.tensors import RAW_DTYPES, datatype_name
+from tritonnx.client.proto import inference_pb2
 
 M = TypeVar("M", bound=Message)
 

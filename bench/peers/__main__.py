@@ -21,7 +21,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from backend.server.process import ServerError
 from bench import REPOSITORY
 from bench.baseline.workers import measured_split, setups
 from bench.limit import measure_limit
@@ -34,6 +33,7 @@ from bench.peers.reference import check_answers, reference_outputs, sample_image
 from bench.peers.table import servers_table
 from bench.peers.venvs import VenvError
 from bench.usage import tree_memory
+from tritonnx.server.process import ServerError
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)

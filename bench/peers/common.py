@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from backend.tensors import RAW_DTYPES  # numpy only: the peers' venvs import it from this checkout
+from tritonnx.backend.tensors import RAW_DTYPES  # numpy only: the peers' venvs import it from this checkout
 
 HOST = "127.0.0.1"
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from backend.server.process import ServerError
 from bench.limit import measure_single_image
 from bench.load import loops
 from bench.load.offered import MAX_OUTSTANDING, OfferedResult, offer, summary
@@ -28,6 +27,7 @@ from bench.peers import servers
 from bench.peers.reference import check_answers, reference_outputs, sample_images, sample_sequences
 from bench.peers.venvs import VenvError
 from bench.usage import tree_cpu_seconds
+from tritonnx.server.process import ServerError
 
 OBJECTIVE_FACTOR = 5.0
 # A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes

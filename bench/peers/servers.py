@@ -24,15 +24,15 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.server.process import ManagedProcess, ServerError, free_ports
-from backend.server.repository import CONFIG_FILE, link_models, read_config
-from backend.server.stack import ServingStack
 from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import Setup
 from bench.load.http import Base64Json, FileUpload, HttpTarget, Payload, RawFloat32
 from bench.load.targets import FacadeTarget, KServeTarget, Target
 from bench.output import say
 from bench.peers import venvs
+from tritonnx.server.process import ManagedProcess, ServerError, free_ports
+from tritonnx.server.repository import CONFIG_FILE, link_models, read_config
+from tritonnx.server.stack import ServingStack
 
 READY_TIMEOUT_S = 240.0  # Ray and BentoML take tens of seconds to start on 2 busy cores
 

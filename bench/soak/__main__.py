@@ -1,6 +1,6 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Serves a scratch copy of the model repository as `make serve` does (`python -m client.serve`: tritonserver, the
+Serves a scratch copy of the model repository as `make serve` does (`python -m tritonnx.commands.serve`: tritonserver, the
 supervisor and the facade; bench/soak/serve.py), then:
 
 1. opens a stream per model and path (the facade's Predict, Triton's KServe ModelInfer; bench/soak/load.py), each
@@ -32,9 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-from backend.demo_models import MODELS
-from backend.server.process import ServerError, StopRequest
-from backend.server.repository import CONFIG_FILE, link_models
 from bench import REPOSITORY
 from bench.load.targets import VerificationError
 from bench.output import Gate, machine, run_folder, say, settings, verdict
@@ -45,6 +42,9 @@ from bench.soak.report import write_outputs
 from bench.soak.run import load_phases
 from bench.soak.serve import ServeProcess
 from bench.usage import SHM_DIR, Watcher
+from tritonnx.offline.demo_models import MODELS
+from tritonnx.server.process import ServerError, StopRequest
+from tritonnx.server.repository import CONFIG_FILE, link_models
 
 DEMO_MODELS = tuple(MODELS)  # resnet50, mobilenet_v3_small, text_classifier, token_classifier
 
@@ -214,13 +214,15 @@ def main(argv: list[str] | None = None) -> int:
     link_models(scratch, served)
     serve = ServeProcess(scratch, out / "logs", [])  # the facade with make serve's defaults (its probe: resnet50)
     publisher = Publisher(scratch, REPOSITORY, args.publish_models, serve.triton_grpc_url, serve.admin_key)
-    say(f"starting python -m client.serve ({', '.join(sorted(served))} from a scratch copy); logs in {out / 'logs'}")
+    say(
+        f"starting python -m tritonnx.commands.serve ({', '.join(sorted(served))} from a scratch copy); logs in {out / 'logs'}"
+    )
     try:
         serve.start()
         triton_pid, facade_pid = serve.children()
         watcher = Watcher(triton_pid, facade_pid, serve.pid, versioned=True, counts_all=True)
         say(
-            f"serving: supervisor (client.serve) pid {serve.pid}, tritonserver pid {triton_pid} "
+            f"serving: supervisor (tritonnx.commands.serve) pid {serve.pid}, tritonserver pid {triton_pid} "
             f"({serve.triton_grpc_url}), facade pid {facade_pid} ({serve.facade_url})"
         )
         streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, args.deadline)
@@ -229,13 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"{type(error).__name__}: {error}"
         say(f"error: {problem}")
     finally:
-        say("stopping python -m client.serve (the facade drains, then tritonserver stops) ...")
+        say("stopping python -m tritonnx.commands.serve (the facade drains, then tritonserver stops) ...")
         results["serve_exit_code"] = serve.stop()
         results["publishes"] = [p.as_dict() for p in publisher.done]
     if watcher is not None:
         check_shutdown(watcher, results, incidents)
     if results["serve_exit_code"] not in (0, None):
-        incidents.append(f"python -m client.serve exited with code {results['serve_exit_code']}")
+        incidents.append(f"python -m tritonnx.commands.serve exited with code {results['serve_exit_code']}")
     shutil.rmtree(scratch, ignore_errors=True)  # the published copies (resnet50's are 100 MB each)
     gates = judge(rows, results, args, incidents) if rows else []
     if problem:

@@ -17,9 +17,9 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES
 from bench.load.targets import FacadeTarget, KServeTarget, close_enough
-from client.proto import inference_pb2
+from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.proto import inference_pb2
 
 IMAGE_SEEDS = range(4)  # four different images (or token sequences) per stream, in turn
 

@@ -165,7 +165,7 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "",
         "## Load",
         "",
-        f"Served as `make serve` serves (`python -m client.serve`: tritonserver, the supervisor in the serve process, "
+        f"Served as `make serve` serves (`python -m tritonnx.commands.serve`: tritonserver, the supervisor in the serve process, "
         f"the facade), a scratch copy of the model repository. Models loaded: {', '.join(s['models'])}, each through "
         f"the facade and Triton's KServe gRPC direct at once: {len(s['models']) * 2} streams. Each stream's capacity "
         f"was measured alone (closed loop, {s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s) "

@@ -10,7 +10,6 @@ import asyncio
 import time
 from datetime import datetime, timezone
 
-from backend.server.process import ServerError, StopRequest
 from bench.load.loops import OpenLoop
 from bench.output import say
 from bench.soak.judge import DOCUMENTED_REJECTIONS
@@ -18,6 +17,7 @@ from bench.soak.load import Stream, Totals, burst, close_all, measure, open_all,
 from bench.soak.publish import Publisher
 from bench.soak.report import progress_line
 from bench.usage import Watcher, gone
+from tritonnx.server.process import ServerError, StopRequest
 
 
 def _row(t_s: float, **columns: object) -> dict:

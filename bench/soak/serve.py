@@ -1,4 +1,4 @@
-"""The soak's stack, run as `make serve` runs it: `python -m client.serve` in a process of its own.
+"""The soak's stack, run as `make serve` runs it: `python -m tritonnx.commands.serve` in a process of its own.
 
 That process holds the supervisor (a thread watching tritonserver's stubs and the server) and starts tritonserver
 and the facade as its children; so its memory, fds and threads are the supervisor's, sampled apart from the load
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import psutil
 
-from backend.server.admin import ADMIN_KEY_ENV, new_admin_key
-from backend.server.paths import BUILD_ENV
-from backend.server.process import ManagedProcess, ServerError, free_ports
+from tritonnx.common.admin import ADMIN_KEY_ENV, new_admin_key
+from tritonnx.common.paths import BUILD_ENV
+from tritonnx.server.process import ManagedProcess, ServerError, free_ports
 
 CHECKOUT = Path(__file__).resolve().parents[1]
-READY_LINE = "Ctrl-C stops it."  # client.serve's last line once the facade answered a real inference
+READY_LINE = "Ctrl-C stops it."  # tritonnx.commands.serve's last line once the facade answered a real inference
 
 
 class ServeProcess(ManagedProcess):
@@ -55,8 +55,8 @@ class ServeProcess(ManagedProcess):
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, BUILD_ENV: str(self.workdir / "build"), ADMIN_KEY_ENV: self.admin_key}
-        self.spawn([sys.executable, "-m", "client.serve", *self._args], env=env, cwd=CHECKOUT)
-        self.wait_until(lambda: READY_LINE in self.log_tail(5), "python -m client.serve", self.timeout)
+        self.spawn([sys.executable, "-m", "tritonnx.commands.serve", *self._args], env=env, cwd=CHECKOUT)
+        self.wait_until(lambda: READY_LINE in self.log_tail(5), "python -m tritonnx.commands.serve", self.timeout)
 
     def children(self) -> tuple[int, int]:
         """(tritonserver's pid, the facade's pid), the serve process's children."""
@@ -65,8 +65,8 @@ class ServeProcess(ManagedProcess):
             command = " ".join(child.cmdline())
             if child.name() == "tritonserver" or "/tritonserver " in command:
                 triton = child.pid
-            elif "client.facade" in command:
+            elif "tritonnx.client.facade" in command:
                 facade = child.pid
         if triton is None or facade is None:
-            raise ServerError(f"tritonserver or the facade is not a child of client.serve (pid {self.pid})")
+            raise ServerError(f"tritonserver or the facade is not a child of tritonnx.commands.serve (pid {self.pid})")
         return triton, facade

@@ -24,9 +24,9 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from backend.server.process import free_ports
 from bench import REPOSITORY, RESULTS
 from bench.output import Gate, gates_section, say, verdict
+from tritonnx.server.process import free_ports
 
 IMAGES = ("tritonnx:demo", "tritonnx:ngc")  # each serving every model it carries
 SLIM = "tritonnx:cpu"  # no models of its own: serving one, mounted

@@ -1,4 +1,4 @@
-"""python -m client.facade: the project's gRPC API on :50051, translated onto Triton's KServe v2."""
+"""python -m tritonnx.client.facade: the project's gRPC API on :50051, translated onto Triton's KServe v2."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import asyncio
 import logging
 import sys
 
-from client.facade.server import StartupError, run_until_signalled, tune_allocator
-from client.facade.settings import add_arguments, from_arguments
+from tritonnx.client.facade.server import StartupError, run_until_signalled, tune_allocator
+from tritonnx.client.facade.settings import add_arguments, from_arguments
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
             "Serve inference.InferenceService/Predict (client/proto/inference.proto) on gRPC and forward "
             "each call to Triton over KServe v2 gRPC. Also serves grpc.health.v1 and reflection on the "
             "gRPC port, and /metrics and /health on the HTTP port. SIGTERM drains in-flight calls. "
-            "`python -m client.facade` is the same command."
+            "`python -m tritonnx.client.facade` is the same command."
         ),
         epilog="Example: tritonnx-facade --triton-url 127.0.0.1:8001 --default-model mobilenet_v3_small",
     )

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from client.facade.errors import Overloaded, PriorityReserved
-from client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.errors import Overloaded, PriorityReserved
+from tritonnx.client.facade.metrics import FacadeMetrics
 
 HIGH_PRIORITY = 1  # PredictRequest.priority 1: Triton's highest level
 

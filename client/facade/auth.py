@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from client.facade.service import SERVICE_NAME
+from tritonnx.client.facade.service import SERVICE_NAME
 
 _PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
 

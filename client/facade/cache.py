@@ -17,8 +17,8 @@ from collections import OrderedDict
 
 from tritonclient.grpc import service_pb2
 
-from client.facade.metrics import FacadeMetrics
-from client.facade.translate import InferCall, ModelInfo
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.translate import InferCall, ModelInfo
 
 
 def cache_key(info: ModelInfo, call: InferCall) -> bytes:

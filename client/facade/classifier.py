@@ -5,7 +5,7 @@ The checks and translation are in classify.py; this does the lookups and the cal
 
 from __future__ import annotations
 
-from client.facade.classify import (
+from tritonnx.client.facade.classify import (
     PIPELINE_SUFFIX,
     check_image,
     classifier_name,
@@ -14,13 +14,13 @@ from client.facade.classify import (
     to_infer_request,
     top_k,
 )
-from client.facade.deadline import Deadline
-from client.facade.default_model import DefaultModel
-from client.facade.errors import FacadeError, NotFound
-from client.facade.gateway import Gateway
-from client.facade.metrics import UNRESOLVED_MODEL
-from client.facade.tracing import NOT_TRACED, CallTrace
-from client.proto import inference_pb2
+from tritonnx.client.facade.deadline import Deadline
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.errors import FacadeError, NotFound
+from tritonnx.client.facade.gateway import Gateway
+from tritonnx.client.facade.metrics import UNRESOLVED_MODEL
+from tritonnx.client.facade.tracing import NOT_TRACED, CallTrace
+from tritonnx.client.proto import inference_pb2
 
 
 class Classifier:

@@ -15,10 +15,10 @@ import struct
 
 from tritonclient.grpc import service_pb2
 
-from backend.image_format import format_problem
-from client.facade.errors import Internal, InvalidArgument
-from client.facade.translate import InferCall, ModelInfo
-from client.proto import inference_pb2
+from tritonnx.backend.image_format import format_problem
+from tritonnx.client.facade.errors import Internal, InvalidArgument
+from tritonnx.client.facade.translate import InferCall, ModelInfo
+from tritonnx.client.proto import inference_pb2
 
 PIPELINE_SUFFIX = "_image"
 IMAGE_INPUT = "image"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 
-from client.facade.errors import FacadeError, InvalidArgument, NotFound, Unavailable
-from client.facade.gateway import Gateway
+from tritonnx.client.facade.errors import FacadeError, InvalidArgument, NotFound, Unavailable
+from tritonnx.client.facade.gateway import Gateway
 
 # The demo repository's default, kept while Triton serves it.
 DEMO_MODEL = "resnet50"

@@ -17,8 +17,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 from tritonclient.grpc import service_pb2
 
-from backend.server.admin import GRPC_ADMIN_HEADER
-from client.facade.errors import (
+from tritonnx.client.facade.errors import (
     FacadeError,
     InvalidArgument,
     NotFound,
@@ -33,9 +32,10 @@ from client.facade.errors import (
     replica_may_be_gone,
     restarted,
 )
-from client.facade.replicas import Replica, Replicas, channel_options
-from client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, remove_stale_regions
-from client.facade.translate import InferCall, ModelInfo
+from tritonnx.client.facade.replicas import Replica, Replicas, channel_options
+from tritonnx.client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, remove_stale_regions
+from tritonnx.client.facade.translate import InferCall, ModelInfo
+from tritonnx.common.admin import GRPC_ADMIN_HEADER
 
 log = logging.getLogger("tritonnx.facade")
 # After a failed registration (Triton down, or on another machine), wait before asking again;

@@ -19,11 +19,11 @@ import numpy as np
 from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES
-from client.facade.default_model import DefaultModel
-from client.facade.errors import FacadeError, InvalidArgument
-from client.facade.gateway import Gateway, with_current_metadata
-from client.facade.translate import InferCall, ModelInfo
+from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.errors import FacadeError, InvalidArgument
+from tritonnx.client.facade.gateway import Gateway, with_current_metadata
+from tritonnx.client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")
 # The request id of the health probe's inferences (Triton's log and traces tell them from callers').

@@ -6,17 +6,17 @@ from collections.abc import Mapping
 
 from tritonclient.grpc import service_pb2
 
-from client.facade.admission import HIGH_PRIORITY
-from client.facade.cache import ResultCache, cache_key
-from client.facade.deadline import Deadline
-from client.facade.default_model import DefaultModel
-from client.facade.errors import NotFound
-from client.facade.gateway import Gateway, with_current_metadata
-from client.facade.metrics import UNRESOLVED_MODEL
-from client.facade.tracing import NOT_TRACED, CallTrace
-from client.facade.translate import ModelInfo, to_infer_request, to_predict_response
-from client.facade.wire import DecodedRequest, EncodedResponse
-from client.proto import inference_pb2
+from tritonnx.client.facade.admission import HIGH_PRIORITY
+from tritonnx.client.facade.cache import ResultCache, cache_key
+from tritonnx.client.facade.deadline import Deadline
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.errors import NotFound
+from tritonnx.client.facade.gateway import Gateway, with_current_metadata
+from tritonnx.client.facade.metrics import UNRESOLVED_MODEL
+from tritonnx.client.facade.tracing import NOT_TRACED, CallTrace
+from tritonnx.client.facade.translate import ModelInfo, to_infer_request, to_predict_response
+from tritonnx.client.facade.wire import DecodedRequest, EncodedResponse
+from tritonnx.client.proto import inference_pb2
 
 
 class Predictor:

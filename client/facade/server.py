@@ -18,19 +18,19 @@ from grpc_health.v1._async import HealthServicer  # health.aio's, behind a versi
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from backend.server.ports import is_loopback
-from client.facade.admission import Admission
-from client.facade.auth import BearerTokenInterceptor
-from client.facade.cache import ResultCache
-from client.facade.classifier import Classifier
-from client.facade.default_model import DefaultModel
-from client.facade.gateway import Gateway, TritonGateway
-from client.facade.health import HealthMonitor
-from client.facade.metrics import FacadeMetrics
-from client.facade.predictor import Predictor
-from client.facade.service import SERVICE_NAME, InferenceServicer
-from client.facade.settings import FacadeSettings, priority_lanes
-from client.facade.tracing import Tracing
+from tritonnx.client.facade.admission import Admission
+from tritonnx.client.facade.auth import BearerTokenInterceptor
+from tritonnx.client.facade.cache import ResultCache
+from tritonnx.client.facade.classifier import Classifier
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.gateway import Gateway, TritonGateway
+from tritonnx.client.facade.health import HealthMonitor
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.predictor import Predictor
+from tritonnx.client.facade.service import SERVICE_NAME, InferenceServicer
+from tritonnx.client.facade.settings import FacadeSettings, priority_lanes
+from tritonnx.client.facade.tracing import Tracing
+from tritonnx.common.ports import is_loopback
 
 log = logging.getLogger("tritonnx.facade")
 

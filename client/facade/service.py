@@ -17,16 +17,16 @@ from typing import Any, Protocol
 
 import grpc
 
-from client.facade.admission import Admission
-from client.facade.classifier import Classifier
-from client.facade.classify import image_too_large
-from client.facade.deadline import Deadline
-from client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument
-from client.facade.metrics import FacadeMetrics
-from client.facade.predictor import Predictor
-from client.facade.tracing import CallTrace, Tracing
-from client.facade.translate import to_list_models_response
-from client.facade.wire import (
+from tritonnx.client.facade.admission import Admission
+from tritonnx.client.facade.classifier import Classifier
+from tritonnx.client.facade.classify import image_too_large
+from tritonnx.client.facade.deadline import Deadline
+from tritonnx.client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.predictor import Predictor
+from tritonnx.client.facade.tracing import CallTrace, Tracing
+from tritonnx.client.facade.translate import to_list_models_response
+from tritonnx.client.facade.wire import (
     CLASSIFY_LIMITS,
     LIST_MODELS_LIMITS,
     PARSE_ERRORS,
@@ -40,7 +40,7 @@ from client.facade.wire import (
     field_length,
     serialize_response,
 )
-from client.proto import inference_pb2
+from tritonnx.client.proto import inference_pb2
 
 SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 log = logging.getLogger("tritonnx.facade")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from backend.server.tracing import check_ratio, traces_url
+from tritonnx.common.tracing import check_ratio, traces_url
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is on (about 50 ms at start-up)
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES
-from client.facade.errors import InvalidArgument
-from client.facade.wire import DecodedRequest, EncodedResponse, varint
-from client.proto import inference_pb2
+from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.facade.errors import InvalidArgument
+from tritonnx.client.facade.wire import DecodedRequest, EncodedResponse, varint
+from tritonnx.client.proto import inference_pb2
 
 # The proto's element types a caller can name (its enum's, FP32 to BOOL), all of them in RAW_DTYPES.
 _ELEMENT_TYPES = [name for name in inference_pb2.ElementType.keys() if name != "ELEMENT_TYPE_UNSPECIFIED"]

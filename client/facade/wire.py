@@ -28,8 +28,8 @@ from dataclasses import field as dataclass_field
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from backend.varint import MAX_VARINT_BYTES, VarintError, read_varint, varint
-from client.proto import inference_pb2
+from tritonnx.backend.varint import MAX_VARINT_BYTES, VarintError, read_varint, varint
+from tritonnx.client.proto import inference_pb2
 
 # Field 1 (data / predictions) of both messages, field 8 (raw_data) and field 10 (inputs) of PredictRequest.
 _FLOAT_FIELD = 1

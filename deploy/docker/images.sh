@@ -84,6 +84,7 @@ wheelhouse() {
     $PY -m pip download -q --no-deps "${platform[@]}" -d "$WHEELHOUSE" -r deploy/docker/requirements-image.txt \
         -r deploy/docker/requirements-models.txt -r requirements-triton.txt pip==24.3.1 2>&1 | { grep -v '^WARNING: Location' || true; }
     [ "${PIPESTATUS[0]}" = 0 ] || die "pip download failed"
+    rm -rf build/lib  # setuptools builds there and would ship a module removed since
     $PY -m pip wheel -q --no-deps -w "$WHEELHOUSE" .  # tritonnx itself
     tritonserver_tree
     cp deploy/docker/requirements-image.txt deploy/docker/requirements-models.txt "$WHEELHOUSE/"

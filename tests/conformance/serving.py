@@ -27,11 +27,11 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend.server.model_control import ControlError, TritonControl
-from backend.server.repository import add_model
-from backend.server.stack import ServingStack
 from tests.conformance.corpus import DataSet, Screened, mismatch
 from tests.helpers import wait_until
+from tritonnx.client.model_control import ControlError, TritonControl
+from tritonnx.server.repository import add_model
+from tritonnx.server.stack import ServingStack
 
 # Policy only: one CPU instance; inputs, outputs and batching come from auto-complete.
 POLICY_CONFIG = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
@@ -160,7 +160,7 @@ class ConformanceRun:
             triton_http=False,
             startup_models=(),
             all_models_ready=False,
-            triton_cwd=self.workdir,  # not the checkout: the stub must find `backend` installed
+            triton_cwd=self.workdir,  # not the checkout: the stub must find `tritonnx` installed
             # The corpus's optimized copies stay with the run, not in the user's cache.
             triton_env={"TRITONNX_ORT_CACHE_DIR": str(self.workdir / "ort-cache")},
         )

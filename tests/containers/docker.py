@@ -9,8 +9,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from backend.server.process import free_ports
 from tests.helpers import wait_until
+from tritonnx.server.process import free_ports
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:

@@ -25,8 +25,6 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import np_to_triton_dtype
 
-from backend.server.process import free_ports
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.conftest import DEMO_IMAGES
 from tests.containers.docker import Container, docker, listening_addresses, run, run_triton, wait_http
 from tests.graphs import small_classifier
@@ -36,6 +34,8 @@ from tests.kserve import assert_close
 from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, write_repository
 from tests.serving import CHECKOUT, IMAGE_CLASSIFIERS, MODEL_REPOSITORY, MODELS
 from tests.unit.test_image_requirements import pins
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.server.process import free_ports
 
 ADMIN_KEY = "container-tests"
 
@@ -111,7 +111,14 @@ def test_it_runs_as_uid_1000_with_the_packages_the_venv_runs(triton):
         f"import importlib.metadata as m, json; print(json.dumps({{n: m.version(n) for n in {names!r}}}))"
     ))  # fmt: skip
     assert in_image == {name: importlib.metadata.version(name) for name in names}
-    assert triton.python("import backend; print(backend.__file__)").startswith(("/usr/local/lib", "/opt/tritonnx"))
+    assert triton.python("import tritonnx; print(tritonnx.__file__)").startswith(("/usr/local/lib", "/opt/tritonnx"))
+    # The stub's path to model.py files published before the namespace: the Python backend's folder only.
+    legacy = "import sys; sys.path.append('/opt/tritonserver/backends/python'); import backend.varint as v; print(v.__name__)"
+    assert triton.python(legacy).strip() == "tritonnx.backend.varint"
+    assert (
+        "No module named 'backend'"
+        in docker("exec", triton.name, "python3", "-c", "import backend", check=False).stderr
+    )
 
 
 def test_the_seed_client_predicts_through_a_facade_container(triton):
@@ -289,7 +296,7 @@ def models_command(env: dict[str, str], repository: Path, *argv: str) -> subproc
     """`tritonnx-models` from the host's venv, against the mounted repository and the container's Triton."""
     variables = {**os.environ, "TRITONNX_ADMIN_KEY": ADMIN_KEY, "TRITONNX_MODEL_REPOSITORY": str(repository),
                  "TRITONNX_TRITON_URL": f"127.0.0.1:{env['TRITONNX_TRITON_GRPC_PORT']}"}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "client.models", *argv], env=variables, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tritonnx.commands.models", *argv], env=variables, capture_output=True,
                           text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done

@@ -21,13 +21,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from backend.server.process import free_ports
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.containers.docker import Container, listening_addresses, run, wait_http
 from tests.graphs import small_classifier
 from tests.kserve import assert_close
 from tests.manifests import container, deployment_pod, environment, rendered
 from tests.serving import MODEL_REPOSITORY
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.server.process import free_ports
 
 ADMIN_KEY, AUTH_TOKEN = "pod-test", "pod-test-token"
 

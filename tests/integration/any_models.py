@@ -14,7 +14,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime_extensions import get_library_path
 
-from backend.server.repository import add_model
+from tritonnx.server.repository import add_model
 
 POLICY = 'backend: "python"\ninstance_group [ { kind: KIND_CPU, count: 1 } ]\n'
 # onnxruntime-extensions' library, named in a config by its file name alone: the server needs its folder on

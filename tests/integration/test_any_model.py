@@ -1,7 +1,7 @@
 """Models unlike the demo models, served by the stock model.py through a real tritonserver.
 
 The server runs from a scratch directory, not the checkout, so the Python stub must find the
-`backend` package installed. Every served output is compared with in-process ONNX Runtime on
+`tritonnx` package installed. Every served output is compared with in-process ONNX Runtime on
 the same file; every config comes from auto-complete (policy-only config.pbtxt).
 """
 
@@ -10,20 +10,32 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from backend.server.stack import ServingStack
 from tests.integration.any_models import (
     CARRIED_TYPES,
     EXTENSIONS_LIBRARY,
     MODELS,
     REFUSED,
     SERVER_ARGS,
+    negate,
     write_repository,
 )
+from tritonnx.server import legacy_backend
+from tritonnx.server.repository import add_model
+from tritonnx.server.stack import ServingStack
+
+# A version's model.py as releases before the `tritonnx` namespace published it.
+LEGACY_MODEL_PY = """from backend.triton_model import OnnxRuntimeModel
+
+
+class TritonPythonModel(OnnxRuntimeModel):
+    \"\"\"The graph: `<version>/model.onnx`.\"\"\"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +43,16 @@ def served(tmp_path_factory):
     """(server, {model: onnx file}): every model of any_models, loaded at start-up."""
     workdir = tmp_path_factory.mktemp("any-models")
     files = write_repository(workdir / "repository")
+    legacy = add_model(workdir / "repository", "legacy_import", 'backend: "python"\n')
+    (legacy / "model.py").write_text(LEGACY_MODEL_PY)
+    onnx.save(negate(), legacy / "model.onnx")
     stack = ServingStack(
         workdir / "repository",
         workdir,
         with_facade=False,
         triton_http=False,
         all_models_ready=False,  # two models are meant to fail
-        triton_cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` here
+        triton_cwd=workdir,  # not the checkout: '' on the stub's sys.path finds no `backend` folder here
         triton_env={
             "TRITONNX_ORT_CACHE_DIR": str(workdir / "ort-cache"),
             "LD_LIBRARY_PATH": str(EXTENSIONS_LIBRARY.parent),  # tritonserver's own libraries go first
@@ -260,3 +275,10 @@ def test_a_custom_operator_library_named_by_its_soname_is_found_on_the_servers_l
 def test_a_backend_config_written_with_a_space_reaches_the_onnxruntime_backend(served, client):
     assert SERVER_ARGS == ["--backend-config", "onnxruntime,default-max-batch-size=6"]
     assert config(served, client, "space_form_backend_config").max_batch_size == 6
+
+
+def test_a_version_whose_model_py_imports_the_old_module_path_loads_and_the_log_says_what_to_change(served, client):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    assert np.array_equal(infer(client, "legacy_import", {"x": x}, ["y"])["y"], -x)
+    log = served[0].log_file.read_text(errors="replace")
+    assert legacy_backend.WARNING in log

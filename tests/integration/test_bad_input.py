@@ -23,10 +23,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import wait_until
 from tests.kserve import reference_session
 from tests.serving import CHECKOUT, FACADE_MAX_MESSAGE_BYTES, onnx_file
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 
 IMAGE = [1, 3, 224, 224]
 # The models' first output: `predictions` of a simple facade response.

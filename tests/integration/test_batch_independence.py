@@ -13,10 +13,10 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.runner import rows_agree
-from backend.server.stack import ServingStack
 from tests.batch_corpus import CORPUS, rows
 from tests.kserve import execution_counts, infer_concurrently, reference_session
+from tritonnx.backend.runner import rows_agree
+from tritonnx.server.stack import ServingStack
 
 CONFIG = (
     'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'

@@ -15,12 +15,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from backend.server.triton import TritonServer
 from tests.images import image_file, image_input, reference_pixels, truncated
 from tests.kserve import assert_close, execution_counts, infer, infer_concurrently, reference_session
 from tests.serving import MODEL_REPOSITORY, onnx_file
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.triton import TritonServer
 
 MODELS = ("text_classifier", "token_classifier", "image_preprocess", "mobilenet_v3_small", "mobilenet_v3_small_image")
 BATCH_WINDOW_US = 1_000_000

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from backend.server.admin import ADMIN_KEY_ENV
 from tests.kserve import reference_session
 from tests.serving import SERVED_MODELS, onnx_file
+from tritonnx.common.admin import ADMIN_KEY_ENV
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_health_reports_every_model_ready(triton, protocol):
     url = triton.grpc_url if protocol == "grpc" else triton.http_url
-    done = run("client.triton_health", "--url", url, "--protocol", protocol, "--json")
+    done = run("tritonnx.client.triton_health", "--url", url, "--protocol", protocol, "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert json.dumps(report).count('"ready": true') >= 1 + len(SERVED_MODELS)
@@ -37,7 +37,7 @@ def test_health_reports_every_model_ready(triton, protocol):
 
 
 def test_health_exits_1_for_an_unknown_model(triton):
-    done = run("client.triton_health", "--url", triton.grpc_url, "--model", "no_such_model")
+    done = run("tritonnx.client.triton_health", "--url", triton.grpc_url, "--model", "no_such_model")
     assert done.returncode == 1
     assert "no_such_model" in done.stdout + done.stderr
 
@@ -48,7 +48,7 @@ def test_infer_with_a_file_prints_the_top_k_of_onnxruntime(triton, protocol, tmp
     np.save(tmp_path / "image.npy", image)
     url = triton.grpc_url if protocol == "grpc" else triton.http_url
     done = run(
-        "client.triton_infer",
+        "tritonnx.client.triton_infer",
         "--model",
         "mobilenet_v3_small",
         "--url",
@@ -70,7 +70,7 @@ def test_infer_with_a_file_prints_the_top_k_of_onnxruntime(triton, protocol, tmp
 
 def test_infer_a_text_model_with_random_tokens(triton):
     done = run(
-        "client.triton_infer",
+        "tritonnx.client.triton_infer",
         "--model",
         "text_classifier",
         "--url",
@@ -88,6 +88,6 @@ def test_infer_a_text_model_with_random_tokens(triton):
 
 
 def test_infer_shows_server_errors_without_a_traceback(triton):
-    done = run("client.triton_infer", "--model", "resnet50", "--url", triton.grpc_url, "--batch-size", "17")
+    done = run("tritonnx.client.triton_infer", "--model", "resnet50", "--url", triton.grpc_url, "--batch-size", "17")
     assert done.returncode == 1
     assert "INVALID_ARGUMENT" in done.stdout + done.stderr and "Traceback" not in done.stderr

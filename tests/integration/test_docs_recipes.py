@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backend.server.model_control import TritonControl
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
 from tests.docs_blocks import CHECKOUT, PAGES, Block, all_blocks, blocks
 from tests.graphs import small_classifier
 from tests.helpers import wait_until
 from tests.serving import MODEL_REPOSITORY, onnx_file
+from tritonnx.client.model_control import TritonControl
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 # What the run blocks call: the small image model, the text model, and the image pipeline of the small one.
 MODELS = ("mobilenet_v3_small", "text_classifier", "image_preprocess", "mobilenet_v3_small_image")

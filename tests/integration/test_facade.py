@@ -15,9 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from backend.server.prometheus import scrape
-from client.facade.shm import region_prefix
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics, wait_until
 from tests.kserve import assert_close, infer, reference_session
 from tests.netfaults.stack import facade_regions as facade_regions_in_dev_shm
@@ -28,6 +25,9 @@ from tests.serving import (
     onnx_file,
     start_facade,
 )
+from tritonnx.client.facade.shm import region_prefix
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.server.prometheus import scrape
 
 IMAGE_SHAPE = [1, 3, 224, 224]
 PROTO_DIR = CHECKOUT / "client" / "proto"
@@ -365,7 +365,7 @@ def test_inputs_travel_through_shared_memory_and_a_lost_region_comes_back(facade
 
 def test_a_second_facade_on_a_taken_port_refuses_to_start(facade):
     refused = subprocess.Popen(
-        [sys.executable, "-m", "client.facade", "--port", str(facade.grpc_port), "--http-port", "0"],
+        [sys.executable, "-m", "tritonnx.client.facade", "--port", str(facade.grpc_port), "--http-port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -14,11 +14,11 @@ import grpc
 import numpy as np
 import pytest
 
-from client.facade.wire import MAX_FIELDS, MAX_OUTPUTS, MAX_RANK, varint
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics, wait_until
 from tests.kserve import assert_close, reference_session
 from tests.serving import FACADE_MAX_IN_FLIGHT, FACADE_MAX_MESSAGE_BYTES, onnx_file
+from tritonnx.client.facade.wire import MAX_FIELDS, MAX_OUTPUTS, MAX_RANK, varint
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 
 MODEL = "mobilenet_v3_small"
 SHAPE = [1, 3, 224, 224]

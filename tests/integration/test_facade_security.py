@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.serving import start_facade
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 
 REQUEST = inference_pb2.PredictRequest(
     raw_data=np.zeros((1, 3, 224, 224), np.float32).tobytes(), shape=[1, 3, 224, 224], model_name="mobilenet_v3_small"

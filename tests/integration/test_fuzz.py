@@ -25,14 +25,14 @@ import psutil
 import pytest
 
 from bench.trend import GROWTH_FRACTION, GROWTH_MIB_PER_10MIN, trend
-from client.facade.errors import FacadeError
-from client.proto import inference_pb2
 from tests import fuzz
 from tests.fuzz_requests import IMAGE_MODELS, classify, list_models, predict, serialized, stream_of_predicts
 from tests.helpers import metrics, wait_until
 from tests.images import reference_pixels
 from tests.integration.test_bad_input import INTERNALS, assert_like_onnxruntime, reference
 from tests.serving import MODELS, start_facade
+from tritonnx.client.facade.errors import FacadeError
+from tritonnx.client.proto import inference_pb2
 
 SERVICE = "/inference.InferenceService/"
 FIRST_OUTPUT = {"resnet50": "output", "mobilenet_v3_small": "output"}

@@ -25,16 +25,16 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
 
-from backend.server.repository import add_model
-from backend.server.stack import ServingStack
-from backend.tensors import ELEMENT_TYPES
-from client.proto.inference_pb2 import PredictRequest
 from tests import fuzz
 from tests.integration.any_models import POLICY, every_type
 from tests.integration.test_any_model import typed_inputs
 from tests.integration.test_bad_input import assert_like_onnxruntime
 from tests.kserve import make_inputs, reference_session
 from tests.serving import MODELS
+from tritonnx.backend.tensors import ELEMENT_TYPES
+from tritonnx.client.proto.inference_pb2 import PredictRequest
+from tritonnx.server.repository import add_model
+from tritonnx.server.stack import ServingStack
 
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 DATATYPES = sorted({t.datatype for t in ELEMENT_TYPES.values() if t.datatype} | {"BF16", "FP8", "", "fp32"})

@@ -12,11 +12,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics
 from tests.images import image_file, image_input, reference_pixels, truncated
 from tests.kserve import reference_session
 from tests.serving import IMAGE_CLASSIFIERS, MODEL_REPOSITORY, onnx_file
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 
 # Kinds of files a caller sends: RGB, grey, RGBA and palette; odd, tiny and large sizes.
 FILES = {

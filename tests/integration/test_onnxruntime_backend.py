@@ -1,7 +1,7 @@
 """A repository written for Triton's onnxruntime backend, served unchanged: no model.py anywhere in it.
 
 The repository is tests/onnxruntime_style.py's, served as `make serve` serves one: tritonserver takes its models
-through the Python-based backends the backend directory holds (backend/server/triton.py's assemble_backend_dir).
+through the Python-based backends the backend directory holds (tritonnx/server/triton.py's assemble_backend_dir).
 Every answer is compared with in-process ONNX Runtime on the same file.
 """
 
@@ -17,14 +17,14 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.server.model_control import ControlError, TritonControl
-from backend.server.stack import ServingStack
-from backend.server.stubs import live_stubs
-from backend.server.versions import ModelFolder, publish
 from tests.graphs import LOUD_ID
 from tests.integration.any_models import _model, value
 from tests.kserve import infer_concurrently, make_inputs, reference_session
 from tests.onnxruntime_style import REPOSITORY, assert_served_as_in_process, scaled_relu, write_repository
+from tritonnx.client.model_control import ControlError, TritonControl
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.stubs import live_stubs
+from tritonnx.server.versions import ModelFolder, publish
 
 # The repository's models whose configs write inputs and outputs: tritonserver serves them as written with or
 # without --disable-auto-complete-config.

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc.aio as aioclient
 
-from backend.server.prometheus import scrape
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import wait_until
 from tests.kserve import make_inputs
 from tests.serving import CHECKOUT, MODEL_REPOSITORY, start_facade
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.server.prometheus import scrape
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 SLOW = CHECKOUT / "tests" / "models" / "slow"
 HIGH, LOW = 1, 2

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.quantize import REPORT_FILE
-from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.stack import ServingStack
-from backend.server.versions import ModelFolder
-from client import models as models_cli
 from tests.graphs import small_classifier
 from tests.kserve import infer_concurrently, make_inputs, reference_session
 from tests.serving import onnx_file
+from tritonnx.commands import models as models_cli
+from tritonnx.common.admin import ADMIN_KEY_ENV
+from tritonnx.offline.quantize import REPORT_FILE
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.versions import ModelFolder
 
 # A queue delay long enough for concurrent requests to reach the model in one execute.
 CONFIG = 'backend: "onnxruntime"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 20000 }\n'

@@ -17,12 +17,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper
 
-from backend.server.repository import add_model
-from backend.server.stack import ServingStack
-from backend.server.triton import TritonInstall
-from client.proto import inference_pb2
 from tests.helpers import metrics
 from tests.kserve import make_inputs
+from tritonnx.client.proto import inference_pb2
+from tritonnx.server.repository import add_model
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.triton import TritonInstall
 
 SHAPES = ([2, 3], [3, 2], [6, 1])
 DATA = np.arange(6, dtype=np.float32)

@@ -1,4 +1,4 @@
-"""`python -m client.serve` as a user runs it: tritonserver, its supervisor and the facade, with facade flags after `--`."""
+"""`python -m tritonnx.commands.serve` as a user runs it: tritonserver, its supervisor and the facade, with facade flags after `--`."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ import onnxruntime as ort
 import psutil
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from backend.demo_models import generate
-from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.paths import BUILD_ENV
-from backend.server.process import free_ports
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.graphs import small_classifier
 from tests.helpers import wait_until
 from tests.kserve import assert_close
 from tests.serving import CHECKOUT, MODEL_REPOSITORY
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.common.admin import ADMIN_KEY_ENV
+from tritonnx.common.paths import BUILD_ENV
+from tritonnx.offline.demo_models import generate
+from tritonnx.server.process import free_ports
 
 MODEL = "mobilenet_v3_small"  # the quickest demo model to load: the only one this Triton loads
 
@@ -43,13 +43,13 @@ class Served:
 
 @contextlib.contextmanager
 def serving(tmp_path: Path, repository: Path, serve_flags: list[str], facade_flags: list[str]) -> Iterator[Served]:
-    """`python -m client.serve` on free ports with `repository`, once it printed that it is ready; stopped after."""
+    """`python -m tritonnx.commands.serve` on free ports with `repository`, once it printed that it is ready; stopped after."""
     triton_grpc, triton_metrics = free_ports(2)
     output = tmp_path / "serve.out"
     command = [
         sys.executable,
         "-m",
-        "client.serve",
+        "tritonnx.commands.serve",
         "--model-repository",
         str(repository),
         "--log-dir",

@@ -19,12 +19,12 @@ from pathlib import Path
 import psutil
 import tritonclient.grpc as grpcclient
 
-from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.paths import BUILD_ENV
-from backend.server.process import free_ports
 from tests.helpers import wait_until
 from tests.manifests import K8S_OVERLAYS, container, deployment_pod, rendered
 from tests.serving import CHECKOUT
+from tritonnx.common.admin import ADMIN_KEY_ENV
+from tritonnx.common.paths import BUILD_ENV
+from tritonnx.server.process import free_ports
 
 GRPC_HOST, METRICS_HOST, LOOPBACK = "127.0.0.2", "127.0.0.3", "127.0.0.1"
 
@@ -57,7 +57,7 @@ def test_grpc_metrics_and_http_each_listen_only_where_their_setting_says(tmp_pat
     repository = tmp_path / "repository"
     repository.mkdir()  # no models: only the endpoints matter here
     output = tmp_path / "serve.out"
-    command = [sys.executable, "-m", "client.serve", "--model-repository", str(repository), "--log-dir",
+    command = [sys.executable, "-m", "tritonnx.commands.serve", "--model-repository", str(repository), "--log-dir",
                str(tmp_path), "--no-facade", "--host", GRPC_HOST, "--metrics-host", METRICS_HOST,
                "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                "--supervisor-metrics-port", str(supervisor)]  # fmt: skip

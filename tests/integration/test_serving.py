@@ -7,7 +7,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import model_config_pb2
 
-from backend.onnx_io import read_file_io
 from tests.kserve import (
     assert_close,
     execution_counts,
@@ -16,6 +15,7 @@ from tests.kserve import (
     reference_session,
 )
 from tests.serving import MODELS, SERVED_MODELS, onnx_file
+from tritonnx.backend.onnx_io import read_file_io
 
 VISION = ("resnet50", "mobilenet_v3_small")
 

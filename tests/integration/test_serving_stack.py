@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from backend.server import stack as stack_module
-from backend.server.process import ServerError, free_ports
-from backend.server.stack import ServingStack
-from backend.server.triton import Ports
+from tritonnx.server import stack as stack_module
+from tritonnx.server.process import ServerError, free_ports
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.triton import Ports
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from client.proto import inference_pb2, inference_pb2_grpc
-from client.traces import OtlpReceiver, ReceivedSpan
 from tests.kserve import assert_close, make_inputs, reference_session
 from tests.serving import MODEL_REPOSITORY, onnx_file
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.commands.traces import OtlpReceiver, ReceivedSpan
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 MODEL = "mobilenet_v3_small"
 RATIO = 0.25

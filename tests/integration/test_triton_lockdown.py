@@ -14,11 +14,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
 from bench.perf import VENV_BIN
 from tests.kserve import make_inputs
 from tests.serving import MODEL_REPOSITORY, start_facade
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 RESTRICTED_GRPC_CALLS = {
     "repository index": lambda c, h: c.get_model_repository_index(headers=h),

@@ -21,18 +21,18 @@ import grpc
 import numpy as np
 import tritonclient.grpc as grpcclient
 
-from backend.server.facade import FacadeProcess, start_facade
-from backend.server.prometheus import scrape
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
 from bench import REPOSITORY
 from bench.load.stats import OK, Tally
 from bench.load.targets import FacadeTarget, close_enough
 from bench.overload import checked_images
-from client.facade.shm import SHM_DIR, region_prefix
-from client.proto import inference_pb2
 from tests.netfaults.link import Link
 from tests.netfaults.proxy import DelayProxy
+from tritonnx.client.facade.shm import SHM_DIR, region_prefix
+from tritonnx.client.proto import inference_pb2
+from tritonnx.server.facade import FacadeProcess, start_facade
+from tritonnx.server.prometheus import scrape
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 MODEL = "mobilenet_v3_small"
 DEADLINE_S = 2.0  # every call's gRPC deadline: the caller the issue speaks of

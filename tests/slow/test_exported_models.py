@@ -12,8 +12,8 @@ import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.server.stack import ServingStack
 from tests.kserve import assert_close, make_inputs, reference_session
+from tritonnx.server.stack import ServingStack
 
 FEATURES = 4
 CONFIG = 'platform: "onnxruntime_onnx"\n'  # as a repository for Triton's onnxruntime backend writes it

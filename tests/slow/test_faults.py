@@ -25,15 +25,15 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from backend.server.prometheus import scrape
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from backend.server.supervisor import WATCHDOG_PARAMETER, Stub, TritonSupervisor, live_stubs
-from backend.server.triton import TritonServer
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
 from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.server.prometheus import scrape
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.supervisor import WATCHDOG_PARAMETER, Stub, TritonSupervisor, live_stubs
+from tritonnx.server.triton import TritonServer
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]

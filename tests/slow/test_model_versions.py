@@ -1,5 +1,5 @@
 """Model versions swapped in place under load: publish, rollback and failed publishes through
-`python -m client.models`, against a supervised tritonserver with a facade in front, on a scratch
+`python -m tritonnx.commands.models`, against a supervised tritonserver with a facade in front, on a scratch
 copy of the repository.
 
 The load is the project's load engine (bench.load: its targets and closed loop), 8 callers through
@@ -30,19 +30,19 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 
-from backend.demo_models import MODELS
-from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.facade import start_facade
-from backend.server.paths import REPOSITORY_ENV
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from backend.server.stubs import live_stubs
 from bench.load.loops import LoadResult, run_load
 from bench.load.targets import FacadeTarget, KServeTarget, close_enough
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
 from tests.serving import MODEL_REPOSITORY
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.common.admin import ADMIN_KEY_ENV
+from tritonnx.common.paths import REPOSITORY_ENV
+from tritonnx.offline.demo_models import MODELS
+from tritonnx.server.facade import start_facade
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.stubs import live_stubs
 
 M = "mobilenet_v3_small"
 CLIENTS = 8  # per path
@@ -96,14 +96,14 @@ class Serving:
         return self.repository / M
 
     def models(self, *args: str | Path) -> subprocess.CompletedProcess:
-        """`python -m client.models` as a user runs it, pointed at this stack by its environment."""
+        """`python -m tritonnx.commands.models` as a user runs it, pointed at this stack by its environment."""
         env = {
             **os.environ,
             REPOSITORY_ENV: str(self.repository),
             "TRITONNX_TRITON_URL": self.stack.triton.grpc_url,
             ADMIN_KEY_ENV: self.stack.triton.admin_key,
         }
-        command = [sys.executable, "-m", "client.models", *map(str, args)]
+        command = [sys.executable, "-m", "tritonnx.commands.models", *map(str, args)]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
         print(f"$ {' '.join(command[1:])}  (exit {done.returncode})\n{done.stdout}{done.stderr}")
         return done
@@ -399,7 +399,16 @@ def test_two_versions_side_by_side_are_listed_and_routed_by_version(serving):
     ]
     assert mine == [("5", "READY", ["input"], [-1, 1000]), ("6", "READY", ["input"], [-1, 1000])]
     health = subprocess.run(
-        [sys.executable, "-m", "client.triton_health", "--url", serving.stack.triton.grpc_url, "--model", M, "--json"],
+        [
+            sys.executable,
+            "-m",
+            "tritonnx.client.triton_health",
+            "--url",
+            serving.stack.triton.grpc_url,
+            "--model",
+            M,
+            "--json",
+        ],
         env={**os.environ, ADMIN_KEY_ENV: serving.stack.triton.admin_key},
         capture_output=True,
         text=True,

@@ -17,16 +17,16 @@ import grpc
 import numpy as np
 import pytest
 
-from backend.server.admin import new_admin_key
-from backend.server.facade import start_facade
-from backend.server.process import free_ports
-from backend.server.prometheus import PrometheusServer
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from backend.server.supervisor import live_stubs
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import wait_until
 from tests.serving import CHECKOUT, MODEL_REPOSITORY
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.common.admin import new_admin_key
+from tritonnx.server.facade import start_facade
+from tritonnx.server.process import free_ports
+from tritonnx.server.prometheus import PrometheusServer
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.supervisor import live_stubs
 
 MONITORING = CHECKOUT / "deploy" / "monitoring"
 MODEL = "mobilenet_v3_small"

@@ -3,7 +3,7 @@ repository: it serves the version that served before, the unfinished one is in `
 takes a number above it. Once through a restart of the serving stack, once through the supervisor's restart of a
 killed tritonserver.
 
-The publish runs as a real process (`client.models.main`, what the console script runs) that kills itself at the
+The publish runs as a real process (`tritonnx.commands.models.main`, what the console script runs) that kills itself at the
 step under test, so the kill lands exactly there: after staging (its folder written, not renamed into place),
 after the rename (Triton not asked yet), during the load (Triton loading the version the publish will never hear
 of) and before its published record (Triton has it READY). The model is a one-instance `y = x + k` graph whose
@@ -25,15 +25,15 @@ import onnx
 import tritonclient.grpc as grpcclient
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.server import versions as versions_module
-from backend.server.admin import ADMIN_KEY_ENV
-from backend.server.model_control import TritonControl
-from backend.server.paths import REPOSITORY_ENV
-from backend.server.stack import ServingStack
-from backend.server.versions import FAILED, STAGING_PREFIX, ModelFolder
-from client import models as models_cli
 from tests.helpers import wait_until
 from tests.serving import CHECKOUT
+from tritonnx.client.model_control import TritonControl
+from tritonnx.commands import models as models_cli
+from tritonnx.common.admin import ADMIN_KEY_ENV
+from tritonnx.common.paths import REPOSITORY_ENV
+from tritonnx.server import versions as versions_module
+from tritonnx.server.stack import ServingStack
+from tritonnx.server.versions import FAILED, STAGING_PREFIX, ModelFolder
 
 M = "m"
 CONFIG = 'platform: "onnxruntime_onnx"\nmax_batch_size: 4\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n'
@@ -158,7 +158,7 @@ def test_a_publish_killed_at_each_step_leaves_the_previous_version_serving_after
     # The next publish takes the number above every failed one, and serves.
     with ServingStack(repository, tmp_path / "after", with_facade=False) as stack:
         done = subprocess.run(
-            [sys.executable, "-m", "client.models", "publish", M, str(add_graph(tmp_path / "6.onnx", 6))],
+            [sys.executable, "-m", "tritonnx.commands.models", "publish", M, str(add_graph(tmp_path / "6.onnx", 6))],
             env={
                 **os.environ,
                 REPOSITORY_ENV: str(repository),

@@ -21,13 +21,13 @@ import onnxruntime as ort
 import pytest
 import tritonclient.grpc as grpcclient
 
-from backend.server.admin import new_admin_key
-from backend.server.facade import start_facade
-from backend.server.repository import link_models
-from backend.server.stack import ServingStack
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.helpers import metrics, time_of, wait_until
 from tests.serving import MODEL_REPOSITORY, onnx_file
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
+from tritonnx.common.admin import new_admin_key
+from tritonnx.server.facade import start_facade
+from tritonnx.server.repository import link_models
+from tritonnx.server.stack import ServingStack
 
 MODEL = "mobilenet_v3_small"
 # One instance each: three replicas of three instances would be nine stubs on two cores.

@@ -111,7 +111,7 @@ def pb_utils(monkeypatch):
     module.Tensor, module.InferenceRequest, module.InferenceResponse = FakeTensor, FakeRequest, FakeResponse
     module.TritonError, module.TritonModelException, module.Logger = FakeTritonError, RuntimeError, FakeLogger
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", module)
-    monkeypatch.delitem(sys.modules, "backend.triton_model", raising=False)
+    monkeypatch.delitem(sys.modules, "tritonnx.backend.triton_model", raising=False)
     return module
 
 

@@ -1,6 +1,6 @@
 """Stand-ins for Triton's gateway in the facade's in-process tests (no tritonserver).
 
-Each satisfies client.facade.gateway.Gateway, which mypy checks (this module is in its `files`): a change to
+Each satisfies tritonnx.client.facade.gateway.Gateway, which mypy checks (this module is in its `files`): a change to
 the gateway's calls that a stand-in does not follow fails the type check, not a test that passes for a wrong
 reason.
 """
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 from tritonclient.grpc import service_pb2
 
-from client.facade.errors import InvalidArgument, NotFound, Unavailable
-from client.facade.gateway import Gateway
-from client.facade.health import PROBE_ID
-from client.facade.translate import InferCall, ModelInfo, TensorInfo
+from tritonnx.client.facade.errors import InvalidArgument, NotFound, Unavailable
+from tritonnx.client.facade.gateway import Gateway
+from tritonnx.client.facade.health import PROBE_ID
+from tritonnx.client.facade.translate import InferCall, ModelInfo, TensorInfo
 
 ModelIndex: TypeAlias = service_pb2.RepositoryIndexResponse.ModelIndex
 Metadata = tuple[tuple[str, str], ...]

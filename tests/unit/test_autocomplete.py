@@ -49,8 +49,8 @@ def config_of(written: dict | None = None, max_batch_size: int = 0) -> dict:
 def stock_class(onnx_file: Path, config_text: str) -> tuple[type, Path]:
     """The stock model.py's class, its stub started on the model folder's `1/model.onnx` with `config_text`."""
     folder = model_folder(onnx_file, config_text)
-    sys.modules.pop("backend.stock_model", None)
-    model_type = importlib.import_module("backend.stock_model").TritonPythonModel
+    sys.modules.pop("tritonnx.backend.stock_model", None)
+    model_type = importlib.import_module("tritonnx.backend.stock_model").TritonPythonModel
     return model_type, folder
 
 
@@ -58,7 +58,7 @@ def load(pb_utils, monkeypatch, onnx_file: Path, config_text: str, config: dict,
     """(the config served, a started instance), as tritonserver loads the model with or without auto-complete."""
     model_type, folder = stock_class(onnx_file, config_text)
     monkeypatch.setattr(
-        "backend.model_files._own_command_line",
+        "tritonnx.backend.model_files._own_command_line",
         lambda: ["/backends/python/triton_python_backend_stub", str(folder / "1" / "model.onnx"), "region"],
     )
     served = config

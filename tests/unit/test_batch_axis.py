@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.onnx_io import read_graph_io
-from backend.runner import rows_agree
 from tests.batch_corpus import CORPUS
 from tests.batch_corpus import rows as corpus_rows
 from tests.graphs import batch_centred
+from tritonnx.backend.onnx_io import read_graph_io
+from tritonnx.backend.runner import rows_agree
 
 X = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
 Y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])

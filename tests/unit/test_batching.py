@@ -1,8 +1,8 @@
 import numpy as np
 
-from backend.batching import group_compatible, split, stack
-from backend.tensors import TensorSpec
-from backend.validation import ModelSignature, PreparedRequest, prepare_request
+from tritonnx.backend.batching import group_compatible, split, stack
+from tritonnx.backend.tensors import TensorSpec
+from tritonnx.backend.validation import ModelSignature, PreparedRequest, prepare_request
 
 FIXED = ModelSignature("fixed", (TensorSpec("x", np.dtype(np.float32), (-1,)),), (), max_batch_size=8)
 RAGGED = ModelSignature(

@@ -18,8 +18,8 @@ import psutil
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.server.process import ServerError
 from bench.baseline.server import FastApiBaseline
+from tritonnx.server.process import ServerError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,7 +102,7 @@ def test_wrong_byte_count_is_400(server):
 
 
 def group_alive(pgid: int) -> list[psutil.Process]:
-    """Non-zombie processes in group `pgid`, found independently of backend.server.process
+    """Non-zombie processes in group `pgid`, found independently of tritonnx.server.process
     (an orphan re-parented to a PID 1 that does not reap stays a zombie, which is not alive)."""
     alive = []
     for proc in psutil.process_iter(["status"]):

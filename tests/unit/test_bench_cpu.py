@@ -6,10 +6,10 @@ import time
 import psutil
 import pytest
 
-from backend.server.stubs import live_stubs
 from bench.cpu import CpuSnapshot, measured, per_image, snapshot
 from bench.usage import cpu_seconds
 from tests.unit.test_bench_usage import fake_tritonserver, stop
+from tritonnx.server.stubs import live_stubs
 
 
 def test_cpu_per_image_splits_by_role_and_counts_idle_core_time():

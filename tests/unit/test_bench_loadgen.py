@@ -19,7 +19,7 @@ from bench.load.burst import burst
 from bench.load.http import HttpTarget
 from bench.load.loops import LoadResult, run, run_load
 from bench.load.targets import FacadeTarget, KServeTarget, VerificationError
-from client.proto import inference_pb2
+from tritonnx.client.proto import inference_pb2
 
 pytestmark = pytest.mark.timeout(30)
 # A window ended by max_requests: longer than the test's timeout, so the count, not the clock, ends it.

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2
 
 from bench.soak.checked import CheckedFacade, CheckedTriton, reference_session
-from client.proto import inference_pb2
+from tritonnx.client.proto import inference_pb2
 
 
 def text_model(path):

@@ -13,9 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from backend.server.supervisor import Stub, live_stubs
 from bench.usage import Watcher, mapped_shm_files, shm_usage, tree_memory
 from tests.helpers import wait_until
+from tritonnx.server.supervisor import Stub, live_stubs
 
 # A stub's command line as tritonserver 2.51 starts it (seen with `ps`).
 STUB = [
@@ -93,7 +93,7 @@ def test_the_stub_command_line_names_its_instance_and_region():
     "cmdline",
     [
         [],
-        ["/usr/bin/python3", "-m", "client.facade"],
+        ["/usr/bin/python3", "-m", "tritonnx.client.facade"],
         STUB[:2],  # no region
         STUB[:7],  # cut after the backend directory
     ],

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from backend.server.model_control import ControlError, TritonUnreachable, normalize_metadata
-from client import triton_common, triton_health, triton_infer
+from tritonnx.client import triton_common, triton_health, triton_infer
+from tritonnx.client.model_control import ControlError, TritonUnreachable, normalize_metadata
 
 # --- triton_common ----------------------------------------------------------------------------
 
@@ -367,9 +367,9 @@ def test_the_scripts_load_no_onnx_runtime_and_the_supervisor_no_http_client():
     """The one Triton client serves both: the scripts stay light, gevent stays out of the serving processes."""
     code = (
         "import json, sys\n"
-        "import client.triton_health, client.triton_infer\n"
+        "import tritonnx.client.triton_health, tritonnx.client.triton_infer\n"
         "scripts = sorted(m for m in ('onnxruntime', 'onnx') if m in sys.modules)\n"
-        "import backend.server.supervisor, backend.server.stack\n"
+        "import tritonnx.server.supervisor, tritonnx.server.stack\n"
         "print(json.dumps([scripts, sorted(m for m in ('tritonclient.http', 'gevent') if m in sys.modules)]))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

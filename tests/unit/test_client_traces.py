@@ -1,4 +1,4 @@
-"""The OTLP/HTTP receiver of `python -m client.traces`, over real HTTP on a free loopback port."""
+"""The OTLP/HTTP receiver of `python -m tritonnx.commands.traces`, over real HTTP on a free loopback port."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from client.traces import OtlpReceiver, format_trace, parse_export
+from tritonnx.commands.traces import OtlpReceiver, format_trace, parse_export
 
 
 def span(name: str, span_id: str, parent: str = "", start: int = 0, end: int = 1_000_000, **extra) -> dict:
@@ -84,5 +84,7 @@ def test_an_errored_span_shows_its_status_in_the_tree():
 
 
 def test_the_command_has_help():
-    result = subprocess.run([sys.executable, "-m", "client.traces", "--help"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "tritonnx.commands.traces", "--help"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and "OTLP/HTTP" in result.stdout and "--jsonl" in result.stdout

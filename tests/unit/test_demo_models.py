@@ -11,8 +11,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from backend.demo_models import MODELS, count_parameters, generate, model_path
-from backend.demo_models.__main__ import main
+from tritonnx.offline.demo_models import MODELS, count_parameters, generate, model_path
+from tritonnx.offline.demo_models.__main__ import main
 
 IMAGE_MODELS = ["resnet50", "mobilenet_v3_small"]
 CHEAP_MODELS = ["mobilenet_v3_small", "text_classifier", "token_classifier"]  # rebuilt in-test; resnet50 takes ~3 s
@@ -234,7 +234,7 @@ def test_cli_rejects_unknown_name(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 def test_cli_runs_as_module() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "backend.demo_models", "--help"],
+        [sys.executable, "-m", "tritonnx.offline.demo_models", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,8 +7,6 @@ import re
 
 import pytest
 
-from backend.server.shm import needed_bytes
-from client.facade import settings as facade_settings
 from tests.manifests import (
     DEMO_IMAGE,
     IDLE_PSS_MIB,
@@ -33,6 +31,9 @@ from tests.manifests import (
     rendered,
     triton_settings,
 )
+from tritonnx.client.facade import settings as facade_settings
+from tritonnx.common import settings as common_settings
+from tritonnx.server.shm import needed_bytes
 
 # --- the pod ---------------------------------------------------------------------------------
 
@@ -154,7 +155,7 @@ def test_settings_are_ones_the_processes_read_with_values_they_take(where, monke
     pod, _, objects = pod_case(where)
     facade = container(pod, "facade")
     facade_env = environment(facade, objects)
-    names = {facade_settings.env_name(f.name) for f in dataclasses.fields(facade_settings.FacadeSettings)}
+    names = {common_settings.env_name(f.name) for f in dataclasses.fields(facade_settings.FacadeSettings)}
     unknown = {n for n in facade_env if n.startswith("TRITONNX_")} - names
     assert not unknown, f"the facade reads no {sorted(unknown)}"
     assert facade.get("args") == ["tritonnx-facade"]
@@ -165,7 +166,11 @@ def test_settings_are_ones_the_processes_read_with_values_they_take(where, monke
     triton = container(pod, TRITON[where])
     triton_env = environment(triton, objects)
     read = set()
-    for source in [*(ROOT / "backend").rglob("*.py"), ROOT / "client" / "serve.py"]:
+    for source in [
+        *(ROOT / "backend").rglob("*.py"),
+        *(ROOT / "tritonnx" / "server").rglob("*.py"),
+        ROOT / "tritonnx" / "commands" / "serve.py",
+    ]:
         read |= set(re.findall(r"TRITONNX_[A-Z_]+", source.read_text()))
     unknown = {n for n in triton_env if n.startswith("TRITONNX_")} - read
     assert not unknown, f"tritonnx-serve reads no {sorted(unknown)}"

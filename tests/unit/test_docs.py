@@ -4,7 +4,7 @@ README.md, docs/*.md, bench/studies/README.md and deploy/**/README.md are read a
 A relative link must name a file of the checkout, and an anchor a heading of the page it names (GitHub's
 slugs). A path of the checkout written in backticks (`backend/runner.py`, `bench/reports/...`,
 `tests/unit/test_deploy_*.py`) must exist, as must a file a table row names alone under a folder of its
-first cell (`backend/`: `runner.py`), a module run with `python -m` or written as `client.serve`, a `make`
+first cell (`backend/`: `runner.py`), a module run with `python -m` or written as `tritonnx.commands.serve`, a `make`
 target, and an environment variable (`TRITONNX_*`) in the code, so a page cannot point at a moved module
 or a renamed setting. Build outputs (`build/`, `bench/results/`, generated models and protobuf code) and
 placeholders (`<model>`, `...`) are not checked. docs/configuration.md lists every environment variable of
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from client.facade.settings import FacadeSettings, env_name, env_of
-from client.serve import ServeSettings
+from tritonnx.client.facade.settings import FacadeSettings
+from tritonnx.commands.serve import ServeSettings
+from tritonnx.common.settings import env_name, env_of
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 README = CHECKOUT / "README.md"
@@ -34,19 +35,24 @@ PAGES = sorted(
 )
 
 # Folders and files of the checkout that a path in the docs starts with.
-SOURCE_FOLDERS = ("backend", "client", "bench", "tests", "deploy", "docs")
+SOURCE_FOLDERS = ("backend", "client", "tritonnx", "bench", "tests", "deploy", "docs")
 CHECKED_FOLDERS = (*SOURCE_FOLDERS, "model_repository", ".ci")
 TOP_FILES = r"Makefile|Dockerfile|pyproject\.toml|requirements[\w*-]*\.txt|\.pre-commit-config\.yaml"
 PATH = re.compile(rf"(?:\./)?(?:(?:{'|'.join(map(re.escape, CHECKED_FOLDERS))})/\S*|{TOP_FILES})")
 # In code blocks, paths of the source folders only: examples there create folders in model_repository/.
 BLOCK_PATH = re.compile(rf"(?<![\w/.$-])(?:{'|'.join(SOURCE_FOLDERS)})/[\w./*-]*")
 PLACEHOLDER = re.compile(r"[<>{}$]|\.\.\.|…")
+IMAGE = re.compile(r"[\w.-]+/[\w.-]+:[\w.-]+")  # `tritonnx/debian:bookworm`, an image, not a path
 GENERATED_PREFIXES = ("bench/results",)
 GENERATED_SUFFIXES = (".onnx", "_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 # A file or folder named alone in a table row whose first cell names folders (`backend/`: `runner.py`).
 BARE_NAME = re.compile(r"[\w-]+\.(?:py|pyi|sh|ya?ml|txt|json|md|proto|pbtxt)|[\w-]+/")
-PACKAGES = ("backend", "client", "bench", "tests")
-MODULE = re.compile(rf"(?:{'|'.join(PACKAGES)})(?:\.[A-Za-z_]\w*)+")
+PACKAGES = ("tritonnx", "bench", "tests")
+# tritonnx's subpackages: `tritonnx.<other>` is a name of another kind (a span attribute, a config parameter).
+MODULE = re.compile(
+    r"(?<![\w.])(?:tritonnx\.(?:backend|client|server|commands|offline|common)|bench|tests)(?:\.[A-Za-z_]\w*)*"
+)
+CODE_FOLDERS = ("backend", "client", "tritonnx", "bench")
 RUN_MODULE = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)")
 MAKE_TARGET = re.compile(r"\bmake\s+([a-z][\w-]*)")
 ENV_VARIABLE = re.compile(r"\bTRITON(?:NX)?_[A-Z0-9_]*[A-Z0-9]\b")
@@ -109,7 +115,7 @@ def looks_like_a_file_path(path: str) -> bool:
 def repository_paths(page: Path) -> set[str]:
     """Paths of the checkout the page names: in code spans, and source paths in code blocks."""
     text = page.read_text()
-    paths = {token for span in code_spans(text) for token in span.split() if PATH.fullmatch(token)}
+    paths = {t for span in code_spans(text) for t in span.split() if PATH.fullmatch(t) and not IMAGE.fullmatch(t)}
     paths |= {
         match.group(0)
         for block in code_blocks(text)
@@ -162,7 +168,7 @@ def defined_make_targets() -> set[str]:
 
 def variables_the_code_reads() -> set[str]:
     """The TRITONNX_* (and TRITON_*) names in the sources, those built with env_name, and the facade's settings'."""
-    text = "\n".join(path.read_text() for package in PACKAGES[:3] for path in (CHECKOUT / package).rglob("*.py"))
+    text = "\n".join(path.read_text() for folder in CODE_FOLDERS for path in (CHECKOUT / folder).rglob("*.py"))
     built = {env_name(name) for name in re.findall(r"env_name\(\"(\w+)\"\)", text)}  # env_name("triton_http_url")
     declared = {
         env for settings in (FacadeSettings, ServeSettings) for item in fields(settings) if (env := env_of(item))
@@ -286,13 +292,13 @@ def test_the_checks_see_what_they_should():
     assert slug("Tracing (OpenTelemetry)") == "tracing-opentelemetry"
     assert slug("The gRPC facade: `client/facade/`") == "the-grpc-facade-clientfacade"
     assert slug("Tuning a model's policy") == "tuning-a-models-policy"
-    text = "see `backend/runner.py` and `python -m client.serve`\n```\nmkdir model_repository/x\nbackend/triton_model.py\n```\n"
+    text = "see `backend/runner.py` and `python -m tritonnx.commands.serve`\n```\nmkdir model_repository/x\nbackend/triton_model.py\n```\n"
     assert not looks_like_a_file_path("deploy/tritonnx") and looks_like_a_file_path("deploy/k8s/overlays/dev")
-    assert code_spans(text) == ["backend/runner.py", "python -m client.serve"]
+    assert code_spans(text) == ["backend/runner.py", "python -m tritonnx.commands.serve"]
     assert [m.group(0) for b in code_blocks(text) for m in BLOCK_PATH.finditer(b)] == ["backend/triton_model.py"]
     assert not checked("model_repository/<model>/1/model.py") and not checked("bench/results/x/report.md")
     assert checked("bench/reports/2026-11-24-peers/report.md")
-    assert not is_module("client.no_such_module") and is_module("client.serve")
+    assert not is_module("client.no_such_module") and is_module("tritonnx.commands.serve")
     assert {"TRITONNX_MAX_IN_FLIGHT", "TRITONNX_MODEL_REPOSITORY"} <= variables_the_code_reads()
     assert ENV_VARIABLE.findall("`TRITONNX_<SETTING>`, `TRITONNX_*`, `TRITONNX_TRITON_URL`") == ["TRITONNX_TRITON_URL"]
     assert "TRITONNX_SUPERVISOR_METRICS_PORT" in variables_the_code_reads()  # a ServeSettings field's
@@ -302,7 +308,7 @@ def test_the_checks_see_what_they_should():
 
 
 def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
-    from backend.server import ports
+    from tritonnx.common import ports
 
     table = {line.split("|")[1].strip(): line.split("|")[2] for line in README.read_text().splitlines()
              if line.startswith("| ") and "127.0.0.1:" in line}  # fmt: skip

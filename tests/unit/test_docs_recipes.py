@@ -31,20 +31,21 @@ ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 
 
 def _parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
-    from client import models, serve, triton_health, triton_infer
+    from tritonnx.client import triton_health, triton_infer
+    from tritonnx.commands import models, serve
 
     return {
-        "client.models": models.build_parser,
-        "client.serve": serve.arguments,
-        "client.triton_health": triton_health.build_parser,
-        "client.triton_infer": triton_infer.build_parser,
+        "tritonnx.commands.models": models.build_parser,
+        "tritonnx.commands.serve": serve.arguments,
+        "tritonnx.client.triton_health": triton_health.build_parser,
+        "tritonnx.client.triton_infer": triton_infer.build_parser,
     }
 
 
 CONSOLE_SCRIPTS = {
-    "tritonnx-models": "client.models",
-    "tritonnx-serve": "client.serve",
-    "tritonnx-facade": "client.facade",
+    "tritonnx-models": "tritonnx.commands.models",
+    "tritonnx-serve": "tritonnx.commands.serve",
+    "tritonnx-facade": "tritonnx.client.facade",
 }
 
 
@@ -121,8 +122,8 @@ def test_the_console_scripts_the_docs_name_answer_help():
 
 
 def test_the_metrics_page_lists_every_metric_the_processes_export():
-    from backend.server.metrics import SupervisorMetrics
-    from client.facade.metrics import FacadeMetrics
+    from tritonnx.client.facade.metrics import FacadeMetrics
+    from tritonnx.server.metrics import SupervisorMetrics
 
     page = (CHECKOUT / "docs" / "metrics.md").read_text()
     exported = set()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from client.facade.cache import ResultCache, cache_key
-from client.facade.metrics import FacadeMetrics
-from client.facade.translate import InferCall, ModelInfo, TensorInfo
+from tritonnx.client.facade.cache import ResultCache, cache_key
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.translate import InferCall, ModelInfo, TensorInfo
 
 INFO = ModelInfo("m", "", (TensorInfo("x", "FP32", (-1, -1)),), (TensorInfo("y", "FP32", (-1, -1)),), 0, ("1",))
 

@@ -6,10 +6,12 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2
 
-from client.facade import errors
-from client.facade.admission import Admission
-from client.facade.classifier import Classifier
-from client.facade.classify import (
+from tests.images import image_file
+from tests.unit.fakes import PIPELINE, StandInGateway, strings_tensor
+from tritonnx.client.facade import errors
+from tritonnx.client.facade.admission import Admission
+from tritonnx.client.facade.classifier import Classifier
+from tritonnx.client.facade.classify import (
     check_image,
     class_count,
     pipeline_name,
@@ -17,14 +19,12 @@ from client.facade.classify import (
     to_infer_request,
     top_k,
 )
-from client.facade.default_model import DefaultModel
-from client.facade.metrics import FacadeMetrics
-from client.facade.predictor import Predictor
-from client.facade.service import InferenceServicer
-from client.facade.translate import ModelInfo, TensorInfo
-from client.proto import inference_pb2
-from tests.images import image_file
-from tests.unit.fakes import PIPELINE, StandInGateway, strings_tensor
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.predictor import Predictor
+from tritonnx.client.facade.service import InferenceServicer
+from tritonnx.client.facade.translate import ModelInfo, TensorInfo
+from tritonnx.client.proto import inference_pb2
 
 JPEG = image_file(40, 30)
 

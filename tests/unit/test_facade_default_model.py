@@ -8,12 +8,12 @@ import aiohttp
 import grpc
 import pytest
 
-from client.facade.default_model import DEMO_MODEL, DefaultModel
-from client.facade.errors import InvalidArgument, NotFound, Unavailable
-from client.facade.translate import ModelInfo, TensorInfo
-from client.proto import inference_pb2_grpc
 from tests.unit.fakes import DOUBLE, FakeGateway, ModelIndex
 from tests.unit.test_facade_server import request, run, serving, until
+from tritonnx.client.facade.default_model import DEMO_MODEL, DefaultModel
+from tritonnx.client.facade.errors import InvalidArgument, NotFound, Unavailable
+from tritonnx.client.facade.translate import ModelInfo, TensorInfo
+from tritonnx.client.proto import inference_pb2_grpc
 
 TEXT = ModelInfo("a_text", "", (TensorInfo("text", "BYTES", (-1, 1)),), (TensorInfo("y", "FP32", (-1, 2)),), 8)
 

@@ -3,7 +3,7 @@
 import grpc
 import pytest
 
-from client.facade import errors
+from tritonnx.client.facade import errors
 
 Code = grpc.StatusCode
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from client.facade import gateway as gateway_module
-from client.facade.errors import NotFound, Unavailable
-from client.facade.translate import InferCall
 from tests.unit.test_facade_replicas import FakeReplica, gateway_over, rpc_error
+from tritonnx.client.facade import gateway as gateway_module
+from tritonnx.client.facade.errors import NotFound, Unavailable
+from tritonnx.client.facade.translate import InferCall
 
 
 class FailingReplica(FakeReplica):

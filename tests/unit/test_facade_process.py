@@ -1,12 +1,12 @@
-"""The facade as a child process (backend/server/facade.py): it binds port 0 and reports the ports it got.
+"""The facade as a child process (tritonnx/server/facade.py): it binds port 0 and reports the ports it got.
 
 No tritonserver: the facade starts without one (its health says 503), which is all the port reporting needs.
 """
 
 import pytest
 
-from backend.server.facade import FacadeProcess
-from backend.server.process import ServerError
+from tritonnx.server.facade import FacadeProcess
+from tritonnx.server.process import ServerError
 
 NO_TRITON = "127.0.0.1:1"  # refused at once: nothing listens on port 1 of loopback
 

@@ -5,10 +5,10 @@ import grpc
 import pytest
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from client.facade import replicas as replicas_module
-from client.facade.errors import NotFound, Unavailable
-from client.facade.gateway import TritonGateway
-from client.facade.replicas import Replicas, channel_options
+from tritonnx.client.facade import replicas as replicas_module
+from tritonnx.client.facade.errors import NotFound, Unavailable
+from tritonnx.client.facade.gateway import TritonGateway
+from tritonnx.client.facade.replicas import Replicas, channel_options
 
 
 def rpc_error(code: grpc.StatusCode, details: str = "") -> grpc.aio.AioRpcError:
@@ -150,7 +150,7 @@ def test_the_facade_maps_a_retry_that_fails_too_like_any_failure():
         first = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
         second = FakeReplica("127.0.0.1:2", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
         gateway, retried = gateway_over(first, second)
-        from client.facade.translate import InferCall
+        from tritonnx.client.facade.translate import InferCall
 
         with pytest.raises(Unavailable):
             await gateway.infer(InferCall(service_pb2.ModelInferRequest(model_name="m"), []), 5.0)

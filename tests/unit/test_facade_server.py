@@ -17,15 +17,15 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2
 
-from client.facade.gateway import Gateway
-from client.facade.health import PROBE_ID
-from client.facade.server import Facade, StartupError
-from client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
-from client.facade.settings import FacadeSettings
-from client.facade.translate import InferCall, ModelInfo
-from client.facade.wire import DecodedRequest, decode_predict_request
-from client.proto import inference_pb2, inference_pb2_grpc
 from tests.unit.fakes import DOUBLE, FakeGateway
+from tritonnx.client.facade.gateway import Gateway
+from tritonnx.client.facade.health import PROBE_ID
+from tritonnx.client.facade.server import Facade, StartupError
+from tritonnx.client.facade.service import SERVICE_NAME, UNEXPECTED_FAILURE
+from tritonnx.client.facade.settings import FacadeSettings
+from tritonnx.client.facade.translate import InferCall, ModelInfo
+from tritonnx.client.facade.wire import DecodedRequest, decode_predict_request
+from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 
 # Well below the suite's per-test timeout: a test that hangs fails here, with its stack.
 TEST_SECONDS = 10.0

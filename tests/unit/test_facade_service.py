@@ -5,9 +5,9 @@ import sys
 import grpc
 import pytest
 
-from client.facade import errors
-from client.facade.admission import Admission
-from client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade import errors
+from tritonnx.client.facade.admission import Admission
+from tritonnx.client.facade.metrics import FacadeMetrics
 
 
 def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
@@ -77,7 +77,7 @@ def test_one_connection_holds_at_most_its_share_of_the_receive_places():
 
 def test_generated_protobuf_code_is_current(tmp_path):
     """`make proto` output matches client/proto/inference.proto as it is now."""
-    from client.proto import inference_pb2
+    from tritonnx.client.proto import inference_pb2
 
     subprocess.run(
         [
@@ -87,7 +87,7 @@ def test_generated_protobuf_code_is_current(tmp_path):
             "-I",
             ".",
             f"--descriptor_set_out={tmp_path / 'set.pb'}",
-            "client/proto/inference.proto",
+            "tritonnx/client/proto/inference.proto",
         ],
         check=True,
     )
@@ -103,9 +103,9 @@ def test_generated_protobuf_code_is_current(tmp_path):
 
 PURE_PYTHON_PROTOBUF = """
 from google.protobuf.internal import api_implementation
-from client.facade import service
-from client.facade.errors import InvalidArgument
-from client.facade.wire import CLASSIFY_LIMITS
+from tritonnx.client.facade import service
+from tritonnx.client.facade.errors import InvalidArgument
+from tritonnx.client.facade.wire import CLASSIFY_LIMITS
 
 assert api_implementation.Type() == "python", api_implementation.Type()
 for parse, body in (

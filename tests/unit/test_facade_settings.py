@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from client.facade.settings import (
-    FacadeSettings,
-    add_arguments,
-    add_flags,
-    from_arguments,
-    setting,
-    settings_from,
-)
+from tritonnx.client.facade.settings import FacadeSettings, add_arguments, from_arguments
+from tritonnx.common.settings import add_flags, setting, settings_from
 
 
 def test_settings_come_from_flags_then_environment_then_defaults(monkeypatch):

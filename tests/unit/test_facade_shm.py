@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from client.facade.shm import SHM_DIR, SharedInputPool, region_prefix, remove_stale_regions
+from tritonnx.client.facade.shm import SHM_DIR, SharedInputPool, region_prefix, remove_stale_regions
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
     import errno
     import os
 
-    from client.facade import gateway, shm
+    from tritonnx.client.facade import gateway, shm
 
     def full(descriptor, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -84,7 +84,7 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
 
 CRASHING_FACADE = """
 import os, signal
-from client.facade.shm import SharedInputPool
+from tritonnx.client.facade.shm import SharedInputPool
 pool = SharedInputPool(slots=1, slot_bytes=64)
 print(pool.region, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)

@@ -17,13 +17,13 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from backend.server.stack import ServingStack
-from backend.server.tracing import triton_trace_args
-from client.facade.server import Facade, StartupError
-from client.facade.tracing import Tracing, otlp_json
-from client.proto import inference_pb2_grpc
-from client.traces import OtlpReceiver, ReceivedSpan, parse_export
 from tests.unit.test_facade_server import FakeGateway, request, run, serving, settings
+from tritonnx.client.facade.server import Facade, StartupError
+from tritonnx.client.facade.tracing import Tracing, otlp_json
+from tritonnx.client.proto import inference_pb2_grpc
+from tritonnx.commands.traces import OtlpReceiver, ReceivedSpan, parse_export
+from tritonnx.common.tracing import triton_trace_args
+from tritonnx.server.stack import ServingStack
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
@@ -211,7 +211,7 @@ def test_tritonserver_traces_only_requests_that_carry_a_context_and_the_stack_ha
 
 def test_the_sdk_is_not_loaded_when_tracing_is_off():
     code = (
-        "import sys; from client.facade.server import Facade; from client.facade.settings import FacadeSettings\n"
+        "import sys; from tritonnx.client.facade.server import Facade; from tritonnx.client.facade.settings import FacadeSettings\n"
         "print(any(m.startswith('opentelemetry.sdk') for m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -221,7 +221,7 @@ def test_the_sdk_is_not_loaded_when_tracing_is_off():
 def test_callers_sampling_their_traceparent_are_traced_at_most_the_caller_rate(monkeypatch):
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision
 
-    from client.facade import tracing
+    from tritonnx.client.facade import tracing
 
     clock = [1000.0]
     monkeypatch.setattr(tracing.time, "monotonic", lambda: clock[0])
@@ -238,7 +238,7 @@ def test_callers_sampling_their_traceparent_are_traced_at_most_the_caller_rate(m
 
 
 def test_span_attributes_are_capped_in_length(receiver):
-    from client.facade.tracing import MAX_ATTRIBUTE_CHARS
+    from tritonnx.client.facade.tracing import MAX_ATTRIBUTE_CHARS
 
     tracing = Tracing(receiver.endpoint, 0.0)
     trace = tracing.call("Predict", SAMPLED)

@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2
 
-from backend.tensors import RAW_DTYPES
-from client.facade.errors import InvalidArgument
-from client.facade.translate import MAX_DIM, ModelInfo, TensorInfo, to_infer_request, to_predict_response
-from client.facade.wire import MAX_RANK, DecodedRequest, RequestRefused, decode_predict_request
-from client.proto import inference_pb2
+from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.facade.errors import InvalidArgument
+from tritonnx.client.facade.translate import MAX_DIM, ModelInfo, TensorInfo, to_infer_request, to_predict_response
+from tritonnx.client.facade.wire import MAX_RANK, DecodedRequest, RequestRefused, decode_predict_request
+from tritonnx.client.proto import inference_pb2
 
 VISION = ModelInfo(
     "resnet50", "", (TensorInfo("input", "FP32", (-1, 3, 4, 4)),), (TensorInfo("output", "FP32", (-1, 10)),), 16

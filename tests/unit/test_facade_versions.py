@@ -11,15 +11,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from client.facade.cache import ResultCache
-from client.facade.default_model import DefaultModel
-from client.facade.errors import InvalidArgument
-from client.facade.metrics import FacadeMetrics
-from client.facade.predictor import Predictor
-from client.facade.translate import ModelInfo
-from client.facade.wire import decode_predict_request
-from client.proto import inference_pb2
 from tests.unit.fakes import V1, V2, SwappingGateway
+from tritonnx.client.facade.cache import ResultCache
+from tritonnx.client.facade.default_model import DefaultModel
+from tritonnx.client.facade.errors import InvalidArgument
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.predictor import Predictor
+from tritonnx.client.facade.translate import ModelInfo
+from tritonnx.client.facade.wire import decode_predict_request
+from tritonnx.client.proto import inference_pb2
 
 
 def request(**fields) -> bytes:

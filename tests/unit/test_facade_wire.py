@@ -1,12 +1,12 @@
-"""client.facade.wire against real protobuf (de)serialisation, which serves as the oracle."""
+"""tritonnx.client.facade.wire against real protobuf (de)serialisation, which serves as the oracle."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from client.facade import wire
-from client.facade.wire import (
+from tritonnx.client.facade import wire
+from tritonnx.client.facade.wire import (
     MAX_FIELDS,
     MAX_INPUTS,
     MAX_NAME_BYTES,
@@ -24,7 +24,7 @@ from client.facade.wire import (
     serialize_response,
     varint,
 )
-from client.proto import inference_pb2
+from tritonnx.client.proto import inference_pb2
 
 PredictRequest = inference_pb2.PredictRequest
 PredictResponse = inference_pb2.PredictResponse

@@ -2,8 +2,8 @@
 
 import pytest
 
-from backend.image_format import format_problem, sniff
 from tests.images import image_file
+from tritonnx.backend.image_format import format_problem, sniff
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from tests.images import image_file, reference_pixels, truncated
 
 
 def test_auto_complete_gives_the_bytes_input_and_the_pixels_output(pb_utils):
-    from backend.triton_model import ImagePreprocessModel
+    from tritonnx.backend.triton_model import ImagePreprocessModel
 
     written = {"name": "image", "data_type": "TYPE_INVALID", "dims": [], "allow_ragged_batch": True}
     config = pb_utils.ModelConfig(
@@ -26,7 +26,7 @@ def test_auto_complete_gives_the_bytes_input_and_the_pixels_output(pb_utils):
 
 
 def test_execute_answers_each_request_and_fails_only_the_bad_one(pb_utils):
-    from backend.triton_model import ImagePreprocessModel
+    from tritonnx.backend.triton_model import ImagePreprocessModel
 
     model = ImagePreprocessModel()
     model.initialize(

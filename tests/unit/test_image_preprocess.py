@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from backend.errors import InvalidInputError
-from backend.image_preprocess import MAX_PIXELS, decode, preprocess, preprocess_request, preprocess_requests
 from tests.images import MEAN, STD, encode, image_file, pattern, reference_pixels, truncated
+from tritonnx.backend.errors import InvalidInputError
+from tritonnx.backend.image_preprocess import MAX_PIXELS, decode, preprocess, preprocess_request, preprocess_requests
 
 # Made when a test asks (not at collection): name -> the file.
 CASES = {
@@ -156,7 +156,7 @@ def test_a_large_sixteen_bit_png_is_converted_a_band_at_a_time():
 
 
 def test_an_image_too_large_once_decoded_is_refused_by_its_bytes():
-    from backend.image_preprocess import MAX_DECODED_BYTES
+    from tritonnx.backend.image_preprocess import MAX_DECODED_BYTES
 
     side = int((MAX_DECODED_BYTES / 4) ** 0.5) + 1  # RGBA: 4 bytes a pixel, fewer pixels than MAX_PIXELS
     buffer = io.BytesIO()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from backend.server.model_control import normalize_metadata
-from client import infer_inputs
-from client.infer_inputs import InputError
+from tritonnx.client import infer_inputs
+from tritonnx.client.infer_inputs import InputError
+from tritonnx.client.model_control import normalize_metadata
 
 # --- shapes and generated inputs ------------------------------------------------------------------
 

@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from backend.errors import ModelConfigError
-from backend.model_files import ModelFiles, backend_config, is_python_model, onnx_file_name, parse_backend_config
 from tests.helpers import wait_until
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.model_files import (
+    ModelFiles,
+    backend_config,
+    is_python_model,
+    onnx_file_name,
+    parse_backend_config,
+)
 
 STUB = "/opt/tritonserver/backends/python/triton_python_backend_stub"
 

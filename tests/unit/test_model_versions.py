@@ -1,7 +1,7 @@
 """Model versions without a server: the signature check of a new file, the version folders (staging,
 retired, failed, numbering), and publish / retire / rollback against a recording stand-in for Triton's
 model control, a publish interrupted at each step and what a restart sets aside; the command line
-(client/models.py) and triton_health's view of several versions. Triton itself swaps versions in
+(tritonnx/commands/models.py) and triton_health's view of several versions. Triton itself swaps versions in
 tests/slow/test_model_versions.py, and serves the previous version after killed publishes in
 tests/slow/test_publish_crashes.py."""
 
@@ -15,12 +15,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.onnx_io import read_graph_io
-from backend.server import versions as versions_module
-from backend.server.model_control import READY, ControlError, States, triton_message
-from backend.server.process import free_ports
-from backend.server.repository import STOCK_MODEL_PY
-from backend.server.signature import (
+from tritonnx.backend.onnx_io import read_graph_io
+from tritonnx.client import triton_health
+from tritonnx.client.model_control import READY, ControlError, States, triton_message
+from tritonnx.commands import models as models_cli
+from tritonnx.server import versions as versions_module
+from tritonnx.server.process import free_ports
+from tritonnx.server.repository import STOCK_MODEL_PY
+from tritonnx.server.signature import (
     Signature,
     SignatureError,
     Tensor,
@@ -29,7 +31,7 @@ from backend.server.signature import (
     check_signature,
     incompatibilities,
 )
-from backend.server.versions import (
+from tritonnx.server.versions import (
     FAILED,
     RETIRED,
     STAGING_PREFIX,
@@ -43,8 +45,6 @@ from backend.server.versions import (
     rollback,
     selected_versions,
 )
-from client import models as models_cli
-from client import triton_health
 
 CONFIG = 'backend: "python"\nmax_batch_size: 8\n'
 # What Triton's get_model_config gives for a graph `x` FP32 [batch, 4] -> `y` FP32 [batch, 4] with max_batch_size 8.
@@ -569,7 +569,7 @@ def test_every_subcommand_has_help(command, capsys):
         models_cli.main([command, "--help"])
     assert exited.value.code == 0
     shown = capsys.readouterr().out
-    assert f"python -m client.models {command}" in shown and "Example" in shown
+    assert f"python -m tritonnx.commands.models {command}" in shown and "Example" in shown
     assert "TRITONNX_MODEL_REPOSITORY" in shown and "TRITONNX_TRITON_URL" in shown and "TRITONNX_ADMIN_KEY" in shown
 
 

@@ -8,12 +8,12 @@ import re
 import pytest
 import yaml
 
-from backend.server.metrics import SupervisorMetrics
-from backend.server.process import ServerError
-from backend.server.prometheus import promtool, scrape_config
-from client.facade.metrics import FacadeMetrics
 from tests.manifests import TRITON_METRICS
 from tests.serving import CHECKOUT
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.server.metrics import SupervisorMetrics
+from tritonnx.server.process import ServerError
+from tritonnx.server.prometheus import promtool, scrape_config
 
 MONITORING = CHECKOUT / "deploy" / "monitoring"
 # Triton 2.51's metrics beyond the inference ones (docs/user_guide/metrics.md of r24.10).

@@ -4,9 +4,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from backend.errors import ModelConfigError
-from backend.onnx_io import read_file_io, read_graph_io
-from backend.tensors import ELEMENT_TYPES
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.onnx_io import read_file_io, read_graph_io
+from tritonnx.backend.tensors import ELEMENT_TYPES
 
 
 def as_ort(tensors) -> list[tuple]:
@@ -189,12 +189,12 @@ def test_an_output_declared_one_row_long_that_follows_the_rows_is_served_with_a_
 
 
 def test_a_graph_the_batch_axis_rule_trips_on_is_left_undecided_not_refused(double_onnx, monkeypatch):
-    import backend.onnx_io
+    import tritonnx.backend.onnx_io
 
     def trips(*args):
         raise IndexError("tuple index out of range")
 
-    monkeypatch.setattr(backend.onnx_io, "judge", trips)
+    monkeypatch.setattr(tritonnx.backend.onnx_io, "judge", trips)
     graph = read_graph_io(double_onnx)
     assert graph.batch_coupling() is None
     assert graph.batch_undecided() == "the batch-axis rule failed on this graph (IndexError: tuple index out of range)"

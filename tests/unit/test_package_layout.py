@@ -1,25 +1,61 @@
-"""The Python stub imports the model adapter and what it calls, and nothing of server operations."""
+"""Imports go one way between tritonnx's subpackages, and the stub side loads nothing of the others."""
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.unit.conftest import _real_utils_path
 
-SERVER_SIDE = ("client", "bench", "psutil", "tritonclient", "grpc")
+PACKAGE = Path(__file__).resolve().parents[2] / "tritonnx"
+# What each subpackage may import of tritonnx besides itself: docs/layout.md draws it.
+ALLOWED = {
+    "backend": set(),
+    "common": set(),
+    "client": {"backend", "common"},
+    "offline": {"backend"},
+    "server": {"backend", "common", "client"},
+    "commands": {"backend", "common", "client", "server", "offline"},
+}
 
 
-def test_the_stub_side_loads_no_server_operations_nor_their_dependencies():
+def imported_subpackages(source: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+    return {name.split(".")[1] for name in names if name.startswith("tritonnx.") and name.count(".") >= 1}
+
+
+def test_imports_between_subpackages_go_one_way():
+    found = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    assert found == set(ALLOWED), "a new subpackage needs its place in ALLOWED and docs/layout.md"
+    wrong = sorted(
+        f"{source.relative_to(PACKAGE)} imports tritonnx.{target}"
+        for package in ALLOWED
+        for source in (PACKAGE / package).rglob("*.py")
+        for target in imported_subpackages(source) - ALLOWED[package] - {package}
+    )
+    assert wrong == []
+
+
+def test_the_stub_side_loads_nothing_of_the_other_processes_nor_their_dependencies():
     # A fresh interpreter, as the stub starts: Triton's real triton_python_backend_utils (pure
     # Python) on the path, then what a model.py and its instances import.
     code = (
         f"import json, sys; sys.path.insert(0, {str(_real_utils_path().parent)!r})\n"
-        "import backend.triton_model, backend.runner\n"
+        "import tritonnx.backend.triton_model, tritonnx.backend.runner\n"
         "print(json.dumps(sorted(sys.modules)))\n"
     )
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
-    assert {"backend.triton_model", "backend.runner", "onnxruntime"} <= set(loaded)
-    unwanted = [m for m in loaded if m.startswith("backend.server") or m.split(".")[0] in SERVER_SIDE]
+    assert {"tritonnx.backend.triton_model", "tritonnx.backend.runner", "onnxruntime"} <= set(loaded)
+    others = ("bench", "psutil", "tritonclient", "grpc")
+    unwanted = [
+        m for m in loaded if m.split(".")[0] in others or m.startswith("tritonnx.") and m.split(".")[1] != "backend"
+    ]
     assert unwanted == []
 
 
@@ -27,7 +63,8 @@ def test_the_serving_processes_start_without_the_offline_tools_dependencies():
     """The slim images ship no onnx (publishing a version needs it; `tritonnx-models` runs beside them)."""
     code = (
         "import sys; sys.modules['onnx'] = None\n"  # an import of onnx now fails, as in the images
-        "import client.serve, client.facade.__main__, backend.server.supervisor, backend.server.stack\n"
+        "import tritonnx.commands.serve, tritonnx.client.facade.__main__, tritonnx.server.supervisor\n"
+        "import tritonnx.server.stack\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

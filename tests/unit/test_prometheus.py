@@ -2,8 +2,8 @@
 
 import math
 
-from backend.server.prometheus import MetricsPage, bucket_quantile
-from client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.server.prometheus import MetricsPage, bucket_quantile
 
 
 def test_a_histograms_buckets_and_quantile_bound_read_back_what_was_observed():

@@ -11,9 +11,13 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-import backend.quantize as quantize_module
-from backend.calibration import CalibrationError, InputSpec, read_samples, split
-from backend.quantize import (
+import tritonnx.offline.quantize as quantize_module
+from tests.graphs import small_classifier
+from tests.unit.test_model_versions import RecordingControl, make_model
+from tritonnx.backend.settings import SessionSettings
+from tritonnx.commands import models as models_cli
+from tritonnx.offline.calibration import CalibrationError, InputSpec, read_samples, split
+from tritonnx.offline.quantize import (
     REPORT_FILE,
     Agreement,
     Limits,
@@ -23,10 +27,6 @@ from backend.quantize import (
     quantize_for_publish,
     refusals,
 )
-from backend.settings import SessionSettings
-from client import models as models_cli
-from tests.graphs import small_classifier
-from tests.unit.test_model_versions import RecordingControl, make_model
 
 IMAGE = InputSpec("image", np.dtype(np.float32), ("n", 3, 16, 16))
 

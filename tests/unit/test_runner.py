@@ -2,10 +2,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from backend.errors import InvalidInputError, ModelConfigError, ModelExecutionError
-from backend.onnx_io import read_file_io
-from backend.runner import OnnxModelRunner
-from backend.settings import SessionSettings
+from tritonnx.backend.errors import InvalidInputError, ModelConfigError, ModelExecutionError
+from tritonnx.backend.onnx_io import read_file_io
+from tritonnx.backend.runner import OnnxModelRunner
+from tritonnx.backend.settings import SessionSettings
 
 SETTINGS = SessionSettings.from_model_config({}, cores=1)
 
@@ -131,11 +131,11 @@ def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
 import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from backend.runner import rows_agree  # noqa: E402
 from tests.batch_corpus import CORPUS  # noqa: E402
 from tests.batch_corpus import rows as corpus_rows  # noqa: E402
 from tests.graphs import string_upper  # noqa: E402
 from tests.unit.conftest import save_graph  # noqa: E402
+from tritonnx.backend.runner import rows_agree  # noqa: E402
 
 
 def value(name, elem, shape):
@@ -330,7 +330,7 @@ def test_a_custom_operator_library_of_the_config_is_registered_with_the_session(
 
 
 def test_an_openvino_session_gets_its_providers_and_never_the_optimized_copy(double_onnx, ort_cache_dir, monkeypatch):
-    import backend.session_cache
+    import tritonnx.backend.session_cache
 
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", "CPUExecutionProvider"])
     built = []
@@ -340,7 +340,7 @@ def test_an_openvino_session_gets_its_providers_and_never_the_optimized_copy(dou
         built.append((path, providers))
         return real(path, options, providers=["CPUExecutionProvider"])  # this venv has no OpenVINO to run
 
-    monkeypatch.setattr(backend.session_cache.ort, "InferenceSession", recording)
+    monkeypatch.setattr(tritonnx.backend.session_cache.ort, "InferenceSession", recording)
     config = {"optimization": {"execution_accelerators": {"cpu_execution_accelerator": [{"name": "openvino"}]}}}
     settings = SessionSettings.from_model_config(config, cores=1)
     runner = OnnxModelRunner.load(double_onnx, "double", settings, max_batch_size=8)

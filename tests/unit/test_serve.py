@@ -1,4 +1,4 @@
-"""tritonnx-serve's flags (client/serve.py): its settings, their environment variables, KServe's spellings, and
+"""tritonnx-serve's flags (tritonnx/commands/serve.py): its settings, their environment variables, KServe's spellings, and
 the facade's flags after `--`. The command itself runs in tests/integration/test_serve.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from client.facade.settings import env_of, settings_from
-from client.serve import ServeSettings, arguments
+from tritonnx.commands.serve import ServeSettings, arguments
+from tritonnx.common.settings import env_of, settings_from
 
 ENVIRONMENT = {
     "model_repository": "TRITONNX_MODEL_REPOSITORY",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from backend.server.triton import Ports, TritonInstall, TritonServer
-from client.facade.settings import settings_from
-from client.serve import ServeSettings, arguments
+from tritonnx.commands.serve import ServeSettings, arguments
+from tritonnx.common.settings import settings_from
+from tritonnx.server.triton import Ports, TritonInstall, TritonServer
 
 
 @pytest.fixture(autouse=True)

@@ -1,15 +1,15 @@
 import os
 import stat
 
-from backend.server import admin
-from backend.server.paths import Paths, checkout_root
+from tritonnx.common import admin
+from tritonnx.common.paths import Paths, checkout_root
 
 
 def test_paths_default_to_the_checkout_and_follow_the_environment(monkeypatch, tmp_path):
     for name in ("TRITONNX_HOME", "TRITONNX_MODEL_REPOSITORY", "TRITONNX_BUILD_DIR"):
         monkeypatch.delenv(name, raising=False)
     root = checkout_root()
-    assert root is not None and (root / "backend" / "server" / "paths.py").is_file()
+    assert root is not None and (root / "tritonnx" / "common" / "paths.py").is_file()
     assert Paths.from_environment() == Paths(root / "model_repository", root / "build")
 
     monkeypatch.setenv("TRITONNX_HOME", str(tmp_path))

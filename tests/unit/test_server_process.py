@@ -10,8 +10,8 @@ from pathlib import Path
 
 import psutil
 
-from backend.server.process import ManagedProcess
 from tests.helpers import wait_until
+from tritonnx.server.process import ManagedProcess
 
 # A child that reports the signal Linux will send it when its parent dies (prctl PR_GET_PDEATHSIG), then waits.
 CHILD = """
@@ -26,7 +26,7 @@ time.sleep(60)
 PARENT = """
 import sys, threading, time
 from pathlib import Path
-from backend.server.process import ManagedProcess
+from tritonnx.server.process import ManagedProcess
 child = ManagedProcess(log_file=Path(sys.argv[2]))
 start = lambda: child.spawn([sys.executable, "-c", sys.argv[3]])
 if sys.argv[1] == "thread":

@@ -1,7 +1,7 @@
 import pytest
 
-from backend.server.repository import STOCK_MODEL_PY, add_model, link_models
 from tests.serving import MODEL_REPOSITORY, MODELS
+from tritonnx.server.repository import STOCK_MODEL_PY, add_model, link_models
 
 
 def source_model(root, name="m", config='backend: "python"\n'):

@@ -2,9 +2,9 @@ import os
 
 import pytest
 
-from backend.server.process import ServerError
-from backend.server.shm import STUB_REGION_BYTES, check_shared_memory, needed_bytes, stub_instances
 from tests.serving import IMAGE_CLASSIFIERS, MODEL_REPOSITORY, MODELS
+from tritonnx.server.process import ServerError
+from tritonnx.server.shm import STUB_REGION_BYTES, check_shared_memory, needed_bytes, stub_instances
 
 
 def repository(tmp_path):

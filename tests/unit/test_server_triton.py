@@ -2,8 +2,8 @@ import os
 import sys
 from pathlib import Path
 
-from backend.server.repository import STOCK_MODEL_PY
-from backend.server.triton import Ports, TritonInstall, TritonServer, assemble_backend_dir, format_model_states
+from tritonnx.server.repository import STOCK_MODEL_PY
+from tritonnx.server.triton import Ports, TritonInstall, TritonServer, assemble_backend_dir, format_model_states
 
 
 def test_a_triton_in_the_ngc_layout_is_used_as_it_is(tmp_path, monkeypatch):

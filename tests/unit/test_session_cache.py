@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from backend.session_cache import (
+from tritonnx.backend.session_cache import (
     COPIES_KEPT_PER_MODEL,
     KeyedSessionOptions,
     cache_key,
     create_session,
     default_cache_dir,
 )
-from backend.settings import SessionSettings
+from tritonnx.backend.settings import SessionSettings
 
 ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 
@@ -99,7 +99,7 @@ def test_a_cache_that_cannot_be_written_means_no_cache_not_a_failed_model(double
 def test_a_session_with_another_provider_first_neither_reads_nor_writes_the_copy(
     double_onnx, ort_cache_dir, monkeypatch
 ):
-    import backend.session_cache
+    import tritonnx.backend.session_cache
 
     create_session(double_onnx, options(), ort_cache_dir, print)  # the CPU provider's copy, made
     [copy] = ort_cache_dir.iterdir()
@@ -111,7 +111,7 @@ def test_a_session_with_another_provider_first_neither_reads_nor_writes_the_copy
         built.append((path, providers, session_options.optimized_model_filepath))
         return real(path, session_options, providers=["CPUExecutionProvider"])
 
-    monkeypatch.setattr(backend.session_cache.ort, "InferenceSession", recording)
+    monkeypatch.setattr(tritonnx.backend.session_cache.ort, "InferenceSession", recording)
     accelerated = [("OpenVINOExecutionProvider", {"device_type": "CPU"}), "CPUExecutionProvider"]
     create_session(double_onnx, options(), ort_cache_dir, print, accelerated)
     assert built == [(str(double_onnx), accelerated, "")]  # from the model file, nothing saved

@@ -7,8 +7,8 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
-from backend.errors import ModelConfigError
-from backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.settings import SessionSettings, cpu_instance_count, single_instance_queue_stall
 
 
 def config(instances: int = 1, level: int | None = None, **params: str) -> dict:
@@ -235,7 +235,7 @@ def test_model_warmup_replaces_the_backends_own_warm_up():
 # niceness of every thread it has.
 _NICED_CHILD = """
 import os, threading
-from backend.settings import lower_cpu_priority
+from tritonnx.backend.settings import lower_cpu_priority
 started, done = threading.Event(), threading.Event()
 early = threading.Thread(target=lambda: (started.set(), done.wait()))
 early.start(); started.wait()
@@ -260,8 +260,8 @@ def test_nice_lowers_every_thread_of_the_instance_and_those_it_starts_later():
 # file name alone, and a session registers it.
 _SONAME_CHILD = """
 import sys
-from backend.errors import ModelConfigError
-from backend.settings import SessionSettings
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.settings import SessionSettings
 config = {"model_operations": {"op_library_filename": [sys.argv[1]]}}
 try:
     print(SessionSettings.from_model_config(config, cores=1).session_options().custom_op_libraries)

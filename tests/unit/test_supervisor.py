@@ -15,11 +15,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from backend.server import supervisor as supervisor_module
-from backend.server.prometheus import MetricsPage
-from backend.server.repository import read_config
-from backend.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, stopped
-from backend.server.supervisor import (
+from tests.helpers import wait_until
+from tritonnx.server import supervisor as supervisor_module
+from tritonnx.server.prometheus import MetricsPage
+from tritonnx.server.repository import read_config
+from tritonnx.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, stopped
+from tritonnx.server.supervisor import (
     RELOAD_PARAMETER,
     WATCHDOG_PARAMETER,
     ReloadBackoff,
@@ -29,7 +30,6 @@ from backend.server.supervisor import (
     reload_config,
     watchdog_limit,
 )
-from tests.helpers import wait_until
 
 STUB_ARGS = [
     "/work/build/backends/python/triton_python_backend_stub",

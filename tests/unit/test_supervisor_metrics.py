@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
-from backend.server.metrics import SupervisorMetrics
-from backend.server.process import ServerError
+from tritonnx.server.metrics import SupervisorMetrics
+from tritonnx.server.process import ServerError
 
 
 def scrape(port: int) -> str:

@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from backend.onnx_io import read_graph_io
 from tests.graphs import LOUD_ID, batch_centred, quantized_encoder
+from tritonnx.backend.onnx_io import read_graph_io
 
 
 def model_folder(onnx_file, config_text: str | None = None):
@@ -28,7 +28,7 @@ def model_folder(onnx_file, config_text: str | None = None):
 
 def model_class(pb_utils, onnx_file, config_text: str | None = None):
     """The class a model.py of the earlier form defines: it names the ONNX file beside it."""
-    from backend.triton_model import OnnxRuntimeModel
+    from tritonnx.backend.triton_model import OnnxRuntimeModel
 
     served = model_folder(onnx_file, config_text) / "1" / "model.onnx"
     return type("TritonPythonModel", (OnnxRuntimeModel,), {"onnx_file": served})
@@ -190,7 +190,7 @@ def test_execute_answers_every_request_and_maps_errors_to_invalid_arg(pb_utils, 
     assert responses[1].output_tensors == []
     np.testing.assert_array_equal(responses[2].outputs()["y"], np.full((1, 4), 6))
     # Two instances share the cores evenly, whatever the machine has.
-    from backend.settings import available_cores
+    from tritonnx.backend.settings import available_cores
 
     threads = max(1, available_cores() // 2)
     assert any(f"intra_op_threads={threads} " in line for line in pb_utils.Logger.lines)
@@ -219,7 +219,7 @@ def test_initialize_names_the_model_when_the_graph_cannot_batch(pb_utils, tmp_pa
 
 
 def test_the_written_max_batch_size_is_told_from_an_absent_one(tmp_path):
-    from backend.autocomplete import writes_max_batch_size
+    from tritonnx.backend.autocomplete import writes_max_batch_size
 
     config = tmp_path / "config.pbtxt"
     assert not writes_max_batch_size(config)  # no config.pbtxt at all
@@ -261,8 +261,8 @@ def test_an_input_listed_by_hand_keeps_its_own_optional_flag(pb_utils, tmp_path)
 
 def stock_model(pb_utils) -> type:
     """backend/stock_model.py's class, imported against the `pb_utils` of this test."""
-    sys.modules.pop("backend.stock_model", None)
-    return importlib.import_module("backend.stock_model").TritonPythonModel
+    sys.modules.pop("tritonnx.backend.stock_model", None)
+    return importlib.import_module("tritonnx.backend.stock_model").TritonPythonModel
 
 
 @pytest.mark.parametrize(
@@ -279,7 +279,7 @@ def test_the_stock_model_finds_the_graph_from_the_stubs_command_line(
     folder = model_folder(double_onnx, "max_batch_size: 0\n")
     (folder / "1" / "model.onnx").rename(folder / "1" / served_file)
     monkeypatch.setattr(
-        "backend.model_files._own_command_line",
+        "tritonnx.backend.model_files._own_command_line",
         lambda: ["/backends/python/triton_python_backend_stub", str(folder / "1" / argv_file), "region"],
     )
     config = {**empty_config("m", 0), "backend": backend}

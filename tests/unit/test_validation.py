@@ -3,9 +3,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from backend.errors import InvalidInputError, ModelConfigError
-from backend.tensors import TensorSpec, tensor_spec
-from backend.validation import ModelSignature, prepare_request
+from tritonnx.backend.errors import InvalidInputError, ModelConfigError
+from tritonnx.backend.tensors import TensorSpec, tensor_spec
+from tritonnx.backend.validation import ModelSignature, prepare_request
 
 IMAGE = ModelSignature(
     name="vision",

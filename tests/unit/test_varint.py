@@ -4,11 +4,11 @@ import mmap
 
 import pytest
 
-from backend.errors import ModelConfigError
-from backend.onnx_wire import fields
-from backend.varint import MAX_VARINT_BYTES, VarintError, read_varint, varint
-from client.facade.wire import Limits, WireError, check_message
-from client.proto import inference_pb2
+from tritonnx.backend.errors import ModelConfigError
+from tritonnx.backend.onnx_wire import fields
+from tritonnx.backend.varint import MAX_VARINT_BYTES, VarintError, read_varint, varint
+from tritonnx.client.facade.wire import Limits, WireError, check_message
+from tritonnx.client.proto import inference_pb2
 
 
 @pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**32, 2**64 - 1])

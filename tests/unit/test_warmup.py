@@ -3,8 +3,8 @@ import signal
 
 import numpy as np
 
-from backend.tensors import TensorSpec
-from backend.warmup import WARM_UP_LENGTHS, crash_in_child, warm_up_candidates
+from tritonnx.backend.tensors import TensorSpec
+from tritonnx.backend.warmup import WARM_UP_LENGTHS, crash_in_child, warm_up_candidates
 
 
 def warm_up_feeds(inputs, batched):

@@ -1,6 +1,6 @@
 """Triton Python model: image files to the classifiers' input tensor (see backend/triton_model.py)."""
 
-from backend.triton_model import ImagePreprocessModel
+from tritonnx.backend.triton_model import ImagePreprocessModel
 
 
 class TritonPythonModel(ImagePreprocessModel):

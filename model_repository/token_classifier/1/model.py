@@ -5,7 +5,7 @@ This file is the `onnxruntime` and `tritonnx` backends' model.py in the backend 
 version, and each demo model's version folder holds a copy (a unit test keeps them equal).
 """
 
-from backend.triton_model import OnnxRuntimeModel
+from tritonnx.backend.triton_model import OnnxRuntimeModel
 
 
 class TritonPythonModel(OnnxRuntimeModel):

@@ -1,0 +1,1 @@
+"""The operator commands: `tritonnx-serve`, `tritonnx-models`, `make monitor`, `make traces`."""
