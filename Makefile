@@ -106,7 +106,7 @@ unit: venv proto ## Run the unit tests only (no server, seconds)
 bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline, PyTriton (BENCH_ARGS="--models mobilenet_v3_small ...")
 	$(PY) -m bench $(BENCH_ARGS)
 
-bench-peers: setup ## Every server beside the limit: tritonnx, FastAPI, PyTriton, LitServe, Ray Serve, MLServer, BentoML (venvs under build/peers/; ~25 min; PEERS_ARGS="--smoke"; "--open-loop": goodput at a latency objective, Poisson arrivals)
+bench-peers: setup ## Every server beside the limit: tritonnx, FastAPI, PyTriton, Ray Serve, MLServer (venvs under build/peers/; ~25 min; PEERS_ARGS="--smoke"; "--open-loop": goodput at a latency objective, Poisson arrivals)
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
 tune: setup ## Tune a model's policy with perf_analyzer and write it into its config.pbtxt (MODEL=..., TUNE_ARGS=...)

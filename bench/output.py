@@ -21,9 +21,9 @@ def say(message: str) -> None:
 
 
 def run_folder(out: Path | None, kind: str) -> tuple[str, Path]:
-    """The run's UTC start stamp, and its folder (created): `out`, or bench/results/<stamp>-<kind>."""
+    """The run's UTC start stamp, and its folder (created): `out`, or bench/results/<stamp>[-<kind>]."""
     started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    folder = out or RESULTS / f"{started}-{kind}"
+    folder = out or RESULTS / (f"{started}-{kind}" if kind else started)
     folder.mkdir(parents=True, exist_ok=True)
     return started, folder
 

@@ -1,11 +1,10 @@
 """Goodput at a latency objective, open loop (python -m bench.peers --open-loop): what each server sustains in time.
 
-Per model, the objective is OBJECTIVE_FACTOR x the model's in-process single-request p50 (ONNX Runtime, no server),
-at least OBJECTIVE_FLOOR_MS. Per server: its answers are checked against in-process ONNX Runtime, its capacity is
-found with a short closed loop at c=16, then Poisson arrivals are offered at STEPS x that capacity for a few seconds
-each (and lower, LOW_STEPS, while none kept the objective) (bench.load.offered: latency from the scheduled send, every answer checked, a deadline on every call). Goodput
-is the highest offered rate whose answered p99 is within the objective with at most MAX_ERROR_SHARE errors; then
-1.5x and 2x the goodput are offered and measured (not interpolated), to show what each server does when overloaded.
+Per model, the objective is OBJECTIVE_FACTOR x the model's in-process single-request p50, at least OBJECTIVE_FLOOR_MS.
+Per server: its capacity from a short closed loop at c=16, then Poisson arrivals offered at STEPS x that capacity (and
+LOW_STEPS while none kept the objective, then REFINEMENTS bisections) for a few seconds each (bench.load.offered).
+Goodput is the highest offered rate whose answered p99 is within the objective with at most MAX_ERROR_SHARE errors;
+then OVERLOADS x the goodput are offered and measured, to show what each server does when overloaded.
 """
 
 from __future__ import annotations
@@ -16,18 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
-
 from bench.limit import measure_single_image
 from bench.load import loops
-from bench.load.offered import MAX_OUTSTANDING, OfferedResult, offer, summary
-from bench.load.targets import Target, VerificationError
+from bench.load.offered import MAX_OUTSTANDING, offer, summary
+from bench.load.targets import Target
 from bench.output import CORES, Gate, say
 from bench.peers import servers
-from bench.peers.reference import check_answers, reference_outputs, sample_images, sample_sequences
-from bench.peers.venvs import VenvError
+from bench.peers.reference import reference_outputs, sample_images, sample_sequences
 from bench.usage import tree_cpu_seconds
-from tritonnx.server.process import ServerError
 
 OBJECTIVE_FACTOR = 5.0
 # A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes
@@ -37,65 +32,47 @@ OBJECTIVE_FACTOR = 5.0
 OBJECTIVE_FLOOR_MS = 25.0
 STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
 LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
-REFINEMENTS = 2  # bisections between the goodput and the next rate above it
+REFINEMENTS = 2  # bisections between the goodput and the next rate above it (the grid's spacing is up to 1.4x)
 OVERLOADS = (1.5, 2.0)  # x the goodput
 MAX_ERROR_SHARE = 0.001
 LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is its own, not the server's, latency
 CAPACITY_CONCURRENCY = 16
 DEADLINE_S = 2.0  # every call's; past it the call counts as timed out
-
-
-def is_text(model: str) -> bool:
-    return "text" in model.lower()
-
-
-def objective_ms(single_p50_ms: float, factor: float = OBJECTIVE_FACTOR, floor_ms: float = OBJECTIVE_FLOOR_MS) -> float:
-    return max(factor * single_p50_ms, floor_ms)
-
-
-def within(step: dict, objective: float) -> bool:
-    """The step kept its promise: answers came, their p99 within the objective, errors at most MAX_ERROR_SHARE."""
-    return step["answered"] > 0 and step["p99_ms"] <= objective and step["error_share"] <= MAX_ERROR_SHARE
-
-
-def goodput(steps: Sequence[dict], objective: float) -> float:
-    """The highest offered rate (req/s) of the steps that kept the objective; 0 when none did."""
-    return max((step["offered_rps"] for step in steps if within(step, objective)), default=0.0)
-
-
-def sample_requests(model: str, onnx_file: Path) -> tuple[list, list[np.ndarray]]:
-    """The requests a server is driven with (images, or text sequences of mixed lengths) and their expected outputs."""
-    requests: list = sample_sequences(10) if is_text(model) else sample_images()
-    return requests, reference_outputs(onnx_file, requests)
-
-
-def single_request_ms(model: str, onnx_file: Path, seconds: float) -> tuple[float, float]:
-    """In-process p50 and p99 ms of one request (an image, or the text samples' mixed lengths in turn)."""
-    feeds = sample_sequences(10) if is_text(model) else None
-    return measure_single_image(onnx_file, threads=CORES, seconds=seconds, feeds=feeds)
-
-
-def checked_target(server: servers.Server, model: str, requests: list, expected: list[np.ndarray]) -> Target:
-    if is_text(model):
-        target = server.target(inputs=requests, expected=expected)
-    else:
-        target = server.target(requests, expected)
-    target.timeout_s = DEADLINE_S
-    return target
-
-
-ServerCpu = Callable[[], float]  # CPU seconds the server's processes used so far
 # Before each step the server must have worked off what an earlier one left it: a server that queues without bound
 # (FastAPI) still runs the calls a past overload gave up on, and the next step would inherit that backlog. Idle is
 # under a quarter of a core (a busy server keeps a core or more); polled, for at most SETTLE_MAX_S.
 IDLE_CORES = 0.25
 SETTLE_POLL_S = 0.2
 SETTLE_MAX_S = 10.0
+ServerCpu = Callable[[], float]  # CPU seconds the server's processes used so far
 
 
-def cpu_reader(server: servers.Server) -> ServerCpu:
-    """The started server's CPU seconds so far, its every process counted."""
-    return lambda: sum(tree_cpu_seconds(pid) for pid in server.pids)
+def objective_ms(single_p50_ms: float, factor: float = OBJECTIVE_FACTOR, floor_ms: float = OBJECTIVE_FLOOR_MS) -> float:
+    return max(factor * single_p50_ms, floor_ms)
+
+
+def within(step: dict, objective: float, lag_free: bool = False) -> bool:
+    """The step kept its promise: answers came, their p99 within the objective, errors at most MAX_ERROR_SHARE.
+
+    `lag_free`: judged on the p99 less the generator's lag p99, as were the generator never late.
+    """
+    p99 = step["p99_ms"] - (step["lag_p99_ms"] if lag_free else 0.0)
+    return step["answered"] > 0 and p99 <= objective and step["error_share"] <= MAX_ERROR_SHARE
+
+
+def goodput(steps: Sequence[dict], objective: float, lag_free: bool = False) -> float:
+    """The highest offered rate (req/s) of the steps that kept the objective; 0 when none did.
+
+    `lag_free`: an upper bound of the server's own goodput where the generator fell behind its schedule (on these 2
+    shared cores it does at the small models' rates); without it, the lower one.
+    """
+    return max((step["offered_rps"] for step in steps if within(step, objective, lag_free)), default=0.0)
+
+
+def single_request_ms(model: str, onnx_file: Path, seconds: float) -> tuple[float, float]:
+    """In-process p50 and p99 ms of one request (an image, or the text samples' mixed lengths in turn)."""
+    feeds = sample_sequences(10) if "text" in model else None
+    return measure_single_image(onnx_file, threads=CORES, seconds=seconds, feeds=feeds)
 
 
 async def settle(server_cpu: ServerCpu) -> float:
@@ -112,11 +89,7 @@ async def settle(server_cpu: ServerCpu) -> float:
 
 
 async def _capacity_and_steps(
-    target: Target,
-    args: argparse.Namespace,
-    objective: float,
-    server_cpu: ServerCpu,
-    overloads: Sequence[float] = OVERLOADS,
+    target: Target, args: argparse.Namespace, objective: float, server_cpu: ServerCpu
 ) -> dict:
     await target.open(MAX_OUTSTANDING)
     try:
@@ -125,40 +98,26 @@ async def _capacity_and_steps(
         say(f"    capacity at c={CAPACITY_CONCURRENCY}: {capacity:.1f} req/s (p99 {closed.p99_ms:.1f} ms)")
         record: dict = {"capacity": closed.as_dict(), "capacity_rps": capacity, "steps": [], "overloads": {}}
         if capacity <= 0:
-            record["error"] = f"no capacity: errors {closed.errors}"
-            return record
-        for index, factor in enumerate(STEPS):
-            step = await _step(target, capacity * factor, args, index, server_cpu)
-            record["steps"].append({"factor": factor, **step})
-        for index, factor in enumerate(LOW_STEPS):
-            if goodput(record["steps"], objective) > 0:
+            return {**record, "error": f"no capacity: errors {closed.errors}"}
+        steps = record["steps"]
+        for index, factor in enumerate((*STEPS, *LOW_STEPS)):
+            if index >= len(STEPS) and goodput(steps, objective) > 0:
                 break
-            step = await _step(target, capacity * factor, args, len(STEPS) + index, server_cpu)
-            record["steps"].append({"factor": factor, **step})
-        await _refine(target, record["steps"], capacity, objective, args, server_cpu)
-        record["goodput_rps"] = goodput(record["steps"], objective)
-        say(f"    goodput {record['goodput_rps']:.1f} req/s (objective p99 <= {objective:.1f} ms)")
-        for index, factor in enumerate(overloads):
-            if record["goodput_rps"] > 0:
-                step = await _step(target, record["goodput_rps"] * factor, args, 100 + index, server_cpu)
-                record["overloads"][str(factor)] = step
+            steps.append({"factor": factor, **await _step(target, capacity * factor, args, index, server_cpu)})
+        await _refine(target, steps, capacity, objective, args, server_cpu)
+        record["goodput_rps"] = good = goodput(steps, objective)
+        say(f"    goodput {good:.1f} req/s (objective p99 <= {objective:.1f} ms)")
+        for index, factor in enumerate(OVERLOADS if good > 0 else ()):
+            record["overloads"][str(factor)] = await _step(target, good * factor, args, 100 + index, server_cpu)
         return record
     finally:
         await target.close()
 
 
 async def _refine(
-    target: Target,
-    steps: list[dict],
-    capacity: float,
-    objective: float,
-    args: argparse.Namespace,
-    server_cpu: ServerCpu,
+    target: Target, steps: list[dict], capacity: float, objective: float, args: argparse.Namespace, cpu: ServerCpu
 ) -> None:
-    """Halve the gap between the goodput and the next rate offered above it, REFINEMENTS times (steps appended).
-
-    The grid alone knows the goodput only to within its spacing (0.5 to 0.7x capacity is a factor of 1.4).
-    """
+    """Halve the gap between the goodput and the next rate offered above it, REFINEMENTS times (steps appended)."""
     low = goodput(steps, objective)
     above = [step["offered_rps"] for step in steps if step["offered_rps"] > low]
     if low <= 0 or not above:
@@ -166,7 +125,7 @@ async def _refine(
     high = min(above)
     for index in range(REFINEMENTS):
         middle = (low + high) / 2
-        step = await _step(target, middle, args, 200 + index, server_cpu)
+        step = await _step(target, middle, args, 200 + index, cpu)
         steps.append({"factor": round(middle / capacity, 3), **step})
         low, high = (middle, high) if within(step, objective) else (low, middle)
 
@@ -175,79 +134,33 @@ async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int
     """One offered rate once the server `settle`d, with the CPU seconds it and this generator used meanwhile."""
     settled = await settle(server_cpu)
     server_before, client_before = server_cpu(), time.process_time()
-    result: OfferedResult = await offer(target, rate, args.step_seconds, seed=seed)
+    result = await offer(target, rate, args.step_seconds, seed=seed)
     used = {"server_cpu_s": server_cpu() - server_before, "client_cpu_s": time.process_time() - client_before,
             "settled_s": settled}  # fmt: skip
     say(f"    {summary(result)}; CPU server {used['server_cpu_s']:.2f} s, generator {used['client_cpu_s']:.2f} s")
     return {**result.as_dict(), **used}
 
 
-def measure_checked(
-    server: servers.Server, model: str, onnx_file: Path, measure: Callable[[Target, list], dict]
-) -> dict:
-    """Start the server, check its answers, `measure` a checked target (given the requests), stop the server.
-
-    What `measure` returns goes into the record, with the start-up time and the wrong answers seen; a server that does
-    not start or answers unlike ONNX Runtime is recorded with its error instead.
-    """
-    started = time.monotonic()
-    try:
-        server.start()
-    except (ServerError, VenvError) as error:
-        return {"error": f"did not start: {error}"}
-    record: dict = {"ready_seconds": round(time.monotonic() - started, 2)}
-    try:
-        requests, expected = sample_requests(model, onnx_file)
-        try:
-            check_answers(checked_target(server, model, requests, expected), len(requests))
-        except VerificationError as error:
-            return {**record, "error": f"wrong answers, not measured: {error}"}
-        target = checked_target(server, model, requests, expected)
-        record.update(measure(target, requests))
-        record["wrong"] = getattr(target, "wrong", 0)
-    finally:
-        server.stop()
-    return record
-
-
 def measure_open(
-    server: servers.Server,
-    model: str,
-    onnx_file: Path,
-    objective: float,
-    args: argparse.Namespace,
-    overloads: Sequence[float] = OVERLOADS,
+    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
 ) -> dict:
-    """Capacity, the steps and the `overloads` (x the goodput) of one server (`measure_checked`)."""
+    """Capacity, the steps and the overloads of one server (`servers.measured`), every answer checked."""
+    requests = sample_sequences(10) if "text" in model else sample_images()
+    expected = reference_outputs(onnx_file, requests)
 
-    def steps(target: Target, _: list) -> dict:
-        return asyncio.run(_capacity_and_steps(target, args, objective, cpu_reader(server), overloads))
+    def steps() -> dict:
+        target = server.target(requests, expected)
+        target.timeout_s = DEADLINE_S
+        cpu = lambda: sum(tree_cpu_seconds(pid) for pid in server.pids)  # noqa: E731
+        return {**asyncio.run(_capacity_and_steps(target, args, objective, cpu)), "wrong": target.wrong}
 
-    return measure_checked(server, model, onnx_file, steps)
-
-
-def goodput_without_lag(record: dict, objective: float) -> float:
-    """The goodput were the generator never late: steps judged on their p99 less the generator's lag p99.
-
-    An upper bound of the server's own goodput where the generator fell behind its schedule (on these 2 shared
-    cores it does at the small models' rates); `goodput_rps` is the lower one.
-    """
-    return max(
-        (
-            step["offered_rps"]
-            for step in record.get("steps", [])
-            if step["answered"] > 0
-            and step["error_share"] <= MAX_ERROR_SHARE
-            and step["p99_ms"] - step["lag_p99_ms"] <= objective
-        ),
-        default=0.0,
-    )
+    return servers.measured(server, requests, expected, steps)
 
 
-def best_fastapi(data: dict) -> tuple[str, float] | None:
-    """The FastAPI layout with the highest goodput on a model, if any was measured."""
+def best_fastapi(data: dict, lag_free: bool = False) -> tuple[str, float] | None:
+    """The FastAPI layout with the highest goodput on a model (`lag_free`: see `goodput`), if any was measured."""
     measured = [
-        (name, record["goodput_rps"])
+        (name, goodput(record["steps"], data["objective_ms"], lag_free) if lag_free else record["goodput_rps"])
         for name, record in data["servers"].items()
         if name.startswith("FastAPI") and "goodput_rps" in record
     ]
@@ -263,32 +176,29 @@ GOALS = (  # (server, model, goodput at least this x the best FastAPI layout's)
 
 
 def gates(results: dict) -> list[Gate]:
-    """The issue's goals, judged on this run's figures; a goal whose figures the run lacks fails, saying why."""
+    """The project's goals, judged on this run's figures; a goal whose figures the run lacks fails, saying why."""
     judged: list[Gate] = []
-    with_fastapi = "fastapi" in results["settings"]["servers"]
     for server, model, ratio in GOALS:
         data = results["models"].get(model)
-        if data is None or server not in data["servers"] or not with_fastapi:
+        if data is None or server not in data["servers"] or "fastapi" not in results["settings"]["servers"]:
             continue  # not part of this run
         name = f"{model}: {server} goodput >= {ratio}x the best FastAPI layout"
-        best = best_fastapi(data)
-        mine = data["servers"][server].get("goodput_rps")
+        best, mine = best_fastapi(data), data["servers"][server].get("goodput_rps")
         if best is None or mine is None:
             why = "no FastAPI layout has a goodput in this run" if best is None else f"{server} has no goodput"
             judged.append(Gate(name, False, f"not judged: {why}"))
             continue
         detail = f"{mine:.1f} vs {best[0]} {best[1]:.1f} req/s"
         # The verdict must hold whether or not the generator's lag is counted against each server.
-        objective = data["objective_ms"]
-        mine_high = goodput_without_lag(data["servers"][server], objective)
-        best_high = max(goodput_without_lag(record, objective) for name_, record in data["servers"].items()
-                        if name_.startswith("FastAPI") and "goodput_rps" in record)  # fmt: skip
-        verdict, lag_free = best[1] > 0 and mine >= ratio * best[1], mine_high >= ratio * best_high
-        if verdict != lag_free:
+        mine_high = goodput(data["servers"][server]["steps"], data["objective_ms"], lag_free=True)
+        high = best_fastapi(data, lag_free=True)
+        assert high is not None  # among the same layouts as `best`
+        verdict, best_high = best[1] > 0 and mine >= ratio * best[1], high[1]
+        if verdict != (mine_high >= ratio * best_high):
             judged.append(Gate(name, False, f"not judged ({detail}): without the generator's lag, {mine_high:.1f} "
                                f"vs {best_high:.1f} req/s says otherwise"))  # fmt: skip
-            continue
-        judged.append(Gate(name, verdict, detail))
+        else:
+            judged.append(Gate(name, verdict, detail))
     for model, data in results["models"].items():
         for server, record in data["servers"].items():
             if not server.startswith("tritonnx"):
@@ -297,7 +207,7 @@ def gates(results: dict) -> list[Gate]:
             name = f"{model}: {server} at 2x its goodput, answered p99 <= objective"
             if at_2x is None:
                 judged.append(Gate(name, False, f"not judged: {record.get('error', 'no goodput to double')}"))
-                continue
-            detail = f"p99 {at_2x['p99_ms']:.1f} ms, objective {data['objective_ms']:.1f} ms"
-            judged.append(Gate(name, at_2x["answered"] > 0 and at_2x["p99_ms"] <= data["objective_ms"], detail))
+            else:
+                detail = f"p99 {at_2x['p99_ms']:.1f} ms, objective {data['objective_ms']:.1f} ms"
+                judged.append(Gate(name, at_2x["answered"] > 0 and at_2x["p99_ms"] <= data["objective_ms"], detail))
     return judged

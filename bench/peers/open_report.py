@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench.output import Gate, gates_section, write_json  # noqa: E402
+from bench.output import Gate, gates_section  # noqa: E402
 from bench.peers.goodput import (  # noqa: E402
     CAPACITY_CONCURRENCY,
     DEADLINE_S,
@@ -37,8 +37,13 @@ def _at(step: dict | None) -> str:
     )
 
 
+def _steps(record: dict) -> list[dict]:
+    """Every rate offered to a server: the steps and the overloads."""
+    return record.get("steps", []) + list(record.get("overloads", {}).values())
+
+
 def _lag(record: dict) -> str:
-    steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+    steps = _steps(record)
     if not steps:
         return "n/a"
     return f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}"
@@ -51,7 +56,7 @@ def failed_calls(data: dict) -> list[str]:
     """
     found = []
     for name, record in data["servers"].items():
-        steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+        steps = _steps(record)
         counts: dict[str, int] = {}
         for step in steps:
             for status, count in step.get("other_errors", {}).items():
@@ -85,9 +90,8 @@ def model_table(data: dict) -> list[str]:
     return lines
 
 
-def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
-    """results.json, the plots and report.md; returns the report's text."""
-    write_json(out / "results.json", results)
+def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
+    """The report's text; the plots go to `out`."""
     settings = results["settings"]
     objective = results["objective"]
     lines = [
@@ -123,7 +127,7 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         ]
         behind = []
         for name, record in data["servers"].items():
-            steps = record.get("steps", []) + list(record.get("overloads", {}).values())
+            steps = _steps(record)
             late = [step for step in steps if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]]
             if late:
                 worst = max(late, key=lambda step: step["lag_p99_ms"])
@@ -149,10 +153,7 @@ def write_open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         lines += [f"![{model}]({model}_open.png)", ""]
         plot_model(out, model, data)
     plot_goodput(out, results)
-    lines += [gates_section(judged)]
-    text = "\n".join(lines)
-    (out / "report.md").write_text(text)
-    return text
+    return "\n".join([*lines, gates_section(judged)])
 
 
 def plot_goodput(out: Path, results: dict) -> None:
@@ -176,9 +177,7 @@ def plot_model(out: Path, model: str, data: dict) -> None:
     """Answered p99 (with the objective) and the refused share against the offered rate, every server."""
     figure, (latency, refused) = plt.subplots(1, 2, figsize=(12, 5))
     for name, record in data["servers"].items():
-        steps = sorted(
-            record.get("steps", []) + list(record.get("overloads", {}).values()), key=lambda s: s["offered_rps"]
-        )
+        steps = sorted(_steps(record), key=lambda s: s["offered_rps"])
         if not steps:
             continue
         rates = [s["offered_rps"] for s in steps]

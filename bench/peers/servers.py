@@ -1,10 +1,8 @@
-"""Every server the peers benchmark measures, started the same way and driven by the same load engine.
+"""Every server the benchmarks measure, started the same way, checked and driven by the same load engine.
 
-tritonnx's two paths (Triton direct and the facade, ServingStack) and the FastAPI baseline run from
-the project's .venv; PyTriton, LitServe, Ray Serve, MLServer and BentoML run `<peer>/server.py` in
-their own venvs (`venvs`), each in its own process group on loopback ports. Each server says how
-its answers come back (`target`): KServe v2 gRPC with raw tensors for the Triton-based servers and
-MLServer, HTTP with the peer's own payload otherwise.
+tritonnx's two paths (Triton direct and the facade, ServingStack) and the FastAPI baseline run from the project's
+.venv; PyTriton, Ray Serve and MLServer run `<peer>/server.py` in venvs of their own (`venvs`), each in its own process
+group on loopback ports, called over KServe v2 gRPC with raw tensors or over HTTP with a raw body (Ray Serve).
 """
 
 from __future__ import annotations
@@ -12,10 +10,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,24 +24,31 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from bench.baseline.server import FastApiBaseline
-from bench.baseline.workers import Setup
-from bench.load.http import Base64Json, FileUpload, HttpTarget, Payload, RawFloat32
-from bench.load.targets import FacadeTarget, KServeTarget, Target
+from bench.baseline.workers import Setup, measured_split
+from bench.load import loops
+from bench.load.http import HttpTarget
+from bench.load.targets import FacadeTarget, KServeTarget, Request, Target, VerificationError
 from bench.output import say
 from bench.peers import venvs
+from bench.peers.reference import check_answers, reference_outputs, sample_images
+from bench.usage import tree_memory
 from tritonnx.server.process import ManagedProcess, ServerError, free_ports
 from tritonnx.server.repository import CONFIG_FILE, link_models, read_config
 from tritonnx.server.stack import ServingStack
 
-READY_TIMEOUT_S = 240.0  # Ray and BentoML take tens of seconds to start on 2 busy cores
+READY_TIMEOUT_S = 240.0  # Ray takes tens of seconds to start on 2 busy cores
+BATCH_WAIT_MS = 1.0  # for peers whose batching waits for a full batch: short, against a closed loop
+# Debian's python3.11 for PyTriton (see bench/peers/pytriton/requirements.txt), PYTRITON_PYTHON to change it.
+PYTRITON_PYTHON = os.environ.get("PYTRITON_PYTHON", "/usr/bin/python3.11")
+PEERS = ("pytriton", "rayserve", "mlserver")
 
 
 @dataclass(frozen=True)
 class Policy:
     """How the servers batch and how many workers they run, the same for all where they offer it.
 
-    `max_batch_size` and PyTriton's instances and queue delay are the model's own config.pbtxt (the policy tritonnx
-    serves it with); the other peers run one worker per core, as their docs advise.
+    `max_batch_size` and PyTriton's instances, threads and queue delay are the model's own config.pbtxt (the policy
+    tritonnx serves it with); the other peers run one worker per core, as their docs advise.
     """
 
     max_batch_size: int
@@ -50,7 +56,6 @@ class Policy:
     triton_delay_ms: float
     workers: int
     triton_threads: int = 1  # intra-op threads per instance
-    batch_wait_ms: float = 1.0  # for peers whose batching waits for a full batch: short, against a closed loop
 
     @classmethod
     def of(cls, model_dir: Path, cores: int) -> Policy:
@@ -84,13 +89,8 @@ class Server(ABC):
         return [self.pid]
 
     @abstractmethod
-    def target(
-        self,
-        images: Sequence[np.ndarray] | None = None,
-        expected: Sequence[np.ndarray] | None = None,
-        inputs: Sequence[dict[str, np.ndarray]] | None = None,
-    ) -> Target:
-        """A load target; with `images` or `inputs` (each request's arrays by name) and `expected`, a checking one."""
+    def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
+        """A load target; with `images` (requests) and `expected`, one that checks every answer."""
 
 
 @dataclass(frozen=True)
@@ -114,11 +114,8 @@ class LatencyBound:
         return f"queue timeout {self.queue_timeout_ms:.0f} ms, batches <= {self.max_batch_size}"
 
     def apply(self, config: str) -> str:
-        config, timeouts = re.subn(
-            r"default_timeout_microseconds:\s*\d+",
-            f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}",
-            config,
-        )
+        timeout = f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}"
+        config, timeouts = re.subn(r"default_timeout_microseconds:\s*\d+", timeout, config)
         config, batches = re.subn(r"(?m)^max_batch_size:\s*\d+", f"max_batch_size: {self.max_batch_size}", config)
         if not timeouts or batches != 1:
             raise ServerError("the model's config.pbtxt has no queue policy or no max_batch_size to rewrite")
@@ -157,10 +154,11 @@ class Tritonnx(Server):
         return link_models(folder, {self.model: self.repository / self.model}, {self.model: config})
 
     def start(self) -> None:
-        facade_args = ["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"]
         self._stack = ServingStack(
             self._served_repository(), self.workdir / self.name.replace(" ", "_").replace(",", ""),
-            backend_dir=self.workdir / "backends", facade_args=facade_args,
+            backend_dir=self.workdir / "backends",
+            # The health probe runs real inferences: keep it rare and on the model under test.
+            facade_args=["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"],
         )  # fmt: skip
         self._stack.start_triton()
         if self.facade:
@@ -172,25 +170,24 @@ class Tritonnx(Server):
         self._stack = None
 
     @property
+    def stack(self) -> ServingStack:
+        assert self._stack is not None, "start() first"
+        return self._stack
+
+    @property
     def pid(self) -> int:
-        assert self._stack is not None
-        return self._stack.triton.pid
+        return self.stack.triton.pid
 
     @property
     def pids(self) -> list[int]:
         """Triton's, and the facade's beside it."""
-        assert self._stack is not None
-        return [self.pid] + ([self._stack.facade.pid] if self._stack.facade is not None else [])
+        return [self.pid] + ([self.stack.facade.pid] if self.stack.facade is not None else [])
 
-    def target(self, images=None, expected=None, inputs=None) -> Target:
-        """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""
-        assert self._stack is not None
+    def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
         if self.facade:
-            assert self._stack.facade is not None
-            url = self._stack.facade.grpc_url
-            return FacadeTarget(url, self.model, 1, images=images, expected=expected, inputs=inputs)
-        assert self._stack.triton is not None
-        return KServeTarget(self._stack.triton.grpc_url, self.model, 1, images=images, expected=expected, inputs=inputs)
+            assert self.stack.facade is not None
+            return FacadeTarget(self.stack.facade.grpc_url, self.model, 1, images=images, expected=expected)
+        return KServeTarget(self.stack.triton.grpc_url, self.model, 1, images=images, expected=expected)
 
 
 @dataclass(eq=False)
@@ -210,14 +207,14 @@ class FastApi(Server):
         )
 
     def start(self) -> None:
-        log = self.workdir / f"{self.name.replace(' ', '_')}.log"
         self._server = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
-                                       intra_op_threads=self.setup.threads, log_file=log)  # fmt: skip
+                                       intra_op_threads=self.setup.threads,
+                                       log_file=self.workdir / f"{self.name.replace(' ', '_')}.log")  # fmt: skip
         self._server.start()
         try:
             self._server.wait_ready(READY_TIMEOUT_S)
         except BaseException:
-            self._server.stop()
+            self.stop()
             raise
 
     def stop(self) -> None:
@@ -233,36 +230,29 @@ class FastApi(Server):
     def worker_pids(self) -> list[int]:
         return self._server.worker_pids() if self._server else []
 
-    def target(self, images=None, expected=None, inputs=None) -> Target:
-        """`inputs` (arrays by input name, each request's) instead of `images`: the text models."""
+    def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
         assert self._server is not None
-        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected, inputs=inputs)
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """How a peer is called: KServe v2 gRPC (`payload` None) or HTTP POST `path` with `payload`."""
-
-    ready_path: str | None  # HTTP GET that answers 200 once the peer serves; None: ask KServe gRPC ModelReady
-    path: str = ""
-    payload: Payload | None = None
-    ready_log: str | None = None  # a line the peer's log must also hold (Ray's proxy answers before the app)
+        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected)
 
 
 @dataclass(eq=False)
 class VenvPeer(Server):
-    """A peer's `server.py` run by its venv's Python, in its own process group."""
+    """A peer's `server.py` run by its venv's Python, in its own process group.
+
+    Called over KServe v2 gRPC, or over HTTP (`ready_path`: a GET that answers 200 once it serves).
+    """
 
     name: str
     peer: str  # folder under bench/peers/
     description: str
-    protocol: Protocol
     model: str
     onnx_file: Path
     workers: int
     max_batch_size: int
     batch_wait_ms: float
     workdir: Path
+    ready_path: str | None = None
+    ready_log: str | None = None  # a line the peer's log must also hold (Ray's proxy answers before the app)
     threads: int = 1  # ONNX Runtime intra-op threads per worker
     extra_ports: tuple[str, ...] = ()  # options that each take a free port of their own
     interpreter: str = venvs.DEFAULT_PYTHON
@@ -299,7 +289,7 @@ class VenvPeer(Server):
         command = self.command(python, free_ports(1 + len(self.extra_ports)))
         # The peer imports bench.peers.common from this checkout; its own workers (MLServer's, Ray's) too.
         env = {**os.environ, "PYTHONPATH": str(venvs.ROOT), "RAY_USAGE_STATS_ENABLED": "0",
-               "BENTOML_DO_NOT_TRACK": "True", "VIRTUAL_ENV": str(python.parent.parent),
+               "VIRTUAL_ENV": str(python.parent.parent),
                "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
         self._process = ManagedProcess(log_file=self.workdir / f"{self.peer}.log")
         self._process.spawn(command, env=env, cwd=venvs.ROOT)
@@ -311,14 +301,13 @@ class VenvPeer(Server):
 
     def _ready(self) -> bool:
         assert self._process is not None
-        if self.protocol.ready_log and self.protocol.ready_log not in self._process.log_tail(200):
+        if self.ready_log and self.ready_log not in self._process.log_tail(200):
             return False
         try:
-            if self.protocol.ready_path is None:
+            if self.ready_path is None:
                 with grpcclient.InferenceServerClient(f"127.0.0.1:{self._port}") as client:
                     return bool(client.is_model_ready(self.model))
-            url = f"http://127.0.0.1:{self._port}{self.protocol.ready_path}"
-            with urllib.request.urlopen(url, timeout=2) as answer:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self._port}{self.ready_path}", timeout=2) as answer:
                 return answer.status == 200
         except (urllib.error.URLError, OSError, InferenceServerException):
             return False  # not listening yet, or not ready
@@ -333,67 +322,95 @@ class VenvPeer(Server):
         assert self._process is not None
         return self._process.pid
 
-    def target(self, images=None, expected=None, inputs=None) -> Target:
-        """`inputs` (arrays by input name, each request's): the text models."""
-        if self.protocol.payload is None:
-            target = KServeTarget(
-                f"127.0.0.1:{self._port}", self.model, 1, images=images, expected=expected, inputs=inputs
-            )
-            target.name = self.name
-            return target
-        return HttpTarget(f"http://127.0.0.1:{self._port}", 1, name=self.name, model=self.model, path=self.protocol.path,
-                          payload=self.protocol.payload, images=images, expected=expected, inputs=inputs)  # fmt: skip
-
-
-# Debian's python3.11 for PyTriton (see bench/peers/pytriton/requirements.txt), PYTRITON_PYTHON to change it.
-PYTRITON_PYTHON = os.environ.get("PYTRITON_PYTHON", "/usr/bin/python3.11")
-PEERS = ("pytriton", "litserve", "rayserve", "mlserver", "bentoml")
+    def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
+        url = f"127.0.0.1:{self._port}"
+        if self.ready_path is not None:
+            return HttpTarget(url, 1, name=self.name, model=self.model, images=images, expected=expected)
+        target = KServeTarget(url, self.model, 1, images=images, expected=expected)
+        target.name = self.name
+        return target
 
 
 def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) -> VenvPeer:
     """The peer `name` in its best documented setup under `policy`."""
-    common: dict[str, Any] = {
-        "model": model,
-        "onnx_file": onnx_file,
-        "workdir": workdir,
-        "max_batch_size": policy.max_batch_size,
-    }
+    common: dict[str, Any] = {"peer": name, "model": model, "onnx_file": onnx_file, "workdir": workdir,
+              "max_batch_size": policy.max_batch_size}  # fmt: skip
     if name == "pytriton":
         return VenvPeer(
-            name="PyTriton", peer="pytriton", protocol=Protocol(None), workers=policy.triton_instances,
-            threads=policy.triton_threads,
+            name="PyTriton", workers=policy.triton_instances, threads=policy.triton_threads,
             batch_wait_ms=policy.triton_delay_ms, extra_ports=("--http-port", "--metrics-port"),
             interpreter=PYTRITON_PYTHON,
             description=f"PyTriton 0.7: @batch callables, {policy.triton_instances} instances x "
             f"{policy.triton_threads} thread(s), dynamic batching "
             f"up to {policy.max_batch_size} (the model's config.pbtxt); KServe v2 gRPC, raw tensors", **common,
         )  # fmt: skip
-    if name == "litserve":
-        return VenvPeer(
-            name="LitServe", peer="litserve", protocol=Protocol("/health", "/predict", Base64Json()),
-            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
-            description=f"LitServe: {policy.workers} CPU workers, batching up to {policy.max_batch_size} "
-            f"(timeout {policy.batch_wait_ms} ms), fast_queue; JSON with base64 float32", **common,
-        )  # fmt: skip
     if name == "rayserve":
         return VenvPeer(
-            name="Ray Serve", peer="rayserve", protocol=Protocol("/-/healthz", "/predict", RawFloat32(), "application ready"),
-            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
+            name="Ray Serve", ready_path="/-/healthz", ready_log="application ready", workers=policy.workers,
+            batch_wait_ms=BATCH_WAIT_MS,
             description=f"Ray Serve: {policy.workers} replicas x 1 CPU, @serve.batch up to {policy.max_batch_size} "
-            f"(wait {policy.batch_wait_ms} ms); raw float32 body", **common,
+            f"(wait {BATCH_WAIT_MS} ms); raw float32 body", **common,
         )  # fmt: skip
     if name == "mlserver":
         return VenvPeer(
-            name="MLServer", peer="mlserver", protocol=Protocol(None), workers=policy.workers,
-            batch_wait_ms=policy.batch_wait_ms, extra_ports=("--http-port", "--metrics-port"),
+            name="MLServer", workers=policy.workers, batch_wait_ms=BATCH_WAIT_MS,
+            extra_ports=("--http-port", "--metrics-port"),
             description=f"MLServer: {policy.workers} parallel workers, adaptive batching up to "
-            f"{policy.max_batch_size} ({policy.batch_wait_ms} ms); KServe v2 gRPC, raw tensors", **common,
-        )  # fmt: skip
-    if name == "bentoml":
-        return VenvPeer(
-            name="BentoML", peer="bentoml", protocol=Protocol("/readyz", "/predict", FileUpload()),
-            workers=policy.workers, batch_wait_ms=policy.batch_wait_ms,
-            description=f"BentoML: {policy.workers} workers; the image as a file upload of raw float32 bytes",
-            **common,
+            f"{policy.max_batch_size} ({BATCH_WAIT_MS} ms); KServe v2 gRPC, raw tensors", **common,
         )  # fmt: skip
     raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
+
+
+def measured(
+    server: Server, requests: Sequence[Request], expected: Sequence[np.ndarray], measure: Callable[[], dict]
+) -> dict:
+    """Start the server, check its answers to `requests`, `measure()` it, read its memory, stop it.
+
+    What goes wrong is recorded (`error`), not raised: a server that does not start, or answers unlike in-process
+    ONNX Runtime, is left out of the figures.
+    """
+    started = time.monotonic()
+    try:
+        server.start()
+    except (ServerError, venvs.VenvError) as error:
+        return {"error": f"did not start: {error}"}
+    record: dict = {"ready_seconds": round(time.monotonic() - started, 2)}
+    try:
+        check_answers(server.target(requests, expected), len(requests))
+        record.update(measure())
+        record["memory"] = tree_memory(server.pid).as_dict()
+    except VerificationError as error:
+        record["error"] = f"wrong answers, not measured: {error}"
+    finally:
+        server.stop()
+    return record
+
+
+def said(label: str, point: dict) -> dict:
+    """`point` (a LoadResult's dict), after saying it."""
+    split = f", worker CPU {point['worker_cpu']['shares']}" if "worker_cpu" in point else ""
+    say(f"  {label} c={point['concurrency']}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+        f"p99 {point['p99_ms']:.2f} ms, client CPU {point['client_cpu']:.2f}, errors {sum(point['errors'].values())}"
+        f"{split}")  # fmt: skip
+    return point
+
+
+def closed_loop(server: Server, onnx_file: Path, concurrencies: Sequence[int], duration: float) -> dict:
+    """`measured`: the load generator at each concurrency, a FastAPI run with its CPU split over the workers."""
+    images = sample_images()
+
+    def points() -> dict:
+        found = []
+        for concurrency in concurrencies:
+
+            def run(concurrency: int = concurrency) -> loops.LoadResult:
+                return loops.run(server.target(), concurrency, duration, warmup_s=min(1.0, duration / 4))
+
+            if isinstance(server, FastApi):
+                result, split = measured_split(run, server.worker_pids, concurrency)
+                found.append(said(server.name, {**result.as_dict(), "worker_cpu": split}))
+            else:
+                found.append(said(server.name, run().as_dict()))
+        return {"points": found}
+
+    return measured(server, images, reference_outputs(onnx_file, images), points)

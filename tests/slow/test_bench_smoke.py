@@ -46,7 +46,8 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
         assert [point["concurrency"] for point in data[sweep]] == [1], sweep
     for sweep in ("loadgen_kserve", "facade"):
         assert not data[sweep][0]["errors"], (sweep, data[sweep][0])  # every answer came back
-    assert [len(setup["points"]) for setup in data["fastapi"].values()] == [1, 1]
+    fastapi = {name: peer["rounds"][0] for name, peer in data["peers"].items() if name.startswith("FastAPI")}
+    assert [len(record["points"]) for record in fastapi.values()] == [1, 1], fastapi
     assert {"before_p50_ms", "after_p50_ms"} <= set(data["single_image_beside_c1"])
     startup = next(
         item for name, item in data["servers"].items() if name.startswith("tritonserver (mobilenet_v3_small only")
@@ -74,21 +75,18 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
 
 def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp_path):
     """PyTriton from its own venv (made under build/peers/ on first use), as `make bench` runs it."""
-    import argparse
-
     from bench import REPOSITORY
-    from bench.__main__ import bench_pytriton
+    from bench.peers import servers
 
     model = "mobilenet_v3_small"
-    servers: dict = {}
-    args = argparse.Namespace(concurrency=[1, 4], duration=1.0)
-    data = bench_pytriton(model, REPOSITORY / model / "1" / "model.onnx", args, tmp_path, servers)
-    assert "points" in data, data  # neither left out (no venv) nor failed (answers unlike ONNX Runtime)
-    assert [p["concurrency"] for p in data["points"]] == [1, 4]
-    assert not any(p["errors"] for p in data["points"]), data["points"]
-    assert "3 instances" in data["setup"]  # the model's own config.pbtxt policy
-    memory = servers["PyTriton (after load)"]
-    assert {"ready_seconds", "pss_mib"} <= set(memory) and memory["processes"] >= 3  # Triton, its proxy, the model
+    onnx_file = REPOSITORY / model / "1" / "model.onnx"
+    pytriton = servers.peer("pytriton", model, onnx_file, servers.Policy.of(REPOSITORY / model, 2), tmp_path)
+    record = servers.closed_loop(pytriton, onnx_file, [1, 4], 1.0)
+    assert "points" in record, record  # neither left out (no venv) nor failed (answers unlike ONNX Runtime)
+    assert [p["concurrency"] for p in record["points"]] == [1, 4]
+    assert not any(p["errors"] for p in record["points"]), record["points"]
+    assert "3 instances" in pytriton.description  # the model's own config.pbtxt policy
+    assert record["ready_seconds"] > 0 and record["memory"]["processes"] >= 3  # Triton, its proxy, the model
 
 
 def test_the_soak_runs_every_phase_publishes_under_load_and_is_judged(tmp_path):

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import math
 
 import pytest
 
+from bench.output import finish
 from bench.peers import goodput
 from bench.peers.goodput import best_fastapi, gates, objective_ms, within
-from bench.peers.open_report import write_open_report
+from bench.peers.open_report import open_report
 
 
 def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
@@ -70,7 +72,7 @@ def _results() -> dict:
                     "tritonnx facade": _record(20.0, at_2x_p99=250),
                     "FastAPI 2x1": _record(20.0),
                     "FastAPI 1x2": _record(15.0),
-                    "LitServe": {"setup": "s", "error": "did not start: no venv"},
+                    "Ray Serve": {"setup": "s", "error": "did not start: no venv"},
                 },
             },
             "text_classifier": {
@@ -119,7 +121,8 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
     text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
     judged = gates(results)
-    text = write_open_report(tmp_path, results, judged)
+    text = open_report(tmp_path, results, judged)
+    assert finish(tmp_path, text, judged, results) == 1  # a gate failed
     assert text == (tmp_path / "report.md").read_text()
     assert "## resnet50" in text and "## text_classifier" in text
     assert "objective: p99 <= **200.0 ms**" in text and "at least 10 ms (a reason)" in text
@@ -131,11 +134,11 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     assert late in text and text.count("fell behind") == 1  # resnet50's lag is within its objective's tenth
     assert f"tritonnx, Triton direct: 5 INTERNAL, 2 UNKNOWN in 2 of {steps} steps" in text
     assert text.count("failed with other statuses") == 1
-    assert "| LitServe | not measured: did not start: no venv |" in text
+    assert "| Ray Serve | not measured: did not start: no venv |" in text
     assert "## Gates" in text and text.count("**FAILED**") == sum(not gate.passed for gate in judged)
     for png in ("goodput.png", "resnet50_open.png", "text_classifier_open.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in text
-    assert (tmp_path / "results.json").exists()
+    assert len(json.loads((tmp_path / "results.json").read_text())["gates"]) == len(judged)
 
 
 class _Fake:

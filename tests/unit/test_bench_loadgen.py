@@ -313,7 +313,7 @@ def test_first_call_failure_raises():
         load(lambda url: FacadeTarget(url, "resnet50", 1), Fake(fail_every=1), concurrency=2, duration_s=0.2)
 
 
-def test_facade_raw_and_text_requests():
+def test_facade_raw_and_named_requests():
     fake = Fake()
     result = load(
         lambda url: FacadeTarget(url, "mobilenet_v3_small", 2),
@@ -331,8 +331,9 @@ def test_facade_raw_and_text_requests():
     assert len(request.data) == 0
 
     fake = Fake(TEXT_INPUTS, TEXT_OUTPUTS)
+    text = {"input_ids": np.arange(48).reshape(3, 16), "attention_mask": np.ones((3, 16), np.int64)}
     result = load(
-        lambda url: FacadeTarget(url, "text_classifier", 3),
+        lambda url: FacadeTarget(url, "text_classifier", 3, images=[text]),
         fake,
         concurrency=1,
         duration_s=UNTIL_COUNT_S,

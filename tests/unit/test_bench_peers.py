@@ -1,11 +1,9 @@
-"""The peers benchmark's pure parts: the policy read from config.pbtxt, the payload formats, the answer check, the
+"""The peers benchmark's pure parts: the policy read from config.pbtxt, the HTTP bodies, the answer check, the
 venv stamps and the tables. The peers themselves run in `make bench-peers` (their venvs need downloads)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import re
 
 import numpy as np
@@ -13,13 +11,12 @@ import pytest
 from aiohttp import web
 
 from bench import REPOSITORY
-from bench.load.http import Base64Json, FileUpload, HttpTarget, RawFloat32
+from bench.load.http import HttpTarget, encode, named_raw
 from bench.load.targets import VerificationError
 from bench.peers import servers, venvs
-from bench.peers.__main__ import table_rows
+from bench.peers.common import decode_named
 from bench.peers.reference import check_answers, sample_images
-from bench.peers.table import servers_table, value_range
-from bench.report import bench_servers, counted, worker_rows
+from bench.peers.table import notes, servers_table, table_rows, value_range
 
 
 def test_the_policy_is_the_models_own_config(tmp_path):
@@ -61,31 +58,12 @@ def test_a_venv_is_rebuilt_when_its_requirements_or_interpreter_change(tmp_path,
     assert venvs.stamp("p", "python3.11") != first
 
 
-@pytest.mark.parametrize("payload", [RawFloat32(), Base64Json()], ids=["raw", "base64-json"])
-def test_payloads_carry_the_float32_bytes_exactly(payload):
+def test_an_image_batch_travels_as_raw_float32_bytes_with_its_shape():
     images = np.random.default_rng(0).standard_normal((2, 3, 4, 4), dtype=np.float32)
-    body, headers = payload.encode(images)
-    if isinstance(payload, RawFloat32):
-        assert headers["x-shape"] == "2,3,4,4" and body == images.tobytes()
-        answer = body
-    else:
-        request = json.loads(body)
-        assert request["shape"] == [2, 3, 4, 4]
-        assert np.array_equal(np.frombuffer(base64.b64decode(request["input"]), "<f4"), images.ravel())
-        answer = json.dumps({"output": request["input"]}).encode()
-    assert np.array_equal(payload.decode(answer), images.ravel())
-
-
-def test_the_file_upload_is_one_multipart_file_of_raw_bytes():
-    images = np.arange(6, dtype=np.float32).reshape(1, 6)
-    body, headers = FileUpload().encode(images)
-    boundary = headers["content-type"].split("boundary=")[1]
-    head, rest = body.split(b"\r\n\r\n", 1)
-    assert head.startswith(f"--{boundary}".encode()) and b'name="input"' in head
-    assert rest == images.tobytes() + f"\r\n--{boundary}--\r\n".encode()
-    assert np.array_equal(FileUpload().decode(b"[[0, 1, 2, 3, 4, 5]]"), images.ravel())
-    with pytest.raises(ValueError, match="JSON array"):
-        FileUpload().decode(b"<html>")
+    body, headers = encode(images)
+    assert headers["x-shape"] == "2,3,4,4" and body == images.tobytes()
+    sent = {"input_ids": np.array([[7, 8]], np.int64), "attention_mask": np.ones((1, 2), np.int64)}
+    assert encode(sent) == named_raw(sent)
 
 
 def serve_answers(answer) -> tuple[web.AppRunner, str]:
@@ -154,45 +132,30 @@ UNSPREAD = {"worker_cpu": {"shares": [0.95, 0.05], "spread": False, "runs": 2, "
 SPREAD = {"worker_cpu": {"shares": [0.5, 0.5], "spread": True, "runs": 1, "cpu_seconds": [1.0, 1.0]}}
 
 
-def test_peer_rows_leave_out_unspread_runs_and_runs_with_errors():
-    data = {
-        "servers": {
-            "FastAPI 2x1": {
-                "setup": "s",
-                "rounds": [
-                    {"points": [point(16, 400.0, **SPREAD), point(1, 200.0, 4.0)]},
-                    {"points": [point(16, 190.0, **UNSPREAD), point(1, 210.0, 4.2)]},
-                ],
-            },
-            "LitServe": {
-                "setup": "t",
-                "rounds": [
-                    {"error": "did not start"},
-                    {"points": [{**point(16, 99.0), "errors": {"503": 2}}, point(16, 120.0)]},
-                ],
-            },
-        }
-    }
-    rows = {row["name"]: row for row in table_rows(data, 16)}
-    assert rows["FastAPI 2x1"]["images_per_s"] == [400.0] and rows["FastAPI 2x1"]["p50_ms"] == [4.0, 4.2]
-    assert rows["LitServe"]["images_per_s"] == [120.0] and rows["LitServe"]["p50_ms"] == []
-
-
-def test_make_bench_tables_count_only_spread_fastapi_runs():
-    data = {
-        "loadgen_kserve": [point(1, 200.0, 4.5), point(16, 380.0)],
-        "facade": [point(1, 150.0, 6.0), point(16, 270.0)],
-        "pytriton": {"points": [point(1, 120.0, 7.5), point(16, 250.0)], "setup": "p"},
-        "fastapi": {
-            "2 worker(s) x 1 thread(s)": {"why": "w", "points": [point(1, 190.0, 5.1), point(16, 420.0, **UNSPREAD)]},
+def test_peer_rows_leave_out_unspread_runs_and_runs_with_errors_and_notes_say_why():
+    servers_ = {
+        "FastAPI 2x1": {
+            "setup": "s",
+            "rounds": [
+                {"points": [point(16, 400.0, **SPREAD), point(1, 200.0, 4.0)]},
+                {"points": [point(16, 190.0, **UNSPREAD), point(1, 210.0, 4.2)]},
+            ],
+        },
+        "Ray Serve": {
+            "setup": "t",
+            "rounds": [
+                {"error": "did not start"},
+                {"points": [{**point(16, 99.0), "errors": {"503": 2}}, point(16, 120.0)]},
+            ],
         },
     }
-    rows = {row["name"]: row for row in bench_servers(data)}
-    assert rows["tritonnx, Triton direct"]["images_per_s"] == [380.0] and rows["PyTriton"]["p50_ms"] == [7.5]
-    assert rows["FastAPI 2 worker(s) x 1 thread(s)"]["images_per_s"] == []
-    assert counted(data["fastapi"]["2 worker(s) x 1 thread(s)"]["points"]) == [point(1, 190.0, 5.1)]
-    table = "\n".join(worker_rows(data))
-    assert "| 2 worker(s) x 1 thread(s) | 16 | 95% / 5% | **no: not counted** | 2 |" in table
+    rows = {row["name"]: row for row in table_rows(servers_, 16)}
+    assert rows["FastAPI 2x1"]["images_per_s"] == [400.0] and rows["FastAPI 2x1"]["p50_ms"] == [4.0, 4.2]
+    assert rows["Ray Serve"]["images_per_s"] == [120.0] and rows["Ray Serve"]["p50_ms"] == []
+    text = "\n".join(notes(servers_))
+    assert "- Ray Serve, round 1: did not start" in text
+    assert "- FastAPI 2x1, round 2, c=16: 95% / 5% (not spread: not counted)" in text
+    assert "- FastAPI 2x1, round 1, c=16: 50% / 50%\n" in text
 
 
 def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tmp_path):
@@ -210,9 +173,6 @@ def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tm
 
 
 def test_named_inputs_decode_as_the_load_side_encodes_them_and_misfits_are_refused():
-    from bench.load.http import named_raw
-    from bench.peers.common import decode_named
-
     sent = {"input_ids": np.array([[3, 1, 4]], np.int64), "attention_mask": np.ones((1, 3), np.int64)}
     body, headers = named_raw(sent)
     got = decode_named(headers["x-inputs"], body)
@@ -237,20 +197,3 @@ def test_requests_of_the_same_shapes_share_a_batch_and_each_gets_its_own_rows():
     outputs = run_grouped(Echo(), feeds)  # type: ignore[arg-type]
     assert [out.tolist() for out in outputs] == [[[10 * i] * n] for i, n in enumerate([2, 3, 2, 3, 2])]
     assert sorted(Echo.batches) == [(2, 3), (3, 2)]  # one batch per sequence length
-
-
-def test_every_http_payload_carries_named_inputs_its_own_way():
-    from bench.load.http import named_raw
-    from bench.peers.common import decode_named
-
-    sent = {"input_ids": np.array([[7, 8]], np.int64), "attention_mask": np.ones((1, 2), np.int64)}
-    raw, headers = named_raw(sent)
-    assert RawFloat32().encode_named(sent) == (raw, headers)
-    body, json_headers = Base64Json().encode_named(sent)
-    wrapped = json.loads(body)
-    assert json_headers["content-type"] == "application/json" and wrapped["inputs"] == headers["x-inputs"]
-    assert decode_named(wrapped["inputs"], base64.b64decode(wrapped["data"]))["input_ids"].tolist() == [[7, 8]]
-    upload = FileUpload()
-    body, file_headers = upload.encode_named(sent)
-    assert file_headers["x-inputs"] == headers["x-inputs"] and file_headers["content-type"].startswith("multipart/")
-    assert raw in body and body.count(upload.boundary.encode()) == 2

@@ -57,6 +57,9 @@ def load_point(concurrency: int, images: float, p50: float) -> dict:
     }
 
 
+UNSPREAD = {"shares": [0.95, 0.05], "spread": False, "runs": 2, "cpu_seconds": [1.9, 0.1]}
+
+
 def test_report_gives_ratios_tables_and_plots(tmp_path):
     perf = parse("mobilenet_v3_small", 1, CSV, STDOUT).as_dict()
     perf_c1 = dict(perf, concurrency=1, throughput=120.0, p50_ms=3.0)
@@ -106,13 +109,22 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
                 ],
                 "loadgen_kserve": [load_point(1, 110.0, 3.5), load_point(16, 400.0, 40.0)],
                 "facade": [load_point(1, 100.0, 4.0), load_point(16, 380.0, 42.0)],
-                "fastapi": {
-                    "2 worker(s) x 1 thread(s)": {
-                        "points": [
-                            dict(load_point(1, 90.0, 5.0), setup="2 worker(s) x 1 thread(s)"),
-                            dict(load_point(16, 300.0, 50.0), setup="2 worker(s) x 1 thread(s)"),
-                        ]
-                    }
+                "peers": {
+                    "FastAPI 2x1": {
+                        "setup": "2 worker(s) x 1 thread(s)",
+                        "rounds": [
+                            {
+                                "ready_seconds": 2.5,
+                                "points": [load_point(1, 90.0, 5.0), load_point(16, 300.0, 50.0)],
+                                "memory": {"rss_mib": 300.0, "pss_mib": 250.0, "processes": 3},
+                            }
+                        ],
+                    },
+                    "FastAPI 1x2": {  # its load did not spread over its workers: shown, not counted
+                        "setup": "1 worker(s) x 2 thread(s)",
+                        "rounds": [{"points": [dict(load_point(16, 900.0, 9.0), worker_cpu=UNSPREAD)]}],
+                    },
+                    "PyTriton": {"setup": "p", "rounds": [{"error": "did not start: no venv"}]},
                 },
                 "servers": {
                     "tritonserver": {
@@ -146,6 +158,12 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
         "1.00 | 571 img/s with in-process ONNX Runtime | 0.71x |"
     ) in report
     assert "| tritonserver | 1.5 | 3.2 | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | n/a | 90.0 |" in report
+    assert "| FastAPI 2x1 (after load) | 2.5 | n/a | 300.0 | 250.0 | 3 |" in report
+    # Every server beside the limit: FastAPI 1x2's unspread run is left out, PyTriton's error said.
+    assert "| FastAPI 2x1 | 300 | 0.38x | 5.0 | 2 worker(s) x 1 thread(s) |" in report
+    assert "| FastAPI 1x2 | n/a | n/a | n/a |" in report and "- PyTriton, round 1: did not start: no venv" in report
+    assert "- FastAPI 1x2, round 1, c=16: 95% / 5% (not spread: not counted)" in report
+    assert "| FastAPI 1x2 | 16 | 900.0 |" in report  # measured all the same
     # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
     assert "### Where the CPU goes at c=16" in report
     assert "| in-process ONNX Runtime (2x1thread b4) | 2.50 | - | - | - | - | 2.50 | 800 img/s | - |" in report

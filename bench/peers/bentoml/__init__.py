@@ -1,1 +1,0 @@
-"""BentoML 1.4: a @bentoml.service class with HTTP APIs, served by worker processes."""

@@ -1,1 +1,0 @@
-"""LitServe (Lightning AI): LitAPI workers behind a uvicorn front end, with its own batching."""
