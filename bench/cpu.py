@@ -1,9 +1,8 @@
 """Where the CPU goes: CPU seconds per image of each process on the serving path.
 
-On a machine whose cores the server saturates, throughput is the number of cores divided by the
-CPU all processes spend per image. Splitting that cost by process (ONNX Runtime in the Python
-stubs, tritonserver itself, the facade, the load generator) and comparing the stubs' share with
-in-process ONNX Runtime shows what each layer costs, and the throughput ceiling it leaves.
+On a machine whose cores the server saturates, throughput is the number of cores divided by the CPU all processes
+spend per image. Splitting that cost by process (ONNX Runtime in the Python stubs, tritonserver itself, the facade,
+the load generator) and comparing the stubs' share with in-process ONNX Runtime shows what each layer costs.
 """
 
 from __future__ import annotations
@@ -34,10 +33,7 @@ class CpuSnapshot:
 
 
 def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: str | None = None) -> CpuSnapshot:
-    """CPU used so far by tritonserver, its stub processes and the `others` (role -> pid).
-
-    `own_role` names this process's role (a load generator running in the benchmark itself).
-    """
+    """CPU used so far by tritonserver, its stubs, the `others` (role -> pid) and this process (as `own_role`)."""
     seconds = {"tritonserver": cpu_seconds(psutil.Process(triton_pid))}
     per_stub = {}
     for pid in live_stubs(triton_pid):
@@ -46,9 +42,9 @@ def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: st
         except psutil.Error:
             continue  # a stub that just exited
     for role, pid in (others or {}).items():
-        seconds[role] = seconds.get(role, 0.0) + cpu_seconds(psutil.Process(pid))
+        seconds[role] = cpu_seconds(psutil.Process(pid))
     if own_role:
-        seconds[own_role] = seconds.get(own_role, 0.0) + time.process_time()
+        seconds[own_role] = time.process_time()
     return CpuSnapshot(time.perf_counter(), seconds, per_stub)
 
 
@@ -69,9 +65,7 @@ def per_image(
     used["idle"] = max(0.0, cores * wall - sum(used.values()))
     result = {role: round(1000 * used[role] / images, 3) for role in ROLES if role in used}
     result["total"] = round(sum(v for k, v in result.items() if k != "idle"), 3)
-    result["seconds"] = round(wall, 2)
-    result["images"] = images
-    return result
+    return {**result, "seconds": round(wall, 2), "images": images}
 
 
 def measured(
@@ -107,26 +101,11 @@ def images_inferred(server: TritonServer, model: str) -> Callable[[], int]:
 
 
 def perf_analyzer_with_cpu(server: TritonServer, model: str, concurrency: int, measurement_ms: int, cores: int) -> dict:
-    """One perf_analyzer point (system shared memory) with the CPU per image while it ran.
-
-    perf_analyzer's own CPU comes from its rusage.
-    """
+    """One perf_analyzer point with the CPU per image while it ran (perf_analyzer's own from its rusage)."""
 
     def run() -> PerfPoint:
-        return run_perf_analyzer(
-            model,
-            server.grpc_url,
-            concurrency,
-            measurement_ms=measurement_ms,
-            shared_memory=True,
-            headers=server.admin_headers,
-        )
+        return run_perf_analyzer(model, server.grpc_url, concurrency, measurement_ms, headers=server.admin_headers)
 
-    point, cpu = measured(
-        run,
-        server.pid,
-        images_inferred(server, model),
-        cores,
-        extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
-    )
+    point, cpu = measured(run, server.pid, images_inferred(server, model), cores,
+                          extra_cpu=lambda point, wall: {"client": point.client_cpu * wall})  # fmt: skip
     return {**point.as_dict(), "cpu_ms_per_image": cpu}

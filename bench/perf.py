@@ -1,9 +1,8 @@
-"""perf_analyzer (from the tritonclient 2.51 wheel) against Triton over KServe v2 gRPC.
+"""perf_analyzer (from the tritonclient 2.51 wheel) against Triton over KServe v2 gRPC: one closed-loop point.
 
-One run per concurrency (a closed loop) or per request rate (an open loop: Poisson arrivals, asynchronous calls),
-bounded by perf_analyzer's measurement window and trial count; the
-figures come from its verbose CSV (client latencies, server-side queue and compute times) and its
-report of inference and execution counts (the average batch size Triton formed).
+Bounded by perf_analyzer's measurement window and trial count; the figures come from its verbose CSV (client
+latencies, server-side queue and compute times) and its report of inference and execution counts (the average batch
+size Triton formed).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 VENV_BIN = Path(sysconfig.get_paths()["scripts"])
+# perf_analyzer links libcudart.so.12 even without a GPU; the PyPI runtime package has it.
 CUDA_RUNTIME_LIB = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cuda_runtime" / "lib"
 
 
@@ -32,7 +32,6 @@ class PerfAnalyzerError(RuntimeError):
 class PerfPoint:
     model: str
     concurrency: int
-    batch: int
     throughput: float  # inferences (images) per second
     p50_ms: float
     p95_ms: float
@@ -45,109 +44,75 @@ class PerfPoint:
     inference_count: int
     execution_count: int
     client_cpu: float = 0.0  # perf_analyzer's own CPU seconds per wall second (1.0 = one core)
-    request_rate: float = 0.0  # the rate offered (an open loop); 0: a closed loop at `concurrency`
-
-    @property
-    def avg_batch(self) -> float:
-        return self.inference_count / self.execution_count if self.execution_count else 0.0
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "avg_batch": round(self.avg_batch, 2)}
-
-
-def environment() -> dict[str, str]:
-    """perf_analyzer links libcudart.so.12 even without a GPU; the PyPI runtime package has it."""
-    env = dict(os.environ)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(CUDA_RUNTIME_LIB), env.get("LD_LIBRARY_PATH")]))
-    return env
+        batch = self.inference_count / self.execution_count if self.execution_count else 0.0
+        return {**asdict(self), "avg_batch": round(batch, 2)}
 
 
 def run_perf_analyzer(
     model: str,
     url: str,
     concurrency: int,
-    batch: int = 1,
     measurement_ms: int = 4000,
-    max_trials: int = 3,
-    shared_memory: bool = False,
     shapes: tuple[str, ...] = (),
     input_data: str = "random",
     headers: dict[str, str] | None = None,
 ) -> PerfPoint:
-    """One perf_analyzer measurement: a closed loop of `concurrency` callers.
+    """One perf_analyzer measurement: a closed loop of `concurrency` callers, one image each.
 
-    With `shared_memory`, inputs and outputs travel through system shared memory registered once, as a local client of
-    Triton can do: the client's copies then cost next to nothing on the cores the server runs on. `shapes` are
-    perf_analyzer `--shape NAME:DIMS` values for inputs with variable dims (e.g. "input_ids:16"); `input_data` is
-    perf_analyzer's `--input-data` ("zero" for token ids, whose random values fall outside a vocabulary). `headers` go
-    with every call (Triton's restricted APIs need `TritonServer.admin_headers`).
+    Inputs and outputs travel through system shared memory registered once, as a local client of Triton can do: the
+    client's copies then cost next to nothing on the cores the server runs on. `shapes` are `--shape NAME:DIMS` values
+    for inputs with variable dims (e.g. "input_ids:16"); `input_data` is `--input-data` ("zero" for token ids, whose
+    random values fall outside a vocabulary). `headers` go with every call (Triton's restricted APIs need
+    `TritonServer.admin_headers`).
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
-            str(VENV_BIN / "perf_analyzer"),
-            "-m",
-            model,
-            "-i",
-            "grpc",
-            "-u",
-            url,
-            "-b",
-            str(batch),
-            "--concurrency-range",
-            f"{concurrency}:{concurrency}",
-            "--measurement-interval",
-            str(measurement_ms),
-            "--max-trials",
-            str(max_trials),
-            # Any 3 windows are stable: a busy machine's drift must not turn a point into max_trials failures.
-            "--stability-percentage",
-            "100",
-            "-f",
-            str(report),
-            "--verbose-csv",
-            *(["--shared-memory", "system"] if shared_memory else []),
+            str(VENV_BIN / "perf_analyzer"), "-m", model, "-i", "grpc", "-u", url, "-b", "1",
+            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(measurement_ms),
+            # Any 3 windows are stable: a busy machine's drift must not turn a point into 3 failed trials.
+            "--max-trials", "3", "--stability-percentage", "100",
+            "-f", str(report), "--verbose-csv", "--shared-memory", "system", "--input-data", input_data,
             *(arg for shape in shapes for arg in ("--shape", shape)),
-            "--input-data",
-            input_data,
             *(arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")),
-        ]
+        ]  # fmt: skip
+        libraries = os.pathsep.join(filter(None, [str(CUDA_RUNTIME_LIB), os.environ.get("LD_LIBRARY_PATH")]))
+        env = {**os.environ, "LD_LIBRARY_PATH": libraries}
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
-        done = subprocess.run(command, env=environment(), capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
         after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
         if done.returncode != 0 or not report.exists():
             raise PerfAnalyzerError(
                 f"perf_analyzer exited with {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
             )
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-        return parse(model, batch, report.read_text(), done.stdout, client_cpu=cpu / wall)
+        return parse(model, report.read_text(), done.stdout, client_cpu=cpu / wall)
 
 
-def parse(model: str, batch: int, csv_text: str, stdout: str, client_cpu: float = 0.0) -> PerfPoint:
+def parse(model: str, csv_text: str, stdout: str, client_cpu: float = 0.0) -> PerfPoint:
     rows = list(csv.DictReader(io.StringIO(csv_text)))
     if not rows:
         raise PerfAnalyzerError("perf_analyzer wrote no measurement")
-    row = rows[-1]
     counts = re.findall(r"Inference count: (\d+)\s+Execution count: (\d+)", stdout)
     if not counts:
         raise PerfAnalyzerError("perf_analyzer printed no server-side inference/execution counts")
-    inferences, executions = (int(v) for v in counts[-1])
-    us = lambda key: float(row[key]) / 1000.0  # noqa: E731 - microseconds to milliseconds
+    row = rows[-1]
+    ms = {key: float(row[key]) / 1000.0 for key in row if "latency" in key or key.startswith("Server ")}  # from us
     return PerfPoint(
         model=model,
-        concurrency=int(row.get("Concurrency") or 0),
-        request_rate=float(row.get("Request Rate") or 0),
-        batch=batch,
+        concurrency=int(row["Concurrency"]),
         throughput=float(row["Inferences/Second"]),
-        p50_ms=us("p50 latency"),
-        p95_ms=us("p95 latency"),
-        p99_ms=us("p99 latency"),
-        avg_ms=us("Avg latency"),
-        server_queue_ms=us("Server Queue"),
-        server_compute_input_ms=us("Server Compute Input"),
-        server_compute_infer_ms=us("Server Compute Infer"),
-        server_compute_output_ms=us("Server Compute Output"),
-        inference_count=inferences,
-        execution_count=executions,
+        p50_ms=ms["p50 latency"],
+        p95_ms=ms["p95 latency"],
+        p99_ms=ms["p99 latency"],
+        avg_ms=ms["Avg latency"],
+        server_queue_ms=ms["Server Queue"],
+        server_compute_input_ms=ms["Server Compute Input"],
+        server_compute_infer_ms=ms["Server Compute Infer"],
+        server_compute_output_ms=ms["Server Compute Output"],
+        inference_count=int(counts[-1][0]),
+        execution_count=int(counts[-1][1]),
         client_cpu=client_cpu,
     )

@@ -1,13 +1,11 @@
 """python -m bench.tune: sweep a model's serving policy with perf_analyzer and keep the best.
 
-Each candidate (CPU instances x intra-op threads x max_queue_delay_microseconds x preferred
-batch sizes) is served alone by a fresh tritonserver from a temporary repository that links the
-model's files and carries the candidate's config.pbtxt. perf_analyzer drives it with system shared
-memory (so the client's copies do not eat the 2 cores the server is measured on) at each
-concurrency. The winner has the highest throughput whose p99 stays within the budget (and, when a
-lone-request budget is given, whose p50 at the lowest concurrency stays within it: one intra-op
-thread per instance serves more under load but makes a lone request slower); its values are
-written into model_repository/<model>/config.pbtxt with a comment naming the measurement.
+Each candidate (CPU instances x intra-op threads x max_queue_delay_microseconds x preferred batch sizes) is served
+alone by a fresh tritonserver from a temporary repository that links the model's files and carries the candidate's
+config.pbtxt; perf_analyzer drives it at each concurrency. The winner has the highest throughput whose p99 stays within
+the budget (and, with a lone-request budget, whose p50 at the lowest concurrency stays within it: one intra-op thread
+per instance serves more under load but makes a lone request slower); its values are written into the model's
+config.pbtxt with a comment naming the measurement.
 """
 
 from __future__ import annotations
@@ -65,36 +63,19 @@ def apply(config: str, candidate: Candidate) -> str:
     return config
 
 
-def measure(
-    model: str,
-    repository: Path,
-    candidate: Candidate,
-    concurrencies: list[int],
-    seconds: float,
-    shapes: tuple[str, ...],
-    input_data: str,
-) -> dict:
+def measure(model: str, repository: Path, candidate: Candidate, args: argparse.Namespace) -> dict:
+    """perf_analyzer at each concurrency against `model` served alone with the candidate's policy."""
     workdir = Path(tempfile.mkdtemp(prefix="tritonnx-tune-"))
     try:
         config = apply((repository / model / "config.pbtxt").read_text(), candidate)
-        with ServingStack(
-            link_models(workdir / "repo", {model: repository / model}, {model: config}), workdir, with_facade=False
-        ) as stack:
-            server = stack.triton
-            points = {}
-            for concurrency in concurrencies:
-                point = run_perf_analyzer(
-                    model,
-                    server.grpc_url,
-                    concurrency,
-                    measurement_ms=int(seconds * 1000),
-                    shared_memory=True,
-                    shapes=shapes,
-                    input_data=input_data,
-                    headers=server.admin_headers,
-                )
-                points[concurrency] = point.as_dict()
-            return points
+        repo = link_models(workdir / "repo", {model: repository / model}, {model: config})
+        with ServingStack(repo, workdir, with_facade=False) as stack:
+            measurement_ms, shapes, server = int(args.seconds * 1000), tuple(args.shape), stack.triton
+            return {
+                c: run_perf_analyzer(model, server.grpc_url, c, measurement_ms, shapes, args.input_data,
+                                     server.admin_headers).as_dict()
+                for c in args.concurrency
+            }  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -132,25 +113,20 @@ def main(argv: list[str] | None = None) -> int:
         "and write the best policy under a p99 budget into its config.pbtxt.",
         epilog="Example: python -m bench.tune --model mobilenet_v3_small --instances 1 2 3 --delays 0 1000",
     )
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--repository", type=Path, default=REPOSITORY)
-    parser.add_argument("--instances", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--threads", nargs="+", type=int, default=[0], help="intra-op threads; 0 = cores / instances")
-    parser.add_argument("--delays", nargs="+", type=int, default=[0, 500, 2000], help="max_queue_delay_microseconds")
-    parser.add_argument("--preferred", nargs="*", default=["none"], help="preferred batch size lists, e.g. none 4,8")
-    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16])
-    parser.add_argument("--seconds", type=float, default=4.0, help="perf_analyzer measurement window")
-    parser.add_argument("--p99-budget-ms", type=float, default=100.0, help="at the highest concurrency")
-    parser.add_argument(
-        "--lone-p50-budget-ms",
-        type=float,
-        help="p50 budget at the lowest concurrency (a request on its own); default: none",
-    )
-    parser.add_argument(
-        "--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16"
-    )
-    parser.add_argument("--input-data", default="random", help='perf_analyzer --input-data; "zero" for token ids')
-    parser.add_argument("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
+    add = parser.add_argument
+    add("--model", required=True)
+    add("--repository", type=Path, default=REPOSITORY)
+    add("--instances", nargs="+", type=int, default=[1, 2, 3])
+    add("--threads", nargs="+", type=int, default=[0], help="intra-op threads; 0 = cores / instances")
+    add("--delays", nargs="+", type=int, default=[0, 500, 2000], help="max_queue_delay_microseconds")
+    add("--preferred", nargs="*", default=["none"], help="preferred batch size lists, e.g. none 4,8")
+    add("--concurrency", nargs="+", type=int, default=[1, 16])
+    add("--seconds", type=float, default=4.0, help="perf_analyzer measurement window")
+    add("--p99-budget-ms", type=float, default=100.0, help="at the highest concurrency")
+    add("--lone-p50-budget-ms", type=float, help="p50 budget at the lowest concurrency (a lone request); default: none")
+    add("--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16")
+    add("--input-data", default="random", help='perf_analyzer --input-data; "zero" for token ids')
+    add("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
     args = parser.parse_args(argv)
 
     preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
@@ -163,28 +139,14 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         print(f"[{index}/{len(candidates)}] {candidate.describe()} ...", flush=True)
         try:
-            points = measure(
-                args.model,
-                args.repository,
-                candidate,
-                args.concurrency,
-                args.seconds,
-                tuple(args.shape),
-                args.input_data,
-            )
+            points = measure(args.model, args.repository, candidate, args)
         except PerfAnalyzerError as error:
             print(f"  failed: {error}", flush=True)
             continue
         results.append((candidate, points))
-        print(
-            "  "
-            + "; ".join(
-                f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
-                for c, p in points.items()
-            )
-            + f" ({time.monotonic() - started:.0f}s)",
-            flush=True,
-        )
+        said = [f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
+                for c, p in points.items()]  # fmt: skip
+        print(f"  {'; '.join(said)} ({time.monotonic() - started:.0f}s)", flush=True)
     lone = min(args.concurrency)
     chosen = choose(results, args.p99_budget_ms, args.lone_p50_budget_ms)
     if chosen is None:

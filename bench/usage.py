@@ -15,8 +15,7 @@ from tritonnx.client.facade.shm import SHM_DIR, region_prefix
 from tritonnx.server.supervisor import live_stubs
 
 MIB = 2**20
-SERVERS = ("facade", "tritonserver", "supervisor")  # the Watcher's labels of the servers; stubs go by instance
-VERSION_MARK = "@v"  # a versioned Watcher's stub label: <instance>@v<version>
+VERSION_MARK = "@v"  # a stub's label: <instance>@v<version>
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -24,12 +23,16 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds used so far by a process and its live descendants (a server's workers or stubs)."""
     total = 0.0
     try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
+        processes = _tree(pid)
     except psutil.NoSuchProcess:
         return total
     for process in processes:
@@ -42,22 +45,23 @@ def tree_cpu_seconds(pid: int) -> float:
 
 @dataclass(frozen=True)
 class Usage:
-    """One process at one moment; open fds and threads only when asked for."""
+    """One process at one moment."""
 
     rss_mib: float
     pss_mib: float
     cpu_seconds: float
-    fds: int | None = None
-    threads: int | None = None
+    fds: int
+    threads: int
 
 
-def usage(process: psutil.Process, counts: bool = False) -> Usage | None:
-    """What `process` uses now, with its open fds and threads when `counts`; None once it is gone."""
+def usage(process: psutil.Process) -> Usage | None:
+    """What `process` uses now; None once it is gone."""
     try:
         with process.oneshot():
-            fds, threads = (process.num_fds(), process.num_threads()) if counts else (None, None)
             memory = process.memory_full_info()
-            return Usage(memory.rss / MIB, memory.pss / MIB, cpu_seconds(process), fds, threads)
+            return Usage(
+                memory.rss / MIB, memory.pss / MIB, cpu_seconds(process), process.num_fds(), process.num_threads()
+            )
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
@@ -74,8 +78,7 @@ class Memory:
 
 def tree_memory(pid: int) -> Memory:
     """RSS and PSS summed over a process and all its descendants."""
-    root = psutil.Process(pid)
-    processes = [root, *root.children(recursive=True)]
+    processes = _tree(pid)
     used = [u for u in map(usage, processes) if u is not None]
     return Memory(sum(u.rss_mib for u in used), sum(u.pss_mib for u in used), len(processes))
 
@@ -89,17 +92,12 @@ def gone(process: psutil.Process) -> bool:
 
 def mapped_shm_files(pid: int) -> set[str]:
     """Names of the /dev/shm files a process has mapped (from /proc/<pid>/maps)."""
-    names = set()
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
-            for line in maps:
-                at = line.find(" /dev/shm/")
-                if at >= 0:
-                    name = line[at + len(" /dev/shm/") :].rstrip("\n")
-                    names.add(name.removesuffix(" (deleted)"))
+            lines = [line.rstrip("\n") for line in maps if " /dev/shm/" in line]
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    return names
+        return set()
+    return {line.split(" /dev/shm/", 1)[1].removesuffix(" (deleted)") for line in lines}
 
 
 def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int]:
@@ -117,26 +115,15 @@ def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int
 
 
 class Watcher:
-    """The facade, tritonserver, its stubs (each named by its model instance) and the supervisor's process, sampled.
+    """The facade, tritonserver, its stubs and the supervisor's process, sampled: memory, CPU, open fds and threads.
 
-    Memory, CPU, open fds and threads of the servers (of every process with `counts_all`), and the /dev/shm files any
-    of them uses. `versioned` names each stub `<instance>@v<version>`: a published version's stubs are other
-    processes than the version's before, not the same ones restarted.
+    Each stub is named `<instance>@v<version>`: a published version's stubs are other processes than the version's
+    before, not the same ones restarted. The /dev/shm files any of them uses are followed too.
     """
 
-    def __init__(
-        self,
-        triton_pid: int,
-        facade_pid: int,
-        supervisor_pid: int | None = None,
-        *,
-        versioned: bool = False,
-        counts_all: bool = False,
-    ) -> None:
-        self.triton = psutil.Process(triton_pid)
-        self.facade = psutil.Process(facade_pid)
+    def __init__(self, triton_pid: int, facade_pid: int, supervisor_pid: int | None = None) -> None:
+        self.triton, self.facade = psutil.Process(triton_pid), psutil.Process(facade_pid)
         self.supervisor = psutil.Process(supervisor_pid) if supervisor_pid is not None else None
-        self.versioned, self.counts_all = versioned, counts_all
         self.shm_names: set[str] = {path.name for path in SHM_DIR.glob(f"{region_prefix(facade_pid)}*")}
         self.stub_pids: dict[str, list[int]] = {}  # label -> every pid seen, in order
         self.stub_versions: dict[str, tuple[str, str]] = {}  # label -> (model, version)
@@ -151,7 +138,7 @@ class Watcher:
             found["supervisor"] = self.supervisor
         for stub in sorted(live_stubs(self.triton.pid).values(), key=lambda stub: stub.instance):
             self.shm_names.add(stub.shm_region)
-            label = f"{stub.instance}{VERSION_MARK}{stub.version}" if self.versioned else stub.instance
+            label = f"{stub.instance}{VERSION_MARK}{stub.version}"
             self.stub_versions[label] = stub.key
             pids = self.stub_pids.setdefault(label, [])
             if not pids or pids[-1] != stub.pid:
@@ -181,21 +168,18 @@ class Watcher:
         return died
 
     def sample(self, elapsed: float) -> dict:
-        """One row.
+        """One row: `rss_mib.`, `pss_mib.`, `fds.`, `threads.`, `cpu.` (cores since the last sample) of each label.
 
-        `rss_mib.<label>`, `pss_mib.<label>`, `cpu.<label>` (cores since the last sample) of every process, `fds.` and
-        `threads.` of the servers, the PSS total and /dev/shm.
+        Then the PSS total and /dev/shm: its regions, their bytes allocated and their sizes.
         """
         row: dict = {}
         pss_total = 0.0
         for label, process in self.processes().items():
-            used = usage(process, counts=self.counts_all or label in SERVERS)
+            used = usage(process)
             if used is None:
                 continue
-            if used.fds is not None:
-                row[f"fds.{label}"], row[f"threads.{label}"] = used.fds, used.threads
-            row[f"rss_mib.{label}"] = round(used.rss_mib, 2)
-            row[f"pss_mib.{label}"] = round(used.pss_mib, 2)
+            row[f"fds.{label}"], row[f"threads.{label}"] = used.fds, used.threads
+            row[f"rss_mib.{label}"], row[f"pss_mib.{label}"] = round(used.rss_mib, 2), round(used.pss_mib, 2)
             pss_total += used.pss_mib
             if label in self._cpu and self._previous_elapsed is not None and elapsed > self._previous_elapsed:
                 row[f"cpu.{label}"] = round(
@@ -204,11 +188,9 @@ class Watcher:
             self._cpu[label] = used.cpu_seconds
             self.shm_names |= mapped_shm_files(process.pid)
         self._previous_elapsed = elapsed
-        row["pss_mib.total"] = round(pss_total, 2)
         present, allocated, apparent = shm_usage(self.shm_names)
-        row["shm_files"] = present
-        row["shm_mib"] = round(allocated / MIB, 3)
-        row["shm_size_mib"] = round(apparent / MIB, 3)
+        row |= {"pss_mib.total": round(pss_total, 2), "shm_files": present}
+        row |= {"shm_mib": round(allocated / MIB, 3), "shm_size_mib": round(apparent / MIB, 3)}
         return row
 
     def alive_pids(self) -> list[int]:

@@ -1,25 +1,20 @@
-"""The load loops.
+"""The load loops: a closed loop that measures what a target sustains, an open loop that offers a fixed rate.
 
-A closed loop that measures what a target sustains, and an open loop that offers a fixed rate whatever the answers do.
 Both are bounded in calls and in time and stop by themselves: every call carries its target's deadline, and calls still
-in flight at the end are awaited within that deadline (plus a margin against a hang), then cancelled.
+in flight at the end are awaited within that deadline (plus a margin against a hang), then cancelled. The generator
+shares the cores with the servers it loads, so a call costs it two `perf_counter()` calls and an append.
 
-Closed loop (`run_load`): `concurrency` workers, each looping send -> await -> record, for a warm-up
-(not recorded), then for the measured window, which ends at `duration_s` or after `max_requests`
-calls, whichever comes first. Per call a worker does two `perf_counter()` calls and one append (it
-shares the cores with the servers it loads: every cycle it spends is taken from them). The
-generator's CPU time (`time.process_time()`, all threads, user + system) over the window is
-reported as `client_cpu` = CPU seconds / wall seconds (1.0 = one full core).
-
-Accounting: a call belongs to the measured window if it was SENT after the warm-up ended; no call
-is sent once the window is over, and calls still in flight then are awaited and recorded. So
-`requests + sum(errors)` is exactly the number of calls sent in the window, and `warmup_requests`
-(which includes the one verification call) the number sent before it.
+Closed loop (`run_load`): `concurrency` workers, each looping send -> await -> record, for a warm-up (not recorded),
+then for the measured window, which ends at `duration_s` or after `max_requests` calls. A call belongs to the window if
+it was SENT after the warm-up ended, and calls in flight when it ends are awaited and recorded: `requests +
+sum(errors)` is exactly the number sent in it, `warmup_requests` (the verification call included) those before it.
+`client_cpu` is the generator's CPU seconds (all threads) per wall second over the window (1.0 = one core).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from array import array
@@ -33,7 +28,6 @@ from bench.load.targets import Target
 
 # In-flight calls finish within their own deadline; this margin only guards against a hang.
 HANG_MARGIN_S = 10.0
-ARRIVALS = ("uniform", "poisson")
 
 
 @dataclass
@@ -79,16 +73,12 @@ async def run_load(
 ) -> LoadResult:
     """Closed-loop load: `concurrency` workers, each send -> await -> record.
 
-    Opens the target (channel / session, in this loop) unless it is already open, and closes what
-    it opened. The first call is verified (decoded) and raises `VerificationError` if wrong, unless
-    `verify` is off (a target that checks every answer against expected outputs needs no sample).
+    Opens the target (in this event loop) unless it is open, and closes what it opened. The first call is verified
+    and raises `VerificationError` if wrong, unless `verify` is off (a target that checks every answer needs none).
     """
-    if concurrency < 1:
-        raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    if max_requests < 1:
-        raise ValueError(f"max_requests must be at least 1, got {max_requests}")
-    if not duration_s > 0 or warmup_s < 0:
-        raise ValueError(f"duration_s must be > 0 and warmup_s >= 0, got {duration_s} and {warmup_s}")
+    if concurrency < 1 or max_requests < 1 or not duration_s > 0 or warmup_s < 0:
+        raise ValueError(f"concurrency, max_requests and duration_s must be positive, warmup_s not negative: "
+                         f"{concurrency}, {max_requests}, {duration_s}, {warmup_s}")  # fmt: skip
     opened_here = not target.is_open
     if opened_here:
         await target.open(concurrency)
@@ -186,22 +176,15 @@ async def _drive(
     return result
 
 
-def arrival_offsets(rate: float, arrivals: str = "uniform", seed: int = 0) -> Iterator[float]:
-    """Send times (seconds from the start) of an endless schedule at `rate` a second.
+def arrival_offsets(rate: float, poisson: bool = False, seed: int = 0) -> Iterator[float]:
+    """Send times (seconds from the start) of an endless schedule at `rate` a second: every 1/rate, or `poisson`.
 
-    "uniform": every 1/rate. "poisson": independent arrivals, exponential gaps of mean 1/rate drawn from a generator
-    seeded with `seed`, so a run's schedule can be replayed; drawn in blocks (one numpy call per 4096 calls).
+    Poisson arrivals have exponential gaps of mean 1/rate, drawn in blocks from a generator seeded with `seed`, so a
+    run's schedule can be replayed.
     """
-    if arrivals == "uniform":
-        period = 1.0 / rate
-        scheduled = 0
-        while True:
-            yield scheduled * period
-            scheduled += 1
-    if arrivals != "poisson":
-        raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
-    rng = np.random.default_rng(seed)
-    offset = 0.0
+    if not poisson:
+        yield from (scheduled / rate for scheduled in itertools.count())
+    rng, offset = np.random.default_rng(seed), 0.0
     while True:
         for gap in rng.exponential(1.0 / rate, 4096):
             yield offset
@@ -209,18 +192,16 @@ def arrival_offsets(rate: float, arrivals: str = "uniform", seed: int = 0) -> It
 
 
 class OpenLoop:
-    """Starts `target.call()` on a fixed schedule, `rate` a second, with a bound on calls in flight.
+    """Starts `target.call()` on a fixed schedule, `rate` a second, with a bound on calls in flight; in this event loop.
 
-    It runs from `run(duration)` until the schedule reaches `duration`, `max_calls` or `stop()`,
-    with at most `max_outstanding` in flight. A call due while that many are pending is skipped
-    and counted, so the offered load never queues up (the soak); with `wait_when_full` it is sent
-    as soon as one of them ends, so exactly the scheduled calls are sent (the overload). Runs in
-    the caller's event loop.
+    It runs from `run(duration)` until the schedule reaches `duration`, `max_calls` or `stop()`, with at most
+    `max_outstanding` in flight. A call due while that many are pending is skipped and counted, so the offered load
+    never queues up (the soak); with `wait_when_full` it is sent as soon as one of them ends, so exactly the scheduled
+    calls are sent (the overload).
 
-    `arrivals` spaces the schedule evenly ("uniform") or as a seeded Poisson process ("poisson"). A call's latency is
-    timed from its actual send, or with `from_schedule` from the time it was due: then a server that answers slowly,
-    or a generator that falls behind, is charged for the wait (no coordinated omission). How late each send was against
-    its schedule is kept in `lags` (seconds), the generator's own lag.
+    The schedule is even, or a seeded Poisson process (`poisson`). A call's latency is timed from its actual send, or
+    with `from_schedule` from the time it was due: then a server that answers slowly, or a generator that falls behind,
+    is charged for the wait (no coordinated omission). How late each send was is kept in `lags`: the generator's lag.
     """
 
     def __init__(
@@ -231,7 +212,7 @@ class OpenLoop:
         max_calls: int,
         *,
         wait_when_full: bool = False,
-        arrivals: str = "uniform",
+        poisson: bool = False,
         seed: int = 0,
         from_schedule: bool = False,
     ) -> None:
@@ -239,15 +220,9 @@ class OpenLoop:
             raise ValueError(
                 f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, {max_calls}"
             )
-        if arrivals not in ARRIVALS:
-            raise ValueError(f"arrivals must be one of {ARRIVALS}, got {arrivals!r}")
         self.target, self.rate, self.max_outstanding, self.max_calls = target, rate, max_outstanding, max_calls
-        self.wait_when_full, self.arrivals, self.seed, self.from_schedule = (
-            wait_when_full,
-            arrivals,
-            seed,
-            from_schedule,
-        )
+        self.wait_when_full, self.from_schedule = wait_when_full, from_schedule
+        self.offsets = arrival_offsets(rate, poisson, seed)
         self.total = Tally()  # the whole run
         self.interval = Tally()  # since the last `take()`
         self.lags = array("d")  # per scheduled call: actual send (or skip) - due, seconds
@@ -273,35 +248,28 @@ class OpenLoop:
 
     async def _one(self, due: float) -> None:
         started = due if self.from_schedule else time.perf_counter()
-        error = await self.target.call()
-        status, seconds = error or OK, time.perf_counter() - started
+        status = await self.target.call() or OK
         for tally in (self.total, self.interval):
-            tally.add(status, seconds)
+            tally.add(status, time.perf_counter() - started)
 
     async def run(self, duration: float) -> None:
         perf = time.perf_counter
-        offsets = arrival_offsets(self.rate, self.arrivals, self.seed)
-        begin = perf()
-        scheduled = 0
-        offset = next(offsets)
+        begin, scheduled, offset = perf(), 0, next(self.offsets)
         while not self.stopping and scheduled < self.max_calls and offset < duration:
-            due = begin + offset
-            now = perf()
+            due, now = begin + offset, perf()
             if due > now:
                 await asyncio.sleep(due - now)
                 continue
             self.lags.append(now - due)
+            scheduled, offset = scheduled + 1, next(self.offsets)
             for tally in (self.total, self.interval):
                 tally.max_lag = max(tally.max_lag, now - due)
-            scheduled += 1
-            offset = next(offsets)
-            if len(self._pending) >= self.max_outstanding:
-                if not self.wait_when_full:
-                    for tally in (self.total, self.interval):
-                        tally.skipped += 1
-                    continue
-                while len(self._pending) >= self.max_outstanding:
-                    await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
+            if len(self._pending) >= self.max_outstanding and not self.wait_when_full:
+                for tally in (self.total, self.interval):
+                    tally.skipped += 1
+                continue
+            while len(self._pending) >= self.max_outstanding:
+                await asyncio.wait(self._pending, return_when=asyncio.FIRST_COMPLETED)
             self.sent += 1
             task = asyncio.ensure_future(self._one(due))
             self._pending.add(task)

@@ -61,29 +61,18 @@ class OfferedResult:
         }
 
 
-async def offer(
-    target: Target, rate: float, seconds: float, *, seed: int = 0, max_outstanding: int = MAX_OUTSTANDING
-) -> OfferedResult:
+async def offer(target: Target, rate: float, seconds: float, *, seed: int = 0) -> OfferedResult:
     """Offer `rate` calls a second, Poisson arrivals, for `seconds` to an open `target`; all of them awaited.
 
     Ends within `seconds` + the target's deadline (+ a margin against a hang).
     """
-    wrong_before = getattr(target, "wrong", 0)
-    loop = OpenLoop(
-        target,
-        rate,
-        max_outstanding,
-        max_calls=max(1, math.ceil(rate * seconds * 2) + 100),  # only a bound: the schedule's span ends it
-        arrivals="poisson",
-        seed=seed,
-        from_schedule=True,
-    )
+    wrong_before = target.wrong
+    bound = max(1, math.ceil(rate * seconds * 2) + 100)  # only a bound: the schedule's span ends it
+    loop = OpenLoop(target, rate, MAX_OUTSTANDING, bound, poisson=True, seed=seed, from_schedule=True)
     await loop.run(seconds)
-    tally = loop.total
-    wrong = getattr(target, "wrong", 0) - wrong_before
+    tally, wrong = loop.total, target.wrong - wrong_before
     result = OfferedResult(target.name, target.model, rate, seconds, wrong=wrong)
-    result.generator_refused = tally.skipped
-    result.scheduled = loop.sent + tally.skipped
+    result.generator_refused, result.scheduled = tally.skipped, loop.sent + tally.skipped
     for status, count in tally.statuses.items():
         if status == OK:
             result.answered = count - wrong

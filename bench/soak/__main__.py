@@ -1,32 +1,22 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Serves a scratch copy of the model repository as `make serve` does (`python -m tritonnx.commands.serve`: tritonserver, the
-supervisor and the facade; bench/soak/serve.py), then:
+Serves a scratch copy of the model repository as `make serve` does (`python -m tritonnx.commands.serve`; serve.py),
+opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py, checked.py), measures
+each stream's capacity alone, runs every stream at once for `--burst-seconds` so that buffers sized by the peak grow
+now, then offers each of the N streams `--load-fraction` / N of its capacity for `--duration` seconds (run.py). Every
+`--publish-every` seconds the next model of the rotation is published again as a new version (publish.py); every
+`--interval` seconds RSS, PSS, open fds and threads of every process and their /dev/shm regions are sampled
+(bench/usage.py). After the stop, nothing may be left, and the run is judged (judge.py) and reported (report.py).
 
-1. opens a stream per model and path (the facade's Predict, Triton's KServe ModelInfer; bench/soak/load.py), each
-   answer checked against in-process ONNX Runtime (bench/soak/checked.py), and measures each stream's capacity
-   alone (bench/soak/run.py runs these phases);
-2. runs every stream at once in a closed loop for `--burst-seconds`, so that buffers sized by the peak grow now;
-3. offers each of the N streams `--load-fraction` / N of its capacity, open loop, for `--duration` seconds: the
-   streams together keep the machine busy `--load-fraction` of its time, in equal shares;
-4. every `--publish-every` seconds publishes the next model of the rotation again as a new version
-   (bench/soak/publish.py): Triton swaps it in under the load, the answers stay checked;
-5. every `--interval` seconds samples RSS, PSS, open fds and threads of tritonserver, each stub, the facade and
-   the supervisor's process, the /dev/shm regions of these processes, and each path's throughput and latency
-   (bench/usage.py);
-6. stops the stack, checks nothing is left, and judges the run (bench/soak/judge.py): memory slopes after the
-   warm-up, flat counts, right answers, no failures beyond the documented rejections, every publish served, no
-   process died.
-
-Writes <out>/{report.md,results.json,samples.csv,memory.png,counts.png,shm.png,latency.png} and the servers' logs in
-<out>/logs/. Exit code 0 when every gate passed; 1 when one failed; 2 when the stack could not be started or
-measured; 130 when interrupted (the report is written all the same).
+Exit code 0 when every gate passed; 1 when one failed; 2 when the stack could not be started or measured; 130 when
+interrupted (the report is written all the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import shutil
 import sys
 import time
@@ -36,7 +26,7 @@ from bench import REPOSITORY
 from bench.load.targets import VerificationError
 from bench.output import Gate, machine, run_folder, say, settings, verdict
 from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
-from bench.soak.load import make_streams
+from bench.soak.load import DEADLINE_S, make_streams
 from bench.soak.publish import Publisher
 from bench.soak.report import write_outputs
 from bench.soak.run import load_phases
@@ -46,142 +36,57 @@ from tritonnx.offline.demo_models import MODELS
 from tritonnx.server.process import ServerError, StopRequest
 from tritonnx.server.repository import CONFIG_FILE, link_models
 
-DEMO_MODELS = tuple(MODELS)  # resnet50, mobilenet_v3_small, text_classifier, token_classifier
-
 
 def check_shutdown(watcher: Watcher, results: dict, incidents: list[str]) -> None:
     """After the stop: no process of ours alive, no /dev/shm region of theirs left, no stub restarted."""
     deadline = time.monotonic() + 10  # our processes are gone within it, or the check says so
     while watcher.alive_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
-    lingering = watcher.alive_pids()
-    if lingering:
+    if lingering := watcher.alive_pids():
         incidents.append(f"processes still alive after the stop: {lingering}")
     leftover = sorted(name for name in watcher.shm_names if (SHM_DIR / name).exists())
-    results["shm_files_seen"] = sorted(watcher.shm_names)
-    results["leftover_shm"] = leftover
-    results["stub_pids"] = watcher.stub_pids
+    results.update(shm_files_seen=sorted(watcher.shm_names), leftover_shm=leftover, stub_pids=watcher.stub_pids)
     if leftover:
         incidents.append(f"{len(leftover)} /dev/shm region(s) left after the stop: {', '.join(leftover)}")
-    restarted = {name: pids for name, pids in watcher.stub_pids.items() if len(pids) > 1}
-    if restarted:
+    if restarted := {name: pids for name, pids in watcher.stub_pids.items() if len(pids) > 1}:
         incidents.append("stubs restarted: " + ", ".join(f"{n} {p}" for n, p in sorted(restarted.items())))
 
 
-def arguments() -> argparse.ArgumentParser:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench.soak",
-        description=(
-            "Soak: serve a scratch copy of the model repository as `make serve` does, load every model through the "
-            "facade and Triton direct at once at --load-fraction of the measured capacity (split in equal shares of "
-            "the machine's time), publish a model again as a new version every --publish-every seconds, sample "
-            "RSS/PSS, open fds and threads of every process and the /dev/shm regions every --interval seconds, and "
-            "judge growth after the warm-up, flat counts, right answers and failures."
-        ),
-        epilog=(
-            "Writes report.md (with its Gates), results.json, samples.csv and memory.png, counts.png, shm.png, "
-            "latency.png (server logs in logs/). Exit code: 0 every gate passed; 1 a gate failed; 2 the stack could "
-            "not start or be measured; 130 interrupted.  A quick check: python -m bench.soak --duration 60 "
-            "--interval 5 --publish-every 30"
-        ),
+        description="Soak: every model through the facade and Triton direct at --load-fraction of the measured "
+        "capacity, a version published every --publish-every seconds, every process sampled every --interval "
+        "seconds; growth after the warm-up, flat counts, right answers and failures judged.",
+        epilog="Writes report.md (with its Gates), results.json, samples.csv and plots. Exit code: 0 every gate passed; "
+        "1 a gate failed; 2 the stack could not start or be measured; 130 interrupted. A quick check: "
+        "python -m bench.soak --duration 60 --interval 5 --publish-every 30",
     )
     add = parser.add_argument
     add("--duration", type=float, default=3600.0, help="seconds of paced load; default: %(default)s")
     add("--interval", type=float, default=10.0, help="seconds between samples; default: %(default)s")
-    add(
-        "--models",
-        nargs="+",
-        default=list(DEMO_MODELS),
-        help="models loaded, each through both paths; default: %(default)s",
-    )
+    add("--models", nargs="+", default=list(MODELS), help="each loaded through both paths; default: %(default)s")
     add(
         "--load-fraction", type=float, default=0.7, help="share of the machine's capacity offered; default: %(default)s"
     )
-    add("--rate", type=float, help="offer this many requests/s per stream instead, and skip the capacity measurement")
-    add("--capacity-concurrency", type=int, default=16, help="concurrency of each capacity run; default: %(default)s")
-    add(
-        "--capacity-seconds",
-        type=float,
-        default=10.0,
-        help="measured seconds of each stream's capacity run (after up to 2 s of warm-up); default: %(default)s",
-    )
-    add(
-        "--burst-seconds",
-        type=float,
-        default=10.0,
-        help="before the paced load, every stream at once in a closed "
-        "loop so that buffers sized by the peak grow before the samples (0: none); default: %(default)s",
-    )
-    add(
-        "--burst-concurrency",
-        type=int,
-        default=8,
-        help="concurrent calls of each stream in the burst; default: %(default)s",
-    )
-    add("--deadline", type=float, default=10.0, help="deadline of every call, seconds; default: %(default)s")
-    add(
-        "--max-outstanding",
-        type=int,
-        default=32,
-        help="calls in flight per stream at most; a call due beyond it is skipped and counted; default: %(default)s",
-    )
+    add("--capacity-concurrency", type=int, default=16, help="of each capacity run; default: %(default)s")
+    add("--capacity-seconds", type=float, default=10.0, help="of each capacity run; default: %(default)s")
+    add("--burst-seconds", type=float, default=10.0, help="every stream at once, before; default: %(default)s")
     add("--publish-every", type=float, default=600.0, help="seconds between version publishes; default: %(default)s")
     add("--publish-models", nargs="+", help="the publish rotation; default: --models")
     add(
         "--warmup",
         type=float,
-        help="seconds of each process's samples left out of the fits; default: 600, or a "
-        "third of --duration when that is shorter",
+        help="seconds of each process's samples not judged; default: 600, at most --duration / 3",
     )
-    add(
-        "--max-growth-mib-per-10min",
-        type=float,
-        default=1.0,
-        help="a memory series fails when both its slopes after the warm-up exceed this; default: %(default)s",
-    )
-    add(
-        "--max-count-rise",
-        type=float,
-        default=2.0,
-        help="a count (fds, threads, /dev/shm regions) fails when it "
-        "ends more than this above where it started after the warm-up; default: %(default)s",
-    )
-    add(
-        "--max-rejected",
-        type=float,
-        default=0.01,
-        help="most RESOURCE_EXHAUSTED + UNAVAILABLE, as a share of calls; default: %(default)s",
-    )
+    add("--max-growth-mib-per-10min", type=float, default=1.0, help="the memory gate; default: %(default)s")
+    add("--max-count-rise", type=float, default=2.0, help="the gate of fds, threads, regions; default: %(default)s")
     add("--out", type=Path, help="default: bench/results/<UTC timestamp>-soak/")
-    return parser
-
-
-def parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = arguments()
     args = parser.parse_args(argv)
-    if args.warmup is None:
-        args.warmup = min(600.0, args.duration / 3)
+    args.warmup = min(600.0, args.duration / 3) if args.warmup is None else args.warmup
     args.publish_models = args.publish_models or list(args.models)
-    if not (
-        args.duration > 0
-        and args.interval > 0
-        and 0 < args.load_fraction <= 1.5
-        and args.deadline > 0
-        and min(args.max_outstanding, args.capacity_concurrency, args.burst_concurrency) >= 1
-        and args.capacity_seconds > 0
-        and args.burst_seconds >= 0
-        and args.publish_every > 0
-        and 0 <= args.warmup < args.duration
-        and args.max_growth_mib_per_10min > 0
-        and args.max_count_rise >= 0
-        and (args.rate is None or args.rate > 0)
-    ):
-        parser.error(
-            "durations, the interval, the deadline, --load-fraction (0-1.5), the counts and the limits must "
-            "be positive, --warmup shorter than --duration"
-        )
-    if args.interval > args.duration:
-        parser.error("--interval must not exceed --duration")
+    if not (0 < args.interval <= args.duration and 0 < args.load_fraction <= 1.5 and 0 <= args.warmup < args.duration):
+        parser.error("--interval must be in (0, --duration], --load-fraction in (0, 1.5], --warmup below --duration")
     for model in {*args.models, *args.publish_models}:
         if not (REPOSITORY / model / "1" / "model.onnx").exists():
             parser.error(f"{REPOSITORY / model / '1' / 'model.onnx'} is missing: run `make models`")
@@ -199,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine(),
         "settings": settings(args),
         "documented_rejections": list(DOCUMENTED_REJECTIONS),
-        "publishes_due": sum(
-            1 for k in range(1, int(args.duration // args.publish_every) + 1) if k * args.publish_every < args.duration
-        ),
+        "publishes_due": math.ceil(args.duration / args.publish_every) - 1,  # each before the end
     }
     rows: list[dict] = []
     incidents: list[str] = []
@@ -212,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(scratch, ignore_errors=True)
     served = {p.parent.name: p.parent for p in REPOSITORY.glob(f"*/{CONFIG_FILE}")}  # every model, as make serve
     link_models(scratch, served)
-    serve = ServeProcess(scratch, out / "logs", [])  # the facade with make serve's defaults (its probe: resnet50)
+    serve = ServeProcess(scratch, out / "logs")  # the facade with make serve's defaults (its probe: resnet50)
     publisher = Publisher(scratch, REPOSITORY, args.publish_models, serve.triton_grpc_url, serve.admin_key)
     say(
         f"starting python -m tritonnx.commands.serve ({', '.join(sorted(served))} from a scratch copy); logs in {out / 'logs'}"
@@ -220,12 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve.start()
         triton_pid, facade_pid = serve.children()
-        watcher = Watcher(triton_pid, facade_pid, serve.pid, versioned=True, counts_all=True)
-        say(
-            f"serving: supervisor (tritonnx.commands.serve) pid {serve.pid}, tritonserver pid {triton_pid} "
-            f"({serve.triton_grpc_url}), facade pid {facade_pid} ({serve.facade_url})"
-        )
-        streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, args.deadline)
+        watcher = Watcher(triton_pid, facade_pid, serve.pid)
+        say(f"serving: supervisor pid {serve.pid}, tritonserver pid {triton_pid}, facade pid {facade_pid}")
+        streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, DEADLINE_S)
         asyncio.run(load_phases(args, streams, watcher, publisher, stop, rows, results, incidents))
     except (ServerError, VerificationError, OSError) as error:
         problem = f"{type(error).__name__}: {error}"
@@ -248,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     text = write_outputs(out, results, rows, gates)
     say(f"report: {out / 'report.md'} ({len(text.splitlines())} lines)")
     code = verdict(gates)
-    if stop.requested:
-        return 130
-    return 2 if problem else code
+    return 130 if stop.requested else 2 if problem else code
 
 
 if __name__ == "__main__":

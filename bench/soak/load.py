@@ -11,17 +11,19 @@ model costs (equal request rates would hand resnet50 nearly all of it).
 
 from __future__ import annotations
 
-import asyncio
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from bench.load.loops import LoadResult, OpenLoop, run_load
+from bench.load.loops import LoadResult, OpenLoop
 from bench.load.stats import Tally, percentiles
 from bench.soak.checked import CheckedFacade, CheckedTriton, StreamTarget, reference_session
 
 PATHS = ("facade", "triton")
+DEADLINE_S = 10.0  # every call's
+MAX_OUTSTANDING = 32  # calls in flight per stream at most; a call due beyond it is skipped and counted
+BURST_CONCURRENCY = 8  # calls in flight per stream in the burst
 
 
 @dataclass
@@ -58,28 +60,6 @@ def split_rates(capacities: Sequence[float], load_fraction: float) -> list[float
     return [load_fraction * c / len(capacities) for c in capacities]
 
 
-async def open_all(streams: Sequence[Stream], concurrency: int) -> None:
-    """Open every target and check its first answer."""
-    for stream in streams:
-        await stream.target.open(concurrency)
-        await stream.target.verify()
-
-
-async def close_all(streams: Sequence[Stream]) -> None:
-    for stream in streams:
-        await stream.target.close()
-
-
-async def measure(stream: Stream, concurrency: int, seconds: float) -> LoadResult:
-    """The stream's capacity alone: a closed loop for `seconds` after a short warm-up."""
-    return await run_load(stream.target, concurrency, seconds, warmup_s=min(2.0, seconds), verify=False)
-
-
-async def burst(streams: Sequence[Stream], concurrency: int, seconds: float) -> list[LoadResult]:
-    """Every stream at once in a closed loop: the peak's buffers grow before the samples start."""
-    return list(await asyncio.gather(*(run_load(s.target, concurrency, seconds, 0.0, verify=False) for s in streams)))
-
-
 def merged(tallies: Sequence[Tally]) -> Tally:
     """One tally of several streams' calls (a path's, or the whole run's)."""
     total = Tally()
@@ -110,8 +90,8 @@ def interval_row(tally: Tally, seconds: float, prefix: str = "") -> dict:
 
 def take_intervals(streams: Sequence[Stream], seconds: float) -> dict:
     """The interval's columns per path (`facade.rps`, ...) and each stream's rate and p99; a new interval starts."""
-    row: dict = {}
     taken = {s.label: s.loop.take() for s in streams if s.loop is not None}
+    row: dict = {}
     for path in PATHS:
         row |= interval_row(
             merged([t for label, t in taken.items() if label.startswith(f"{path}.")]), seconds, f"{path}."
@@ -120,40 +100,6 @@ def take_intervals(streams: Sequence[Stream], seconds: float) -> dict:
         stream_row = interval_row(tally, seconds)
         row[f"rps.{label}"], row[f"p99_ms.{label}"] = stream_row["rps"], stream_row["p99_ms"]
     return row
-
-
-@dataclass
-class Totals:
-    """The paced load's totals, per stream, per path and for the run."""
-
-    streams: dict[str, dict] = field(default_factory=dict)
-    paths: dict[str, dict] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, streams: Sequence[Stream], seconds: float) -> Totals:
-        totals = cls()
-        tallies = {}
-        for s in streams:
-            if s.loop is None:
-                continue
-            tallies[s.label] = s.loop.total
-            totals.streams[s.label] = {
-                **summary(s.loop.total, s.loop.sent, seconds),
-                "offered_rps": s.rate,
-                "wrong": s.target.wrong,
-                "wrong_examples": s.target.wrong_examples,
-                "versions": dict(sorted(s.target.versions.items())),
-            }
-        for path in PATHS:
-            mine = [s for s in streams if s.path == path and s.loop is not None]
-            totals.paths[path] = {
-                **summary(merged([tallies[s.label] for s in mine]), sum(s.loop.sent for s in mine if s.loop), seconds),
-                "wrong": sum(s.target.wrong for s in mine),
-            }
-        return totals
-
-    def as_dict(self) -> dict:
-        return {"streams": self.streams, "paths": self.paths}
 
 
 def summary(tally: Tally, sent: int, seconds: float) -> dict:
@@ -171,3 +117,25 @@ def summary(tally: Tally, sent: int, seconds: float) -> dict:
         "max_ms": float(latencies.max()) if len(latencies) else float("nan"),
         "max_lag_ms": tally.max_lag * 1000,
     }
+
+
+def totals(streams: Sequence[Stream], seconds: float) -> dict:
+    """The paced load's totals, per stream and per path."""
+    paced = [s for s in streams if s.loop is not None]
+    found: dict = {"streams": {}, "paths": {}}
+    for s in paced:
+        assert s.loop is not None
+        found["streams"][s.label] = {
+            **summary(s.loop.total, s.loop.sent, seconds),
+            "offered_rps": s.rate,
+            "wrong": s.target.wrong,
+            "wrong_examples": s.target.wrong_examples,
+            "versions": dict(sorted(s.target.versions.items())),
+        }
+    for path in PATHS:
+        mine = [(s, s.loop) for s in paced if s.path == path and s.loop is not None]
+        found["paths"][path] = {
+            **summary(merged([loop.total for _, loop in mine]), sum(loop.sent for _, loop in mine), seconds),
+            "wrong": sum(s.target.wrong for s, _ in mine),
+        }
+    return found

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from bench.output import Gate, gates_section, write_json
+from bench.soak.load import DEADLINE_S, MAX_OUTSTANDING, PATHS
 
 SINCE = "seconds since the paced load started"
 
@@ -19,7 +22,7 @@ def progress_line(row: dict) -> str:
     paths = "  ".join(
         f"{p} {row.get(f'{p}.rps', 0):6.1f} req/s p99 {row.get(f'{p}.p99_ms', math.nan):6.1f} ms "
         f"errors {row.get(f'{p}.errors_by_status') or 0}"
-        for p in ("facade", "triton")
+        for p in PATHS
     )
     return (
         f"t={row['t_s']:6.0f}s  {paths}  | RSS MiB triton {row.get('rss_mib.tritonserver', math.nan):.0f} facade "
@@ -56,7 +59,7 @@ def write_outputs(out: Path, results: dict, rows: list[dict], gates: list[Gate])
         writer = csv.DictWriter(handle, fieldnames=columns, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    results["gates"] = [{"name": g.name, "passed": g.passed, "detail": g.detail} for g in gates]
+    results["gates"] = [asdict(g) for g in gates]
     write_json(out / "results.json", results)
     if rows:
         plot(out, rows, results)
@@ -78,73 +81,61 @@ def plot(out: Path, rows: list[dict], results: dict) -> None:
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    title = "soak"
-    publishes = [p["t_s"] for p in results.get("publishes", [])]
-    warmup = results["settings"].get("warmup")
-    beside = {"fontsize": 6, "loc": "upper left", "bbox_to_anchor": (1.01, 1.0)}  # a legend right of the plot
+    publishes, warmup = [p["t_s"] for p in results.get("publishes", [])], results["settings"].get("warmup")
 
-    def marks(axis) -> None:
+    def axes_of(name: str, count: int, size: tuple[float, float]) -> list:
+        figure, axes = plt.subplots(count, 1, figsize=size, sharex=True, squeeze=False)
+        figures[name] = figure
+        return list(axes[:, 0])
+
+    def finish(axis: Any, legend: bool = True, **labels: str) -> None:
+        """Publishes dotted, the warm-up shaded, labels, the y axis from 0, a light grid, a legend right of it."""
         for t in publishes:
             axis.axvline(t, color="grey", linestyle=":", linewidth=0.8)
         if warmup:
             axis.axvspan(0, warmup, color="grey", alpha=0.08)
+        axis.set(**labels)
+        axis.set_ylim(bottom=0)
+        axis.grid(alpha=0.3)
+        if legend:
+            axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
-    for name, kinds, ylabels in (
-        ("memory.png", ("rss_mib", "pss_mib"), ("RSS MiB", "PSS MiB")),
-        ("counts.png", ("fds", "threads"), ("open fds", "threads")),
-    ):
-        figure, axes = plt.subplots(2, 1, figsize=(11, 8), sharex=True)
-        for axis, kind, ylabel in zip(axes, kinds, ylabels, strict=True):
+    figures: dict = {}
+    for name, kinds in (("memory.png", {"rss_mib": "RSS MiB", "pss_mib": "PSS MiB"}),
+                        ("counts.png", {"fds": "open fds", "threads": "threads"})):  # fmt: skip
+        for axis, (kind, ylabel) in zip(axes_of(name, 2, (11, 8)), kinds.items(), strict=True):
             for label in _labels(rows, kind):
                 axis.plot(*series(rows, f"{kind}.{label}"), marker=".", markersize=3, label=label)
-            marks(axis)
-            _axis(axis, ylabel=ylabel, title=f"{title}: {ylabel} of each process (dotted: publishes; shaded: warm-up)")
-            axis.legend(**beside)
-        axes[-1].set(xlabel=SINCE)
-        _save(plt, figure, out / name)
+            finish(axis, ylabel=ylabel, title=f"soak: {ylabel} of each process (dotted: publishes; shaded: warm-up)")
+        axis.set(xlabel=SINCE)
 
-    figure, axis = plt.subplots(figsize=(9, 4))
+    [axis] = axes_of("shm.png", 1, (9, 4))
     axis.plot(*series(rows, "shm_mib"), marker=".", label="allocated MiB")
     axis.plot(*series(rows, "shm_size_mib"), linestyle="--", label="file sizes MiB")
     right = axis.twinx()
     right.plot(*series(rows, "shm_files"), color="black", linestyle=":", label="regions")
     right.set(ylabel="regions")
     right.set_ylim(bottom=0)
-    marks(axis)
-    _axis(axis, xlabel=SINCE, ylabel="MiB", title=f"{title}: /dev/shm regions of these servers")
+    finish(axis, legend=False, xlabel=SINCE, ylabel="MiB", title="soak: /dev/shm regions of these servers")
     handles, more = axis.get_legend_handles_labels(), right.get_legend_handles_labels()
     axis.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="lower right")
-    _save(plt, figure, out / "shm.png")
 
     load_rows = rows[1:]
-    figure, (latency, each, rate) = plt.subplots(3, 1, figsize=(11, 10), sharex=True)
-    for path in ("facade", "triton"):
+    latency, each, rate = axes_of("latency.png", 3, (11, 10))
+    for path in PATHS:
         latency.plot(*series(load_rows, f"{path}.p50_ms"), marker=".", label=f"{path} p50")
         latency.plot(*series(load_rows, f"{path}.p99_ms"), marker=".", label=f"{path} p99")
         rate.plot(*series(load_rows, f"{path}.rps"), marker=".", label=f"{path} OK req/s")
     for label in _labels(load_rows, "p99_ms"):
         each.plot(*series(load_rows, f"p99_ms.{label}"), marker=".", markersize=3, label=label)
-    for axis in (latency, each, rate):
-        marks(axis)
-    _axis(latency, ylabel="ms (per interval)", title=f"{title}: latency per path, all models")
-    _axis(each, ylabel="p99 ms (per interval)", title="p99 of each stream (path.model)")
-    _axis(rate, xlabel=SINCE, ylabel="OK requests / s", title="throughput per path, all models")
-    for axis in (latency, each, rate):
-        axis.legend(**beside)
-    _save(plt, figure, out / "latency.png")
+    finish(latency, ylabel="ms (per interval)", title="soak: latency per path, all models")
+    finish(each, ylabel="p99 ms (per interval)", title="p99 of each stream (path.model)")
+    finish(rate, xlabel=SINCE, ylabel="OK requests / s", title="throughput per path, all models")
 
-
-def _axis(axis, **labels: str) -> None:
-    """Labels, the y axis from 0 and a light grid."""
-    axis.set(**labels)
-    axis.set_ylim(bottom=0)
-    axis.grid(alpha=0.3)
-
-
-def _save(plt, figure, path: Path) -> None:
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    for name, figure in figures.items():
+        figure.tight_layout()
+        figure.savefig(out / name, dpi=110)
+        plt.close(figure)
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -168,11 +159,11 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         f"Served as `make serve` serves (`python -m tritonnx.commands.serve`: tritonserver, the supervisor in the serve process, "
         f"the facade), a scratch copy of the model repository. Models loaded: {', '.join(s['models'])}, each through "
         f"the facade and Triton's KServe gRPC direct at once: {len(s['models']) * 2} streams. Each stream's capacity "
-        f"was measured alone (closed loop, {s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s) "
-        f"unless `--rate` was given; each stream is offered `--load-fraction` ({s['load_fraction']:.0%}) / "
+        f"was measured alone (closed loop, {s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s); "
+        f"each stream is offered `--load-fraction` ({s['load_fraction']:.0%}) / "
         f"{len(s['models']) * 2} of its own capacity, open loop: equal shares of the machine's time, "
-        f"{s['load_fraction']:.0%} of it in all. Every call has a {s['deadline']:.0f} s deadline, at most "
-        f"{s['max_outstanding']} outstanding per stream (a call due beyond that is skipped and counted). Every answer "
+        f"{s['load_fraction']:.0%} of it in all. Every call has a {DEADLINE_S:.0f} s deadline, at most "
+        f"{MAX_OUTSTANDING} outstanding per stream (a call due beyond that is skipped and counted). Every answer "
         "is decoded and each output compared with in-process ONNX Runtime on the same request.",
         "",
         "| stream | capacity req/s | offered req/s | sent | OK | errors | skipped | wrong | p50 ms | p99 ms | "

@@ -10,10 +10,10 @@ import asyncio
 import time
 from datetime import datetime, timezone
 
-from bench.load.loops import OpenLoop
+from bench.load.loops import OpenLoop, run_load
 from bench.output import say
 from bench.soak.judge import DOCUMENTED_REJECTIONS
-from bench.soak.load import Stream, Totals, burst, close_all, measure, open_all, split_rates, take_intervals
+from bench.soak.load import BURST_CONCURRENCY, MAX_OUTSTANDING, Stream, split_rates, take_intervals, totals
 from bench.soak.publish import Publisher
 from bench.soak.report import progress_line
 from bench.usage import Watcher, gone
@@ -27,14 +27,9 @@ def _row(t_s: float, **columns: object) -> dict:
 
 def incidents_now(watcher: Watcher, incidents: list[str]) -> None:
     """A server gone, or a stub gone that no publish replaced, into `incidents` (once each)."""
+    servers = {"tritonserver": watcher.triton, "facade": watcher.facade, "supervisor": watcher.supervisor}
     found = [
-        f"{label} exited during the run"
-        for label, process in (
-            ("tritonserver", watcher.triton),
-            ("facade", watcher.facade),
-            ("supervisor", watcher.supervisor),
-        )
-        if process is not None and gone(process)
+        f"{label} exited during the run" for label, process in servers.items() if process is not None and gone(process)
     ]
     found += [f"stub process {label} is gone" for label in sorted(watcher.died())]
     incidents += [message for message in found if message not in incidents]
@@ -50,27 +45,23 @@ async def paced(
     incidents: list[str],
 ) -> None:
     """Every stream's open loop, a publish every --publish-every and a sample row every --interval."""
-    for s in streams:
-        s.loop = OpenLoop(s.target, s.rate, args.max_outstanding, max_calls=int(s.rate * args.duration) + 1)
+    loops = [OpenLoop(s.target, s.rate, MAX_OUTSTANDING, max_calls=int(s.rate * args.duration) + 1) for s in streams]
+    for s, loop in zip(streams, loops, strict=True):
+        s.loop = loop
     begin = time.perf_counter()
     rows.append(_row(0.0, **await asyncio.to_thread(watcher.sample, 0.0)))
     say(progress_line(rows[-1]))
-    loops = asyncio.gather(*(s.loop.run(args.duration) for s in streams if s.loop is not None))
+    running = asyncio.gather(*(loop.run(args.duration) for loop in loops))
     publishing: asyncio.Future | None = None
     due = args.publish_every
     previous, k = begin, 0
-
-    def halt() -> None:
-        for s in streams:
-            if s.loop is not None:
-                s.loop.stop()
-
-    while not loops.done():
+    while not running.done():
         k += 1
         wake = begin + k * args.interval
-        while time.perf_counter() < wake and not loops.done():
+        while time.perf_counter() < wake and not running.done():
             if stop.requested:
-                halt()
+                for loop in loops:
+                    loop.stop()
             elapsed = time.perf_counter() - begin
             if elapsed >= due and due < args.duration and publishing is None:
                 say(f"publishing {publisher.next_model()} again as a new version ...")
@@ -78,14 +69,12 @@ async def paced(
                 due += args.publish_every
             if publishing is not None and publishing.done():
                 done = publishing.result()
-                say(
-                    f"  {done.model}: {f'version {done.version}, {done.serving}' if done.version else done.error}"
-                    f" ({done.seconds:.1f} s)"
-                )
+                outcome = f"version {done.version}, {done.serving}" if done.version else done.error
+                say(f"  {done.model}: {outcome} ({done.seconds:.1f} s)")
                 publishing = None
             await asyncio.sleep(min(0.2, max(0.0, wake - time.perf_counter())))
         now = time.perf_counter()
-        if now - previous < args.interval / 2 and loops.done():
+        if now - previous < args.interval / 2 and running.done():
             break  # the run ended just after the last sample: no half-empty interval
         intervals = take_intervals(streams, now - previous)
         sample = await asyncio.to_thread(watcher.sample, now - begin)
@@ -94,8 +83,9 @@ async def paced(
         say(progress_line(rows[-1]))
         incidents_now(watcher, incidents)
         if incidents:
-            halt()
-    await loops
+            for loop in loops:
+                loop.stop()
+    await running
     if publishing is not None:
         await publishing
 
@@ -110,35 +100,37 @@ async def load_phases(
     results: dict,
     incidents: list[str],
 ) -> None:
-    """Open and check every stream, measure capacities (unless --rate), the burst, then the paced load."""
+    """Open and check every stream, measure each one's capacity alone, the burst, then the paced load."""
     try:
-        await open_all(streams, args.capacity_concurrency)
-        if args.rate:
-            for s in streams:
-                s.rate = args.rate
-            say(f"offering {args.rate:.1f} req/s per stream (--rate; capacity not measured)")
-        else:
-            for s in streams:
-                if stop.requested:
-                    raise ServerError("interrupted while measuring capacity")
-                say(
-                    f"capacity of {s.label}: closed loop, {args.capacity_concurrency} concurrent, "
-                    f"{args.capacity_seconds:.0f} s ..."
-                )
-                s.capacity = await measure(s, args.capacity_concurrency, args.capacity_seconds)
-                say(f"  {s.capacity.summary()}")
-                if s.capacity.throughput_rps <= 0 or set(s.capacity.errors) - set(DOCUMENTED_REJECTIONS):
-                    raise ServerError(f"capacity of {s.label} failed: {s.capacity.requests} OK, {s.capacity.errors}")
-            rates = split_rates([s.capacity.throughput_rps for s in streams if s.capacity], args.load_fraction)
-            for s, rate in zip(streams, rates, strict=True):
-                s.rate = rate
-            results["capacities"] = {s.label: s.capacity.as_dict() for s in streams if s.capacity}
-        if args.burst_seconds > 0 and not stop.requested:
+        for s in streams:
+            await s.target.open(args.capacity_concurrency)
+            await s.target.verify()
+        for s in streams:
+            if stop.requested:
+                raise ServerError("interrupted while measuring capacity")
             say(
-                f"warm-up burst: every stream at once, {args.burst_concurrency} concurrent each, "
-                f"{args.burst_seconds:.0f} s ..."
+                f"capacity of {s.label}: closed loop, {args.capacity_concurrency} concurrent, {args.capacity_seconds:.0f} s ..."
             )
-            done = await burst(streams, args.burst_concurrency, args.burst_seconds)
+            warmup = min(2.0, args.capacity_seconds)
+            s.capacity = await run_load(
+                s.target, args.capacity_concurrency, args.capacity_seconds, warmup, verify=False
+            )
+            say(f"  {s.capacity.summary()}")
+            if s.capacity.throughput_rps <= 0 or set(s.capacity.errors) - set(DOCUMENTED_REJECTIONS):
+                raise ServerError(f"capacity of {s.label} failed: {s.capacity.requests} OK, {s.capacity.errors}")
+        capacities = {s.label: s.capacity for s in streams if s.capacity}
+        for s, rate in zip(
+            streams, split_rates([c.throughput_rps for c in capacities.values()], args.load_fraction), strict=True
+        ):
+            s.rate = rate
+        results["capacities"] = {label: capacity.as_dict() for label, capacity in capacities.items()}
+        if args.burst_seconds > 0 and not stop.requested:
+            # Every stream at once in a closed loop: buffers sized by the peak grow before the samples start.
+            say(
+                f"warm-up burst: every stream at once, {BURST_CONCURRENCY} concurrent each, {args.burst_seconds:.0f} s ..."
+            )
+            burst = [run_load(s.target, BURST_CONCURRENCY, args.burst_seconds, 0.0, verify=False) for s in streams]
+            done = await asyncio.gather(*burst)
             results["burst"] = [r.as_dict() for r in done]
             results["burst_failures"] = {
                 f"{s.label} {status}": count
@@ -158,6 +150,7 @@ async def load_phases(
         await paced(args, streams, watcher, publisher, stop, rows, incidents)
         results["load_seconds"] = time.perf_counter() - wall_before
         results["generator_cpu"] = (time.process_time() - cpu_before) / results["load_seconds"]
-        results["totals"] = Totals.of(streams, results["load_seconds"]).as_dict()
+        results["totals"] = totals(streams, results["load_seconds"])
     finally:
-        await close_all(streams)
+        for s in streams:
+            await s.target.close()

@@ -1,9 +1,9 @@
 """The soak's stack, run as `make serve` runs it: `python -m tritonnx.commands.serve` in a process of its own.
 
 That process holds the supervisor (a thread watching tritonserver's stubs and the server) and starts tritonserver
-and the facade as its children; so its memory, fds and threads are the supervisor's, sampled apart from the load
-generator's. Ports are free loopback ones, logs and Triton's assembled backend go to the run's folder, and the
-admin key is handed over in its environment (the publishes need it).
+and the facade (with its defaults) as its children; so its memory, fds and threads are the supervisor's, sampled apart
+from the load generator's. Ports are free loopback ones, logs and Triton's assembled backend go to the run's folder,
+and the admin key is handed over in its environment (the publishes need it).
 """
 
 from __future__ import annotations
@@ -23,34 +23,17 @@ READY_LINE = "Ctrl-C stops it."  # tritonnx.commands.serve's last line once the 
 
 
 class ServeProcess(ManagedProcess):
-    def __init__(self, repository: Path, workdir: Path, facade_args: list[str], timeout: float = 300.0) -> None:
-        self.repository, self.workdir, self.facade_args, self.timeout = repository, workdir, facade_args, timeout
+    def __init__(self, repository: Path, workdir: Path, timeout: float = 300.0) -> None:
+        self.workdir, self.timeout = workdir, timeout
         self.log_file = workdir / "serve.log"
         self.admin_key = new_admin_key()
         http, grpc, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
-        self.triton_grpc_url = f"127.0.0.1:{grpc}"
-        self.facade_url = f"127.0.0.1:{facade_grpc}"
-        self.supervisor_metrics_url = f"http://127.0.0.1:{supervisor}/metrics"
+        self.triton_grpc_url, self.facade_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{facade_grpc}"
         self._args = [
-            "--model-repository",
-            str(repository),
-            "--log-dir",
-            str(workdir),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--supervisor-metrics-port",
-            str(supervisor),
-            "--",
-            *facade_args,
-            "--port",
-            str(facade_grpc),
-            "--http-port",
-            str(facade_http),
-        ]
+            "--model-repository", str(repository), "--log-dir", str(workdir), "--http-port", str(http),
+            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--supervisor-metrics-port", str(supervisor),
+            "--", "--port", str(facade_grpc), "--http-port", str(facade_http),
+        ]  # fmt: skip
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

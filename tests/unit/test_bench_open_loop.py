@@ -93,7 +93,7 @@ def test_waiting_when_full_sends_every_scheduled_call_and_never_more_at_once():
 
 
 def test_poisson_arrivals_have_the_mean_rate_and_exponential_gaps():
-    offsets = list(itertools.islice(arrival_offsets(100.0, "poisson", seed=3), 20_000))
+    offsets = list(itertools.islice(arrival_offsets(100.0, poisson=True, seed=3), 20_000))
     gaps = np.diff(offsets)
     assert offsets[0] == 0.0 and (gaps >= 0).all()
     assert 20_000 / offsets[-1] == pytest.approx(100.0, rel=0.03)  # the mean rate
@@ -104,20 +104,20 @@ def test_poisson_arrivals_have_the_mean_rate_and_exponential_gaps():
 
 def test_a_seeded_poisson_schedule_is_replayed_exactly_and_another_seed_differs():
     def first(seed: int) -> list[float]:
-        return list(itertools.islice(arrival_offsets(50.0, "poisson", seed=seed), 5000))
+        return list(itertools.islice(arrival_offsets(50.0, poisson=True, seed=seed), 5000))
 
     assert first(7) == first(7)
     assert first(7) != first(8)
-    with pytest.raises(ValueError, match="arrivals"):
-        OpenLoop(_Target(0.0), rate=1, max_outstanding=1, max_calls=1, arrivals="bursty")
+    with pytest.raises(ValueError, match="must be positive"):
+        OpenLoop(_Target(0.0), rate=0, max_outstanding=1, max_calls=1, poisson=True)
 
 
 def test_a_slow_server_does_not_slow_the_poisson_schedule_down():
     target = _Target(0.2)  # every answer takes 0.2 s: a closed loop of 2 would send 5 a second
     in_flight = _in_flight_at_each_call(target, lambda: loop)
-    loop = OpenLoop(target, rate=200, max_outstanding=1000, max_calls=10_000, arrivals="poisson", seed=1)
+    loop = OpenLoop(target, rate=200, max_outstanding=1000, max_calls=10_000, poisson=True, seed=1)
     asyncio.run(loop.run(0.5))
-    scheduled = sum(1 for offset in itertools.takewhile(lambda o: o < 0.5, arrival_offsets(200, "poisson", seed=1)))
+    scheduled = sum(1 for offset in itertools.takewhile(lambda o: o < 0.5, arrival_offsets(200, poisson=True, seed=1)))
     assert loop.sent == scheduled and loop.total.skipped == 0 and loop.total.count() == scheduled
     assert len(loop.lags) == scheduled
     assert max(in_flight) > 10  # calls overlapped: each went on its schedule, not after the previous answer
@@ -135,14 +135,16 @@ def test_latency_counts_from_the_scheduled_send_when_the_sender_stalls():
 
     def run(from_schedule: bool) -> OpenLoop:
         loop = OpenLoop(
-            _Stalling(0.0), rate=100, max_outstanding=1000, max_calls=10_000, arrivals="poisson", seed=2,
+            _Stalling(0.0), rate=100, max_outstanding=1000, max_calls=10_000, poisson=True, seed=2,
             from_schedule=from_schedule,
         )  # fmt: skip
         asyncio.run(loop.run(0.6))
         return loop
 
     timed = run(from_schedule=True)
-    due_in_stall = sum(1 for o in itertools.takewhile(lambda o: o < stall / 2, arrival_offsets(100, "poisson", seed=2)))
+    due_in_stall = sum(
+        1 for o in itertools.takewhile(lambda o: o < stall / 2, arrival_offsets(100, poisson=True, seed=2))
+    )
     # Every call due in the stall's first half waited at least the other half, and its latency says so.
     assert (timed.total.ms() >= 1000 * stall / 2).sum() >= due_in_stall
     assert timed.lag_ms([100])[0] >= 1000 * stall / 2 and timed.total.max_lag >= stall / 2

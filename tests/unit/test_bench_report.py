@@ -22,27 +22,19 @@ STDOUT = """Request concurrency: 16
 
 
 def test_perf_analyzer_csv_and_counts_are_read():
-    point = parse("mobilenet_v3_small", 1, CSV, STDOUT, client_cpu=0.4)
+    point = parse("mobilenet_v3_small", CSV, STDOUT, client_cpu=0.4)
     assert point.concurrency == 16 and point.throughput == pytest.approx(433.379)
     assert point.p50_ms == pytest.approx(35.618) and point.p99_ms == pytest.approx(78.976)
     assert point.server_queue_ms == pytest.approx(5.18) and point.server_compute_infer_ms == pytest.approx(23.514)
-    assert point.avg_batch == pytest.approx(6335 / 1237)
+    assert (point.inference_count, point.execution_count) == (6335, 1237)
     assert point.as_dict()["avg_batch"] == 5.12 and point.client_cpu == 0.4
-
-
-def test_an_open_loop_measurement_is_read_with_its_rate():
-    # --request-rate-range writes "Request Rate" where a closed loop writes "Concurrency".
-    rate_csv = CSV.replace("Concurrency,", "Request Rate,").replace("\n16,433.379,", "\n100,95.136,")
-    point = parse("mobilenet_v3_small", 1, rate_csv, STDOUT)
-    assert (point.request_rate, point.concurrency, point.throughput) == (100.0, 0, pytest.approx(95.136))
-    assert point.p99_ms == pytest.approx(78.976)
 
 
 def test_unreadable_perf_analyzer_output_is_an_error():
     with pytest.raises(PerfAnalyzerError, match="no measurement"):
-        parse("m", 1, CSV.splitlines()[0] + "\n", STDOUT)
+        parse("m", CSV.splitlines()[0] + "\n", STDOUT)
     with pytest.raises(PerfAnalyzerError, match="inference/execution counts"):
-        parse("m", 1, CSV, "nothing here")
+        parse("m", CSV, "nothing here")
 
 
 def load_point(concurrency: int, images: float, p50: float) -> dict:
@@ -61,7 +53,7 @@ UNSPREAD = {"shares": [0.95, 0.05], "spread": False, "runs": 2, "cpu_seconds": [
 
 
 def test_report_gives_ratios_tables_and_plots(tmp_path):
-    perf = parse("mobilenet_v3_small", 1, CSV, STDOUT).as_dict()
+    perf = parse("mobilenet_v3_small", CSV, STDOUT).as_dict()
     perf_c1 = dict(perf, concurrency=1, throughput=120.0, p50_ms=3.0)
     results = {
         "started": "20261122T000000Z",

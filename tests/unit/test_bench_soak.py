@@ -170,7 +170,7 @@ def test_too_short_a_run_is_not_judged():
 
 
 def test_a_stub_replaced_by_a_newer_version_did_not_die():
-    watcher = Watcher(os.getpid(), os.getpid(), versioned=True)
+    watcher = Watcher(os.getpid(), os.getpid())
     watcher.stub_pids = {"m_0_0@v1": [1], "m@v2": [2], "m_0_0@v2": [3], "n_0_0@v1": [4]}
     watcher.stub_versions = {"m_0_0@v1": ("m", "1"), "m@v2": ("m", "2"), "m_0_0@v2": ("m", "2"), "n_0_0@v1": ("n", "1")}
     # v1 unloaded after the publish, the auto-complete stub of v2 exited by itself, n's only stub died.

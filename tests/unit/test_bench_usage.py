@@ -102,25 +102,27 @@ def test_other_command_lines_are_not_stubs(cmdline):
     assert Stub.from_command_line(1, cmdline) is None
 
 
-def test_the_watcher_names_stubs_by_instance_samples_them_and_sees_one_go(tmp_path):
+def test_the_watcher_names_stubs_by_instance_and_version_samples_them_and_sees_one_go(tmp_path):
     parent = fake_tritonserver(tmp_path, ["mobilenet_v3_small_0_1", "my_group_3"])
     try:
         watcher = Watcher(parent.pid, os.getpid())  # this test process plays the facade
-        assert sorted(watcher.processes()) == ["facade", "mobilenet_v3_small_0_1", "my_group_3", "tritonserver"]
+        stubs = ["mobilenet_v3_small_0_1@v1", "my_group_3@v1"]  # each of version 1, as its model.py's folder says
+        assert sorted(watcher.processes()) == ["facade", *stubs, "tritonserver"]
         assert {"triton_python_backend_shm_region_0", "triton_python_backend_shm_region_1"} <= watcher.shm_names
         watcher.sample(0.0)
         time.sleep(0.2)
         row = watcher.sample(0.2)
-        for label in ("facade", "tritonserver", "mobilenet_v3_small_0_1", "my_group_3"):
+        for label in ("facade", "tritonserver", *stubs):
             assert row[f"rss_mib.{label}"] > 0 and row[f"pss_mib.{label}"] > 0 and f"cpu.{label}" in row
-        assert row["fds.facade"] > 0 and row["threads.tritonserver"] >= 1 and "fds.my_group_3" not in row
+            assert row[f"fds.{label}"] > 0 and row[f"threads.{label}"] >= 1
         assert row["pss_mib.total"] >= row["pss_mib.facade"] + row["pss_mib.tritonserver"]
         assert {"shm_files", "shm_mib", "shm_size_mib"} <= set(row)
 
         [gone] = [pid for pid, stub in live_stubs(parent.pid).items() if stub.instance == "my_group_3"]
         psutil.Process(gone).kill()  # left a zombie: the stand-in never reaps it
-        wait_until(lambda: "my_group_3" not in watcher.processes(), 5, "the killed stub no longer listed")
-        assert watcher.missing == {"my_group_3"} and watcher.stub_pids["my_group_3"] == [gone]
+        wait_until(lambda: "my_group_3@v1" not in watcher.processes(), 5, "the killed stub no longer listed")
+        assert watcher.missing == {"my_group_3@v1"} and watcher.stub_pids["my_group_3@v1"] == [gone]
+        assert watcher.died() == {"my_group_3@v1"}  # no newer version replaced it
         # An exiting process loses its command line before it turns zombie: wait for the second too.
         wait_until(lambda: gone not in watcher.alive_pids(), 5, "the killed stub no longer alive")
         assert parent.pid in watcher.alive_pids()
@@ -153,11 +155,11 @@ def test_mapped_shm_files_of_a_missing_process_is_empty():
     assert mapped_shm_files(2**22 + 12345) == set()
 
 
-def test_a_versioned_watcher_names_stubs_by_version_and_counts_every_process(tmp_path):
+def test_the_watcher_samples_the_supervisors_process_too(tmp_path):
     parent = fake_tritonserver(tmp_path, ["mobilenet_v3_small_0_1"])
     try:
         # This test process plays the facade and the supervisor's process.
-        watcher = Watcher(parent.pid, os.getpid(), os.getpid(), versioned=True, counts_all=True)
+        watcher = Watcher(parent.pid, os.getpid(), os.getpid())
         assert sorted(watcher.processes()) == ["facade", "mobilenet_v3_small_0_1@v1", "supervisor", "tritonserver"]
         assert watcher.stub_versions == {"mobilenet_v3_small_0_1@v1": ("mobilenet_v3_small", "1")}
         row = watcher.sample(0.0)
