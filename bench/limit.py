@@ -1,8 +1,7 @@
 """The limit to compare with: the same .onnx file run in-process by ONNX Runtime, no server.
 
-With the machine's whole thread budget, in the two ways a server could spend it: one session
-with all threads, or one single-thread session per core running side by side (ONNX Runtime
-releases the GIL while it runs). The better of the two is the limit.
+With the machine's whole thread budget, in the two ways a server could spend it: one session with all threads, or one
+single-thread session per core side by side (ONNX Runtime releases the GIL while it runs). The better is the limit.
 """
 
 from __future__ import annotations
@@ -46,10 +45,7 @@ def _images(batch: int) -> np.ndarray:
 
 
 def _throughput(sessions: list[ort.InferenceSession], batch: int, seconds: float) -> tuple[float, float]:
-    """Images per second with every session looping on its own thread for `seconds`.
-
-    Also the CPU milliseconds this process spent per image meanwhile.
-    """
+    """Images per second with every session looping on its own thread for `seconds`, and the CPU ms per image."""
     data = _images(batch)
     name = sessions[0].get_inputs()[0].name
     for session in sessions:  # warm up: first runs allocate
@@ -118,9 +114,8 @@ def measure_single_image(
     The reference for a served lone request, measured right beside it, since this machine's speed drifts between
     minutes.
     """
-    whole = _session(onnx_file, threads)
-    one_thread = _session(onnx_file, 1)
-    for session in (whole, one_thread):  # first runs allocate
+    sessions = (_session(onnx_file, threads), _session(onnx_file, 1))
+    for session in sessions:  # first runs allocate
         for feed in feeds or [{session.get_inputs()[0].name: _images(1)}]:
             session.run(None, feed)
-    return _single_image(whole, one_thread, seconds=seconds, feeds=feeds)
+    return _single_image(*sessions, seconds=seconds, feeds=feeds)

@@ -1,25 +1,15 @@
 """python -m bench.overload: offer 3x a path's capacity and check that nothing breaks.
 
-For one path at a time (the facade's Predict, or Triton's KServe ModelInfer directly, as a
-tritonclient user sends it) and one model:
+For one path at a time (the facade's Predict, or Triton's KServe ModelInfer directly) and one model: its capacity from
+a closed loop at 48 in flight (within the facade's share for default-priority requests, 3/4 of its in-flight limit);
+the servers' idle memory (PSS of each process tree) once that warm-up made them serve their largest batches; then an
+open loop sending `--factor` x capacity for `--seconds`, each request one of a few images with its expected output
+from in-process ONNX Runtime; then a closed loop at the concurrency the accepted requests had (Little's law), for
+their p99 without overload; then the memory again.
 
-1. capacity: a closed loop at 48 in flight (3 full batches; keep it within the facade's share
-   for default-priority requests, 3/4 of --max-in-flight: 48 of 64) for a few seconds -> requests/s;
-2. idle memory of the servers (PSS of each process tree), after that warm-up has made them
-   serve their largest batches;
-3. overload: an open loop sending `--factor` x capacity requests/s for `--seconds`, each request
-   one of a few images whose expected output was computed in-process with ONNX Runtime;
-4. reference: a closed loop at the concurrency the accepted requests had during the overload
-   (Little's law: accepted/s x mean latency), for their p99 without overload;
-5. memory again, after a short settle.
-
-Verdict, per the reliability targets: every request ends as a success or a documented rejection
-(RESOURCE_EXHAUSTED from the facade, UNAVAILABLE from Triton's queue) returned within 50 ms; the
-accepted requests' p99 is at most 2x the reference p99; no wrong output (every answer of every
-phase is compared); the servers stay up and their memory is back within 10% (or 64 MiB) of idle.
-
-Every loop is bounded (bench.load.loops): the open loop sends exactly rate x seconds requests, at
-most `max_outstanding` at once, each with a deadline.
+Verdict, per the reliability targets: every request ends as a success or a documented rejection (RESOURCE_EXHAUSTED
+from the facade, UNAVAILABLE from Triton's queue) returned within 50 ms; the accepted requests' p99 is at most 2x the
+reference p99; no wrong output; the servers stay up and their memory is back within 10% (or 64 MiB) of idle.
 """
 
 from __future__ import annotations
@@ -28,7 +18,6 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,6 +36,7 @@ REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
 IMAGE_SHAPE = [1, 3, 224, 224]
+MAX_OUTSTANDING = 1024  # calls in flight at most: the open loop then waits for one to end
 
 
 def expected_outputs(onnx_file: Path, images: list[np.ndarray]) -> list[np.ndarray]:
@@ -140,11 +130,9 @@ async def measure(
     capacity_concurrency: int = 48,
     capacity_seconds: float = 8.0,
     reference_seconds: float = 10.0,
-    max_outstanding: int = 1024,
-    say: Callable[[str], None] = say,
 ) -> OverloadResult:
     """Capacity, overload and reference of one path (`target` from `path_target`), judged."""
-    await target.open(max_outstanding)
+    await target.open(MAX_OUTSTANDING)
     try:
         await target.verify()  # once: after it, every answer is compared with its expected output
         say(f"{path}: capacity, closed loop at {capacity_concurrency} for {capacity_seconds:.0f}s ...")
@@ -155,7 +143,7 @@ async def measure(
         idle = _pss(server_pids)
         offered = factor * capacity
         say(f"{path}: {capacity:.1f}/s; offering {offered:.1f}/s for {seconds:.0f}s ...")
-        load = OpenLoop(target, offered, max_outstanding, max_calls=max(1, int(offered * seconds)), wait_when_full=True)
+        load = OpenLoop(target, offered, MAX_OUTSTANDING, max_calls=max(1, int(offered * seconds)), wait_when_full=True)
         started = time.perf_counter()
         await load.run(seconds)
         wall = time.perf_counter() - started
@@ -174,37 +162,24 @@ async def measure(
         percentiles(rejected, [99], 0.0),
     )
     result = OverloadResult(
-        path=path,
-        model=target.model,
-        capacity_rps=capacity,
-        offered_rps=offered,
-        seconds=seconds,
-        statuses=load.total.statuses,
-        wrong_outputs=target.wrong,
-        accepted_rps=len(accepted) / wall,
-        accepted_p50_ms=accepted_p50,
-        accepted_p99_ms=accepted_p99,
-        accepted_concurrency=concurrency,
+        path=path, model=target.model, capacity_rps=capacity, offered_rps=offered, seconds=seconds,
+        statuses=load.total.statuses, wrong_outputs=target.wrong, accepted_rps=len(accepted) / wall,
+        accepted_p50_ms=accepted_p50, accepted_p99_ms=accepted_p99, accepted_concurrency=concurrency,
         reference_p99_ms=reference.p99_ms if reference.requests else 0.0,
-        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0,
-        rejection_p99_ms=rejection_p99,
-        late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()),
-        memory_idle_mib=idle,
-        memory_after_mib=after,
-        problems=[],
-    )
+        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0, rejection_p99_ms=rejection_p99,
+        late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()), memory_idle_mib=idle,
+        memory_after_mib=after, problems=[],
+    )  # fmt: skip
     result.judge()
     return result
 
 
 def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
     """Start tritonserver (supervised) and the facade on free ports, overload each path in turn."""
-    stack = ServingStack(
-        REPOSITORY, out, supervised=True, facade_args=["--default-model", args.model, "--health-interval", "5"]
-    )
+    facade_args = ["--default-model", args.model, "--health-interval", "5"]
     images, expected = checked_images(args.model)
     results = []
-    with stack:
+    with ServingStack(REPOSITORY, out, supervised=True, facade_args=facade_args) as stack:
         triton, facade, supervisor = stack.triton, stack.facade, stack.supervisor
         assert facade is not None and supervisor is not None  # a supervised stack with a facade
         pids = {"tritonserver": triton.pid, "facade": facade.pid}
@@ -213,8 +188,7 @@ def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
             target = path_target(path, url, args.model, images, expected)
             result = asyncio.run(measure(path, target, pids, seconds=args.seconds, factor=args.factor))
             running = all(s.process is not None and s.process.poll() is None for s in (triton, facade))
-            alive = running and not supervisor.restarts
-            if not alive:
+            if not running or supervisor.restarts:
                 result.problems.append("a server went down")
             print(result.summary(), flush=True)
             results.append(result)
@@ -227,13 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Offer several times the measured capacity through the facade and directly to Triton, and "
         "check that every request succeeds with the right output or is rejected quickly with a documented status.",
     )
-    parser.add_argument("--model", default="resnet50", help="default: %(default)s")
-    parser.add_argument("--paths", nargs="+", choices=["facade", "direct"], default=["facade", "direct"])
-    parser.add_argument("--seconds", type=float, default=60.0, help="overload duration per path; default: %(default)s")
-    parser.add_argument("--factor", type=float, default=3.0, help="offered load / capacity; default: %(default)s")
-    parser.add_argument(
-        "--out", type=Path, help="logs and results.json go here; default: bench/results/<UTC timestamp>-overload"
-    )
+    add = parser.add_argument
+    add("--model", default="resnet50", help="default: %(default)s")
+    add("--paths", nargs="+", choices=["facade", "direct"], default=["facade", "direct"])
+    add("--seconds", type=float, default=60.0, help="overload duration per path; default: %(default)s")
+    add("--factor", type=float, default=3.0, help="offered load / capacity; default: %(default)s")
+    add("--out", type=Path, help="logs and results.json go here; default: bench/results/<UTC timestamp>-overload")
     args = parser.parse_args(argv)
     _, out = run_folder(args.out, "overload")
     results = run_stack(args, out)

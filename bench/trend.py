@@ -37,7 +37,11 @@ class Trend:
     note: str = ""
 
     def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return _rounded(self)
+
+
+def _rounded(series: Trend | Level) -> dict:
+    return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(series).items()}
 
 
 def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> float:
@@ -86,30 +90,18 @@ def trend(
     sample of a process that was not there yet) are left out.
     """
     points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
+    nan = math.nan
     if not points:
-        nan = math.nan
         return Trend(series, unit, 0, nan, nan, nan, nan, nan, nan, nan, False, "no samples")
     start, end = points[0][1], points[-1][1]
     peak = max(v for _, v in points)
     middle = (points[0][0] + points[-1][0]) / 2 if since is None else since
     window_t = [t for t, _ in points if t >= middle]
     window_v = [v for t, v in points if t >= middle]
-    mean = float(np.mean(window_v)) if window_v else math.nan
+    mean = float(np.mean(window_v)) if window_v else nan
     if len(window_t) < min_samples:
-        return Trend(
-            series,
-            unit,
-            len(window_t),
-            start,
-            end,
-            peak,
-            mean,
-            math.nan,
-            math.nan,
-            math.nan,
-            False,
-            f"fewer than {min_samples} samples after the warm-up: not judged",
-        )
+        note = f"fewer than {min_samples} samples after the warm-up: not judged"
+        return Trend(series, unit, len(window_t), start, end, peak, mean, nan, nan, nan, False, note)
     growth = least_squares_slope(window_t, window_v) * TEN_MINUTES
     robust = theil_sen_slope(window_t, window_v) * TEN_MINUTES
     smaller = min(growth, robust)
@@ -140,7 +132,7 @@ class Level:
     note: str = ""
 
     def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) and math.isfinite(v) else v) for k, v in asdict(self).items()}
+        return _rounded(self)
 
 
 def level(

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
-from bench.attacks.campaign import Options, run
-from bench.attacks.catalog import FULL, NAMES, QUICK
+from bench.attacks.campaign import run
+from bench.attacks.catalog import NAMES
 from bench.attacks.report import gates, report, results
-from bench.output import finish, run_folder, say
+from bench.output import finish, run_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,50 +19,37 @@ def main(argv: list[str] | None = None) -> int:
         "single crafted requests, each as measured by hand and again at the message limit, while a probe checks "
         "that others are still served; report what each attack got and cost, and judge it.",
     )
-    parser.add_argument("--quick", action="store_true", help="small sizes and no idle period: a smoke run")
-    parser.add_argument(
-        "--attacks", nargs="+", choices=NAMES, default=NAMES, metavar="NAME", help=f"{', '.join(NAMES)}"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--quick", action="store_true", help="small sizes and no idle period: a smoke run")
+    add("--attacks", nargs="+", choices=NAMES, default=NAMES, metavar="NAME", help=f"{', '.join(NAMES)}")
+    add(
         "--idle-seconds",
         type=float,
         help="idle time after the last attack before the facade's RSS is judged; default: 60, with --quick 0",
     )
-    parser.add_argument(
+    add(
         "--max-message-bytes",
         type=int,
         help="the facade's message limit, which the attacks at the limit stay under; default: its --help's",
     )
-    parser.add_argument(
+    add(
         "--rss-cap-mib",
         type=float,
         default=6144,
-        help="an attack stops sending once the facade's RSS exceeds this (it has failed its gate long before); "
-        "default: %(default)s",
+        help="an attack stops sending once the facade's RSS exceeds this; default: %(default)s",
     )
-    parser.add_argument(
+    add(
         "--available-floor-mib",
         type=float,
         default=2048,
-        help="an attack stops sending once the machine has less memory available than this; default: %(default)s",
+        help="an attack stops sending once the machine has less memory available; default: %(default)s",
     )
-    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>-attacks")
+    add("--out", type=Path, help="default: bench/results/<UTC timestamp>-attacks")
     args = parser.parse_args(argv)
     if args.idle_seconds is None:
         args.idle_seconds = 0.0 if args.quick else 60.0
     _, out = run_folder(args.out, "attacks")
-    sizes = QUICK if args.quick else FULL
-    say(f"attacks: {', '.join(args.attacks)}; sizes {asdict(sizes)}")
-    options = Options(
-        args.attacks,
-        sizes,
-        args.max_message_bytes,
-        args.idle_seconds,
-        args.quick,
-        args.rss_cap_mib,
-        args.available_floor_mib,
-    )
-    campaign = run(options, out)
+    campaign = run(args, out)
     judged = gates(campaign)
     return finish(out, report(campaign, judged, args.quick), judged, results(campaign, args))
 

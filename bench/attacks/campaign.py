@@ -6,6 +6,7 @@ while it runs and until the facade is idle again, and records its calls.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from bench import REPOSITORY
 from bench.attacks.calls import FACADE, Call, channel, one
-from bench.attacks.catalog import Attack, Context, Sizes, attacks, holding, until
+from bench.attacks.catalog import QUICK, Attack, Context, Outcome, Sizes, attacks, holding, until
 from bench.attacks.payloads import valid_predict
 from bench.attacks.watch import PROBE_LIMIT_S, ProbeSummary, Target, Watch, rss_mib
 from bench.output import say
@@ -32,19 +33,22 @@ TAIL_S = 1.0  # each attack's phase goes on this long after the facade is idle (
 
 @dataclass
 class AttackResult:
-    name: str
-    what: str
-    count: int
-    body_bytes: int
+    attack: Attack
+    outcome: Outcome
     seconds: float
-    calls: list[Call]
-    held: list[Call]
-    notes: list[str]
-    probe: dict[str, ProbeSummary]
+    probe: dict[str, ProbeSummary]  # by kind of probe call, during the attack
     rss_before_mib: float
     rss_peak_mib: float
-    guarded: list[str]
-    overload: bool = False  # Attack.overload: the probe's latency is not judged
+    guarded: list[str]  # why the memory guard stopped it, if it did
+
+    @property
+    def name(self) -> str:
+        return self.attack.name
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every call the attack ended: those answered, then those held without their whole body."""
+        return self.outcome.calls + self.outcome.held
 
     @property
     def rss_rise_mib(self) -> float:
@@ -89,25 +93,14 @@ def attack_once(attack: Attack, ctx: Context, watch: Watch) -> AttackResult:
     _settle(ctx.target)
     time.sleep(TAIL_S)
     until(lambda: all(summary.calls for summary in watch.probed(attack.name).values()), 2 * PROBE_LIMIT_S + 1)
+    guarded = [g for g in watch.guarded if g.startswith(attack.name + ":")]
     result = AttackResult(
-        attack.name,
-        attack.what,
-        outcome.count,
-        outcome.body_bytes,
-        seconds,
-        outcome.calls,
-        outcome.held,
-        outcome.notes,
-        watch.probed(attack.name),
-        before,
-        watch.peak_mib(attack.name),
-        [g for g in watch.guarded if g.startswith(attack.name + ":")],
-        attack.overload,
+        attack, outcome, seconds, watch.probed(attack.name), before, watch.peak_mib(attack.name), guarded
     )
     watch.enter("between")
+    slowest = max((c.seconds for c in outcome.calls), default=0)
     say(
-        f"{attack.name}: {statuses(outcome.calls + outcome.held)}, slowest answer "
-        f"{max((c.seconds for c in outcome.calls), default=0):.2f} s, facade peak {round(result.rss_rise_mib):+,d} MiB"
+        f"{attack.name}: {statuses(result.calls)}, slowest answer {slowest:.2f} s, facade peak {round(result.rss_rise_mib):+,d} MiB"
     )
     return result
 
@@ -122,12 +115,7 @@ def statuses(calls: list[Call]) -> dict[str, int]:
 
 def message_limit() -> int:
     """The facade's --max-message-bytes, as its --help states it (its default, or the environment's)."""
-    command = [
-        sys.executable,
-        "-m",
-        "tritonnx.client.facade",
-        "--help",
-    ]  # as the stack starts it: same cwd, same environment
+    command = [sys.executable, "-m", "tritonnx.client.facade", "--help"]  # as the stack starts it: same cwd and env
     text = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     found = re.search(r"^\s+--max-message-bytes\b.*?default: (\d+)", text, re.MULTILINE | re.DOTALL)
     if found is None:
@@ -143,48 +131,33 @@ def facade_source(pid: int) -> str:
     return str(Path(found.strip()).parent)
 
 
-@dataclass(frozen=True)
-class Options:
-    attacks: list[str]
-    sizes: Sizes
-    limit: int | None  # the facade's message limit; None: read from its --help
-    idle_seconds: float
-    quick: bool
-    rss_cap_mib: float
-    available_floor_mib: float
-
-
-def run(options: Options, out: Path) -> Campaign:
+def run(args: argparse.Namespace, out: Path) -> Campaign:
     """Serve the models on free ports with a facade of its defaults, and attack it with each chosen attack in turn."""
-    sizes, quick = options.sizes, options.quick
+    sizes, quick = QUICK if args.quick else Sizes(), args.quick
     repository = link_models(out / "repository", {name: REPOSITORY / name for name in SERVED})
     with ServingStack(repository, out) as stack:
         facade = stack.facade
         assert facade is not None
         main = Target(facade.grpc_url, facade.http_url, facade.pid)
         source = facade_source(facade.pid)
-        limit = options.limit or message_limit()
+        limit = args.max_message_bytes or message_limit()
         say(f"facade {main.grpc_url} runs {source}; its message limit {limit:,} bytes")
         _warm(main)
         results = []
-        with Watch(main, options.rss_cap_mib, options.available_floor_mib) as watch:
+        with Watch(main, args.rss_cap_mib, args.available_floor_mib) as watch:
             until(lambda: watch.answered("Predict") and watch.answered("/metrics"), 30)
             watch.enter("baseline")
             time.sleep(sizes.baseline_seconds)
             baseline = watch.probed("baseline")
             rss_start = watch.rss_now()
             exited = ""
-            for attack in (a for a in attacks() if a.name in options.attacks):
+            for attack in (a for a in attacks() if a.name in args.attacks):
                 if not attack.facade_args:
                     ctx = Context(main, limit, sizes, quick, watch.guard)
                     results.append(attack_once(attack, ctx, watch))
                 else:
-                    own = start_facade(
-                        stack.triton.grpc_url,
-                        stack.admin_key,
-                        out / f"facade-{attack.name}.log",
-                        list(attack.facade_args),
-                    )
+                    log = out / f"facade-{attack.name}.log"
+                    own = start_facade(stack.triton.grpc_url, stack.admin_key, log, list(attack.facade_args))
                     try:
                         target = Target(own.grpc_url, own.http_url, own.pid, attack.metadata)
                         _warm(target)
@@ -200,10 +173,10 @@ def run(options: Options, out: Path) -> Campaign:
             rss_after = float("nan")
             if not exited:
                 watch.enter("idle", main)
-                say(f"idle for {options.idle_seconds:g} s ...")
-                time.sleep(options.idle_seconds)
+                say(f"idle for {args.idle_seconds:g} s ...")
+                time.sleep(args.idle_seconds)
                 rss_after = watch.rss_now()
             samples = [(round(s.seconds, 2), round(s.rss_mib, 1)) for s in watch.samples if s.pid == main.pid]
         return Campaign(
-            source, limit, rss_start, rss_after, options.idle_seconds, baseline, results, watch.guarded, samples, exited
+            source, limit, rss_start, rss_after, args.idle_seconds, baseline, results, watch.guarded, samples, exited
         )

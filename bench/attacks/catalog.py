@@ -1,4 +1,4 @@
-"""The attacks: what each sends, at the hand-measured sizes (`FULL`), a smoke run's (`QUICK`) or the limit.
+"""The attacks: what each sends, at the hand-measured sizes (`Sizes()`), a smoke run's (`QUICK`) or the limit.
 
 Each attack is raw bytes from one stranger on channels of its own. An attack "at the limit" sizes its body just
 under the facade's message limit, so it reaches the decoder instead of gRPC's size check.
@@ -39,53 +39,29 @@ TOKEN = "attack-campaign"  # the bearer token of the facade the unauthenticated 
 
 @dataclass(frozen=True)
 class Sizes:
-    junk_calls: int
-    junk_bytes: int
-    junk_calls_at_limit: int
-    priority_fields: int
-    unpacked_floats: int
-    shape_dims: int
-    output_names: int
-    stream_seconds: float
-    held_calls: int
-    held_calls_at_limit: int
-    unauthenticated_calls: int
-    flood_calls: int
-    baseline_seconds: float
+    """The hand-measured attacks' sizes (a field's elements, calls, seconds)."""
+
+    junk_calls: int = 200
+    junk_bytes: int = 1_000_000
+    junk_calls_at_limit: int = 16
+    priority_fields: int = 16_000_000
+    unpacked_floats: int = 12_000_000
+    shape_dims: int = 60_000_000
+    output_names: int = 30_000_000
+    stream_seconds: float = 45.0
+    held_calls: int = 64
+    held_calls_at_limit: int = 64
+    unauthenticated_calls: int = 32
+    flood_calls: int = 1000
+    baseline_seconds: float = 10.0
 
 
-# The hand-measured attacks (issue 30), at their sizes.
-FULL = Sizes(
-    junk_calls=200,
-    junk_bytes=1_000_000,
-    junk_calls_at_limit=16,
-    priority_fields=16_000_000,
-    unpacked_floats=12_000_000,
-    shape_dims=60_000_000,
-    output_names=30_000_000,
-    stream_seconds=45.0,
-    held_calls=64,
-    held_calls_at_limit=64,
-    unauthenticated_calls=32,
-    flood_calls=1000,
-    baseline_seconds=10.0,
-)
 # A smoke run: every attack, small; a body at the limit stays at the limit, fewer of them.
 QUICK = replace(
-    FULL,
-    junk_calls=20,
-    junk_bytes=64 * 1024,
-    junk_calls_at_limit=2,
-    priority_fields=FULL.priority_fields // 64,
-    unpacked_floats=FULL.unpacked_floats // 64,
-    shape_dims=FULL.shape_dims // 64,
-    output_names=FULL.output_names // 64,
-    stream_seconds=3.0,
-    held_calls_at_limit=4,
-    unauthenticated_calls=4,
-    flood_calls=200,
-    baseline_seconds=3.0,
-)
+    Sizes(), junk_calls=20, junk_bytes=64 * 1024, junk_calls_at_limit=2, priority_fields=16_000_000 // 64,
+    unpacked_floats=12_000_000 // 64, shape_dims=60_000_000 // 64, output_names=30_000_000 // 64, stream_seconds=3.0,
+    held_calls_at_limit=4, unauthenticated_calls=4, flood_calls=200, baseline_seconds=3.0,
+)  # fmt: skip
 
 
 @dataclass
@@ -118,18 +94,14 @@ class Attack:
     overload: bool = False
 
 
-def mb(size: int) -> str:
-    return f"{size / 1e6:,.1f} MB"
+Body = Callable[[Context], bytes]
 
 
-def crafted(
-    body: Callable[[Context], bytes], count: Callable[[Context], int] = lambda _: 1
-) -> Callable[[Context], Outcome]:
+def crafted(body: Body, count: Callable[[Context], int] = lambda _: 1) -> Callable[[Context], Outcome]:
     """Calls one after the other, each carrying `body`."""
 
     def run(ctx: Context) -> Outcome:
-        data = body(ctx)
-        calls = []
+        data, calls = body(ctx), []
         with channel(ctx.target.grpc_url) as chan:
             for _ in range(count(ctx)):
                 if ctx.guard.is_set():
@@ -140,12 +112,24 @@ def crafted(
     return run
 
 
-def unread(body: Callable[[Context], bytes]) -> Callable[[Context], Outcome]:
+def unread(body: Body) -> Callable[[Context], Outcome]:
     def run(ctx: Context) -> Outcome:
         data = body(ctx)
         with channel(ctx.target.grpc_url) as chan:
             written = unread_stream(chan, data, ctx.sizes.stream_seconds, ctx.guard)
         return Outcome(written.messages, len(data), held=[written.call])
+
+    return run
+
+
+def concurrent(body: Body, count: Callable[[Context], int]) -> Callable[[Context], Outcome]:
+    """`count` calls at once on one channel (one connection), with the metadata of no one."""
+
+    def run(ctx: Context) -> Outcome:
+        data = body(ctx)
+        with channel(ctx.target.grpc_url) as chan:
+            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx)).wait()
+        return Outcome(len(calls), len(data), calls)
 
     return run
 
@@ -179,8 +163,8 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
             calls: Calls
             if limit_body:
                 count, body = ctx.sizes.held_calls_at_limit, version_junk(at_limit(ctx.limit))
-                budget = at_limit(ctx.limit) - STALL_SHORT
-                proxy = closing.enter_context(StallProxy(_host_port(ctx.target.grpc_url), budget))
+                host, _, port = ctx.target.grpc_url.rpartition(":")
+                proxy = closing.enter_context(StallProxy((host, int(port)), at_limit(ctx.limit) - STALL_SHORT))
                 calls = Calls(HELD_TIMEOUT_S)
                 for _ in range(count):  # a connection each, which the proxy stalls
                     calls.unary(closing.enter_context(channel(proxy.address)), body)
@@ -189,8 +173,7 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
                 count, body = ctx.sizes.held_calls, b""
                 calls = Held(closing.enter_context(channel(ctx.target.grpc_url)), count, HELD_TIMEOUT_S)
                 arrived = until(lambda: holding(ctx.target) + calls.done() >= count, 10)
-            priority = closing.enter_context(channel(ctx.target.grpc_url))
-            high = one(priority, valid_predict(priority=1), ATTACK_TIMEOUT_S)
+            high = one(closing.enter_context(channel(ctx.target.grpc_url)), valid_predict(priority=1), ATTACK_TIMEOUT_S)
             if ctx.quick or ctx.guard.is_set():
                 calls.cancel()
             ended = calls.wait()
@@ -202,97 +185,47 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
     return run
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    host, _, port = url.rpartition(":")
-    return host, int(port)
-
-
-def concurrent(body: Callable[[Context], bytes], count: Callable[[Context], int]) -> Callable[[Context], Outcome]:
-    """`count` calls at once on one channel (one connection), with the metadata of no one."""
-
-    def run(ctx: Context) -> Outcome:
-        data = body(ctx)
-        with channel(ctx.target.grpc_url) as chan:
-            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx)).wait()
-        return Outcome(len(calls), len(data), calls)
-
-    return run
+def repeated_field(name: str, element: bytes, what: str, size: str) -> list[Attack]:
+    """A field repeated: as many times as Sizes' `size` says, and as often as the limit allows."""
+    return [
+        Attack(name, what, crafted(lambda c: repeated(element, getattr(c.sizes, size)))),
+        Attack(
+            f"{name}@limit", f"{what}, at the limit", crafted(lambda c: repeated(element, fitting(element, c.limit)))
+        ),
+    ]
 
 
 def attacks() -> list[Attack]:
     """Every attack, each of the hand-measured ones at its size and at the limit."""
-    limit_junk = crafted(lambda c: version_junk(at_limit(c.limit)), lambda c: c.sizes.junk_calls_at_limit)
+    junk_at_limit: Body = lambda c: version_junk(at_limit(c.limit))  # noqa: E731
+    found = [
+        Attack("version_junk", 'Predicts whose model_version is "1" followed by junk, one after the other',
+               crafted(lambda c: version_junk(len(valid_predict()) + c.sizes.junk_bytes), lambda c: c.sizes.junk_calls)),
+        Attack("version_junk@limit", "the same, at the limit",
+               crafted(junk_at_limit, lambda c: c.sizes.junk_calls_at_limit)),
+    ]  # fmt: skip
     return [
-        Attack(
-            "version_junk",
-            'Predicts whose model_version is "1" followed by junk, one after the other',
-            crafted(lambda c: version_junk(len(valid_predict()) + c.sizes.junk_bytes), lambda c: c.sizes.junk_calls),
-        ),
-        Attack("version_junk@limit", "the same, at the limit", limit_junk),
-        Attack(
-            "priority_fields", "`priority` fields", crafted(lambda c: repeated(PRIORITY_FIELD, c.sizes.priority_fields))
-        ),
-        Attack(
-            "priority_fields@limit",
-            "`priority` fields, at the limit",
-            crafted(lambda c: repeated(PRIORITY_FIELD, fitting(PRIORITY_FIELD, c.limit))),
-        ),
-        Attack(
-            "unpacked_floats",
-            "unpacked `data` floats",
-            crafted(lambda c: repeated(UNPACKED_FLOAT, c.sizes.unpacked_floats)),
-        ),
-        Attack(
-            "unpacked_floats@limit",
-            "unpacked `data` floats, at the limit",
-            crafted(lambda c: repeated(UNPACKED_FLOAT, fitting(UNPACKED_FLOAT, c.limit))),
-        ),
+        *found,
+        *repeated_field("priority_fields", PRIORITY_FIELD, "`priority` fields", "priority_fields"),
+        *repeated_field("unpacked_floats", UNPACKED_FLOAT, "unpacked `data` floats", "unpacked_floats"),
+        *repeated_field("empty_output_names", EMPTY_OUTPUT_NAME, "empty `output_names`", "output_names"),
         Attack("packed_shape", "a packed `shape` of dims 1", crafted(lambda c: packed_shape(c.sizes.shape_dims))),
-        Attack(
-            "packed_shape@limit",
-            "a packed `shape`, at the limit",
-            crafted(lambda c: packed_shape(packed_shape_fitting(c.limit))),
-        ),
-        Attack(
-            "empty_output_names",
-            "empty `output_names`",
-            crafted(lambda c: repeated(EMPTY_OUTPUT_NAME, c.sizes.output_names)),
-        ),
-        Attack(
-            "empty_output_names@limit",
-            "empty `output_names`, at the limit",
-            crafted(lambda c: repeated(EMPTY_OUTPUT_NAME, fitting(EMPTY_OUTPUT_NAME, c.limit))),
-        ),
-        Attack(
-            "unread_stream",
-            "a PredictStream of valid Predicts written at full speed, never read",
-            unread(lambda _: valid_predict()),
-        ),
-        Attack(
-            "unread_stream@limit",
-            "a PredictStream of Predicts at the limit written at full speed, never read",
-            unread(lambda c: version_junk(at_limit(c.limit))),
-        ),
+        Attack("packed_shape@limit", "a packed `shape`, at the limit",
+               crafted(lambda c: packed_shape(packed_shape_fitting(c.limit)))),
+        Attack("unread_stream", "a PredictStream of valid Predicts written at full speed, never read",
+               unread(lambda _: valid_predict())),
+        Attack("unread_stream@limit", "a PredictStream of Predicts at the limit written at full speed, never read",
+               unread(junk_at_limit)),
         Attack("header_only", "calls that send headers and no body, then a priority-1 Predict", held(False)),
-        Attack(
-            "header_only@limit",
-            "calls whose body at the limit stalls 64 KiB short of its end, then a priority-1 Predict",
-            held(True),
-        ),
-        Attack(
-            "unauthenticated",
-            "calls at once without the bearer token, each with a body at the limit, to a facade with --auth-token",
-            concurrent(lambda c: version_junk(at_limit(c.limit)), lambda c: c.sizes.unauthenticated_calls),
-            facade_args=("--auth-token", TOKEN),
-            metadata=(("authorization", f"Bearer {TOKEN}"),),
-        ),
-        Attack(
-            "stream_flood",
-            "valid Predicts at once on one connection",
-            concurrent(lambda _: valid_predict(), lambda c: c.sizes.flood_calls),
-            overload=True,
-        ),
-    ]
+        Attack("header_only@limit",
+               "calls whose body at the limit stalls 64 KiB short of its end, then a priority-1 Predict", held(True)),
+        Attack("unauthenticated",
+               "calls at once without the bearer token, each with a body at the limit, to a facade with --auth-token",
+               concurrent(junk_at_limit, lambda c: c.sizes.unauthenticated_calls),
+               facade_args=("--auth-token", TOKEN), metadata=(("authorization", f"Bearer {TOKEN}"),)),
+        Attack("stream_flood", "valid Predicts at once on one connection",
+               concurrent(lambda _: valid_predict(), lambda c: c.sizes.flood_calls), overload=True),
+    ]  # fmt: skip
 
 
 NAMES = [attack.name for attack in attacks()]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import grpc
 
 from bench.attacks.calls import Call
 from bench.attacks.campaign import AttackResult, Campaign, statuses
-from bench.attacks.catalog import mb
+from bench.attacks.catalog import Outcome
 from bench.attacks.watch import KINDS, ProbeSummary
 from bench.output import Gate, gates_section, machine, settings
 from tritonnx.client.facade.errors import FacadeError
@@ -34,7 +34,7 @@ DOCUMENTED = (_codes(FacadeError) | {"OK", "RESOURCE_EXHAUSTED", "UNAUTHENTICATE
 
 
 def undocumented(result: AttackResult) -> list[str]:
-    return sorted({call.code for call in result.calls + result.held} - DOCUMENTED)
+    return sorted({call.code for call in result.calls} - DOCUMENTED)
 
 
 def slowest(calls: list[Call]) -> float:
@@ -56,10 +56,12 @@ def _probe_over(result: AttackResult, baseline: dict[str, ProbeSummary]) -> list
 def gates(campaign: Campaign) -> list[Gate]:
     results, baseline = campaign.results, campaign.baseline
     odd = {r.name: undocumented(r) for r in results if undocumented(r)}
-    late = {r.name: slowest(r.calls) for r in results if slowest(r.calls) > ANSWER_S}
+    late = {r.name: slowest(r.outcome.calls) for r in results if slowest(r.outcome.calls) > ANSWER_S}
     probe_failed = {r.name: _probe_failures(r) for r in results if _probe_failures(r)}
-    probe_slow = {r.name: _probe_over(r, baseline) for r in results if not r.overload and _probe_over(r, baseline)}
-    overloads = [r.name for r in results if r.overload]
+    probe_slow = {
+        r.name: _probe_over(r, baseline) for r in results if not r.attack.overload and _probe_over(r, baseline)
+    }
+    overloads = [r.name for r in results if r.attack.overload]
     grew = {r.name: r.rss_rise_mib for r in results if r.rss_rise_mib >= RISE_MIB}
     before = ", ".join(f"{kind} {baseline[kind].slowest_ms:,.0f} ms" for kind in KINDS)
     judged = [
@@ -74,7 +76,7 @@ def gates(campaign: Campaign) -> list[Gate]:
             "stream, end at the facade's body deadline or when the attacker stops)",
             not late,
             "; ".join(f"{name}: {seconds:,.2f} s" for name, seconds in late.items())
-            or f"slowest {max((slowest(r.calls) for r in results), default=0.0):.3f} s",
+            or f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s",
         ),
         Gate(
             "the probe never failed during an attack",
@@ -117,9 +119,9 @@ def gates(campaign: Campaign) -> list[Gate]:
 
 
 def _statuses(result: AttackResult) -> str:
-    answered = ", ".join(f"{code} {count:,}" for code, count in statuses(result.calls).items())
-    held = ", ".join(f"{code} {count:,}" for code, count in statuses(result.held).items())
-    ended = f" after {slowest(result.held):,.1f} s" if result.held else ""
+    answered = ", ".join(f"{code} {count:,}" for code, count in statuses(result.outcome.calls).items())
+    held = ", ".join(f"{code} {count:,}" for code, count in statuses(result.outcome.held).items())
+    ended = f" after {slowest(result.outcome.held):,.1f} s" if held else ""
     return "; ".join(filter(None, [answered, f"held: {held}{ended}" if held else ""]))
 
 
@@ -133,17 +135,22 @@ def _probe(result: AttackResult) -> str:
     return "; ".join(parts)
 
 
-def _sent(result: AttackResult) -> str:
-    return f"{result.count:,} x {mb(result.body_bytes)}" if result.body_bytes else f"{result.count:,}, headers only"
+def mb(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def _sent(outcome: Outcome) -> str:
+    return f"{outcome.count:,} x {mb(outcome.body_bytes)}" if outcome.body_bytes else f"{outcome.count:,}, headers only"
 
 
 def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
     rows = [
-        f"| `{r.name}`: {r.what} | {_sent(r)} | {_statuses(r)} | "
-        f"{f'{slowest(r.calls) * 1000:,.0f} ms' if r.calls else '-'} | {_probe(r)} | {round(r.rss_rise_mib):+,d} MiB |"
+        f"| `{r.name}`: {r.attack.what} | {_sent(r.outcome)} | {_statuses(r)} | "
+        f"{f'{slowest(r.outcome.calls) * 1000:,.0f} ms' if r.outcome.calls else '-'} | {_probe(r)} | "
+        f"{round(r.rss_rise_mib):+,d} MiB |"
         for r in campaign.results
     ]
-    notes = [f"- `{r.name}`: {note}" for r in campaign.results for note in [*r.notes, *r.guarded]]
+    notes = [f"- `{r.name}`: {note}" for r in campaign.results for note in [*r.outcome.notes, *r.guarded]]
     base = campaign.baseline
     return "\n".join([
         f"# Attacks on the facade{' (quick)' if quick else ''}",
@@ -173,37 +180,24 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
 
 def results(campaign: Campaign, args: argparse.Namespace) -> dict:
     """What results.json keeps (finish adds the gates)."""
-    return {
-        "settings": settings(args),
-        "machine": machine(),
-        "facade": {"source": campaign.facade_source, "max_message_bytes": campaign.limit},
-        "rss_start_mib": round(campaign.rss_start_mib, 1),
-        "rss_after_idle_mib": None if campaign.exited else round(campaign.rss_after_idle_mib, 1),
-        "exited": campaign.exited,
-        "idle_seconds": campaign.idle_seconds,
-        "baseline": {kind: asdict(summary) for kind, summary in campaign.baseline.items()},
-        "attacks": [
-            {
-                "name": r.name,
-                "what": r.what,
-                "count": r.count,
-                "body_bytes": r.body_bytes,
-                "seconds": round(r.seconds, 3),
-                "statuses": statuses(r.calls),
-                "held_statuses": statuses(r.held),
-                "undocumented": undocumented(r),
-                "slowest_answer_s": round(slowest(r.calls), 4),
-                "slowest_held_s": round(slowest(r.held), 4),
-                "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
-                "rss_before_mib": round(r.rss_before_mib, 1),
-                "rss_peak_mib": round(r.rss_peak_mib, 1),
-                "rss_rise_mib": round(r.rss_rise_mib, 1),
-                "notes": r.notes,
-                "guarded": r.guarded,
-                "calls": [asdict(call) for call in r.calls + r.held],
-            }
-            for r in campaign.results
-        ],
-        "guarded": campaign.guarded,
-        "rss_samples": campaign.samples,
-    }
+    found = {key: value for key, value in asdict(replace(campaign, results=[])).items() if key != "results"}
+    found["rss_after_idle_mib"] = None if campaign.exited else round(campaign.rss_after_idle_mib, 1)
+    attacks = [
+        {
+            "name": r.name,
+            "what": r.attack.what,
+            **{key: value for key, value in asdict(r.outcome).items() if key not in ("calls", "held")},
+            "seconds": round(r.seconds, 3),
+            "statuses": statuses(r.outcome.calls),
+            "held_statuses": statuses(r.outcome.held),
+            "undocumented": undocumented(r),
+            "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
+            "rss_before_mib": round(r.rss_before_mib, 1),
+            "rss_peak_mib": round(r.rss_peak_mib, 1),
+            "rss_rise_mib": round(r.rss_rise_mib, 1),
+            "guarded": r.guarded,
+            "calls": [asdict(call) for call in r.calls],
+        }
+        for r in campaign.results
+    ]
+    return {"settings": settings(args), "machine": machine(), **found, "attacks": attacks}

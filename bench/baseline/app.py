@@ -1,21 +1,14 @@
 """The server a user would write instead of tritonnx: FastAPI + uvicorn + ONNX Runtime, no batching.
 
-Each worker process holds one InferenceSession and runs every request on its own, in Starlette's
-default thread pool. It runs the way the uvicorn-worker package documents for production: gunicorn
-managing uvicorn workers, with gunicorn's `--reuse-port`, so that each worker listens on a socket
-of its own and the kernel spreads connections over them:
+Each worker process holds one InferenceSession and runs every request on its own, in Starlette's default thread pool.
+It runs the way the uvicorn-worker package documents for production: gunicorn managing uvicorn workers, with
+gunicorn's `--reuse-port`, the model path and thread count in BASELINE_* environment variables:
 
     python -m bench.baseline.app --model model.onnx --port 8080 --workers 2 --intra-op-threads 1
 
-which runs `gunicorn bench.baseline.app:app -k uvicorn_worker.UvicornWorker --reuse-port ...` with
-the model path and thread count in BASELINE_* environment variables.
-
-Why not `uvicorn --workers`: its workers share the parent's one listening socket, and a worker
-that wakes to a burst of connections accepts all of them (its event loop accepts until the queue
-is empty). Keep-alive connections then stay on that worker for the whole run: 16 connections
-opened at once landed 16/0 three times out of three here, while connections opened one by one
-landed 10/6, 7/9 and 9/7. With one SO_REUSEPORT socket per worker the kernel hashes each new
-connection to a socket, whatever the client's timing.
+Why not `uvicorn --workers`: its workers share one listening socket, and a worker that wakes to a burst of connections
+accepts all of them; keep-alive connections then stay on it for the whole run (16 opened at once landed 16/0 three
+times out of three). With one SO_REUSEPORT socket per worker the kernel hashes each new connection to a socket.
 """
 
 from __future__ import annotations
@@ -135,21 +128,12 @@ async def predict(request: Request) -> Response:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command line, each option defaulting to its BASELINE_* environment variable."""
-    env = os.environ.get
     parser = argparse.ArgumentParser(prog="python -m bench.baseline.app", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=env(ENV_MODEL), required=env(ENV_MODEL) is None, help="ONNX file")
-    parser.add_argument("--host", default=env("BASELINE_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(env("BASELINE_PORT", "8080")))
-    parser.add_argument(
-        "--workers", type=int, default=int(env("BASELINE_WORKERS", "1")), help="uvicorn worker processes"
-    )
-    parser.add_argument(
-        "--intra-op-threads",
-        type=int,
-        default=int(env(ENV_INTRA_OP_THREADS, "1")),
-        help="ONNX Runtime intra-op threads per worker",
-    )
+    parser.add_argument("--model", required=True, help="ONNX file")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--intra-op-threads", type=int, default=1, help="ONNX Runtime intra-op threads per worker")
     return parser.parse_args(argv)
 
 

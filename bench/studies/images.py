@@ -1,31 +1,26 @@
 """python -m bench.studies.images: size, start-up and idle memory of the images, beside seed 003's table.
 
-tritonnx:demo and tritonnx:ngc serving every demo model they carry, and tritonnx:cpu (no models of its
-own) serving one model mounted from the checkout's repository, as a deployment of it does. For each:
-its size; `docker run` to READY (the server's HTTP readiness) in a new container,
-whose optimized-model cache is empty, and again in one that reuses the first's cache through a
-named volume (what a deployment with a cache volume gets); and the idle memory of the container's
-processes (PSS: tritonserver and its stubs share pages). Gates: tritonnx:cpu under 400 MB, and one
-model READY within 3 s of `docker run` on its first start. Writes report.md and results.json to
-bench/results/<UTC time>-images/ and exits 1 when a gate fails. The images come from `make images`.
+tritonnx:demo and tritonnx:ngc serving every demo model they carry, and tritonnx:cpu (no models of its own) serving
+one model mounted from the checkout's repository, as a deployment of it does. For each: its size; `docker run` to
+READY in a new container, whose optimized-model cache is empty, and again in one that reuses the first's cache through
+a named volume; and the idle PSS of the container's processes. Gates: tritonnx:cpu under 400 MB, and one model READY
+within 3 s of `docker run` on its first start. The images come from `make images`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench import REPOSITORY, RESULTS
-from bench.output import Gate, gates_section, say, verdict
+from bench import REPOSITORY
+from bench.output import Gate, finish, gates_section, run_folder, say
 from tritonnx.server.process import free_ports
 
 IMAGES = ("tritonnx:demo", "tritonnx:ngc")  # each serving every model it carries
@@ -123,9 +118,7 @@ def measure(image: str, runs: int, models: str = "*", repository: Path | None = 
     }
 
 
-def write_report(out: Path, results: list[dict], judged: list[Gate]) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"results": results, "gates": [asdict(g) for g in judged]}, indent=2))
+def report(results: list[dict], judged: list[Gate]) -> str:
     lines = [
         f"# Images: size, docker run to READY, idle memory ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
         "",
@@ -153,8 +146,7 @@ def write_report(out: Path, results: list[dict], judged: list[Gate]) -> Path:
         *(f"| {name} | {size} | {start} |" for name, (size, start) in SEED_003.items()),
         "",
     ]
-    (out / "report.md").write_text("\n".join(lines) + "\n" + gates_section(judged))
-    return out / "report.md"
+    return "\n".join(lines) + "\n" + gates_section(judged)
 
 
 def gates(results: list[dict]) -> list[Gate]:
@@ -178,19 +170,18 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.studies.images",
         description="Measure the images of `make images`: size, docker run to READY (first and warm) and idle memory.",
     )
-    parser.add_argument(
-        "--images", nargs="+", default=list(IMAGES), help="serving every model they carry; default: %(default)s"
-    )
-    parser.add_argument("--warm-runs", type=int, default=3, help="warm starts per image; default: %(default)s")
-    parser.add_argument(
+    add = parser.add_argument
+    add("--images", nargs="+", default=list(IMAGES), help="serving every model they carry; default: %(default)s")
+    add("--warm-runs", type=int, default=3, help="warm starts per image; default: %(default)s")
+    add(
         "--one-model",
         default="mobilenet_v3_small",
-        help=f"also start {SLIM} serving only this model of the checkout's repository, mounted, as seed 003's "
-        "servers do ('' to skip); default: %(default)s",
+        help=f"also start {SLIM} serving only this model of the "
+        "checkout's repository, mounted, as seed 003's servers do ('' to skip); default: %(default)s",
     )
-    parser.add_argument("--out", type=Path, help="default: bench/results/<UTC time>-images")
-    args = parser.parse_args(argv)
-    out = args.out or RESULTS / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-images"
+    add("--out", type=Path, help="default: bench/results/<UTC time>-images")
+    args = parser.parse_args(argv)  # fmt: skip
+    _, out = run_folder(args.out, "images")
     results = []
     runs: list[tuple[str, str, Path | None]] = [(image, "*", None) for image in args.images]
     if args.one_model:
@@ -203,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             f"idle PSS {r['idle_pss_mib']:.0f} MiB")  # fmt: skip
     shutil.rmtree(out / "repository", ignore_errors=True)  # the mounted copy
     judged = gates(results)
-    say(f"report: {write_report(out, results, judged)}")
-    return verdict(judged)
+    return finish(out, report(results, judged), judged, {"results": results})
 
 
 if __name__ == "__main__":
