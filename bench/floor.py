@@ -1,13 +1,8 @@
-"""The serving floor.
+"""The serving floor: what Triton, the Python backend and this project's model code cost with no model compute.
 
-What Triton, the Python backend and this project's model code cost with no model compute at all.
-
-A "floor" copy of a model has the same inputs and outputs, and outputs of the right shape filled
-with zeros; it is served from a repository of its own with the model's own `config.pbtxt` and
-`model.py`, so every step a real request takes (gRPC, the batcher, the copy into the stub, our
-validation, batching and responses) runs, and ONNX Runtime's work shrinks to reading a shape.
-The served latency minus the floor is what the model itself costs in the stub, next to its
-in-process figure.
+A "floor" copy of a model has the same inputs and outputs, filled with zeros, and is served with the model's own
+`config.pbtxt` and `model.py`: every step a real request takes runs, and ONNX Runtime's work shrinks to reading a
+shape. The served latency minus the floor is what the model itself costs in the stub.
 """
 
 from __future__ import annotations

@@ -22,13 +22,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 
 from bench import REPOSITORY
 from bench.load.loops import OpenLoop, run_load
 from bench.load.stats import OK, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget, KServeTarget
 from bench.output import run_folder, say, write_json
+from bench.peers.servers import reference_outputs as expected_outputs
 from bench.usage import tree_memory
 from tritonnx.server.stack import ServingStack
 
@@ -37,12 +37,6 @@ REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
 IMAGE_SHAPE = [1, 3, 224, 224]
 MAX_OUTSTANDING = 1024  # calls in flight at most: the open loop then waits for one to end
-
-
-def expected_outputs(onnx_file: Path, images: list[np.ndarray]) -> list[np.ndarray]:
-    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return [session.run(None, {name: image})[0].reshape(-1) for image in images]
 
 
 def checked_images(model: str, count: int = 4, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -12,7 +12,6 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 import psutil
 
@@ -32,9 +31,7 @@ class FastApiBaseline(ManagedProcess):
     workers: int
     intra_op_threads: int
     host: str = "127.0.0.1"
-    # Seconds from start() until wait_ready() saw every worker serving (0 until then).
-    startup_seconds: float = field(default=0.0, init=False)
-    _started_at: float = field(default=0.0, init=False, repr=False)
+    startup_seconds: float = field(default=0.0, init=False)  # from start() until every worker served
     _log_offset: int = field(default=0, init=False, repr=False)  # where this start's lines begin in the log
 
     @property
@@ -50,25 +47,24 @@ class FastApiBaseline(ManagedProcess):
         except psutil.NoSuchProcess:
             return []
 
-    def start(self) -> None:
+    def start(self, timeout: float = 60) -> None:
+        """Start it and block until every worker has loaded the model and /health answers 200 (else stop it)."""
         if self.log_file is None:
             raise ValueError("the baseline's readiness is read from its log: give it a log_file")
         command = [
-            sys.executable, "-m", "bench.baseline.app",
-            "--model", str(Path(self.onnx_file).resolve()),
-            "--host", self.host,
-            "--port", str(self.port),
-            "--workers", str(self.workers),
+            sys.executable, "-m", "bench.baseline.app", "--model", str(Path(self.onnx_file).resolve()),
+            "--host", self.host, "--port", str(self.port), "--workers", str(self.workers),
             "--intra-op-threads", str(self.intra_op_threads),
         ]  # fmt: skip
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-        self._started_at = time.monotonic()
+        started = time.monotonic()
         self.spawn(command, cwd=REPO_ROOT)
-
-    def wait_ready(self, timeout: float = 60) -> None:
-        """Block until every worker has loaded the model and /health answers 200; sets `startup_seconds`."""
-        self.wait_until(self._ready, f"the FastAPI baseline on port {self.port}", timeout)
-        self.startup_seconds = time.monotonic() - self._started_at
+        try:
+            self.wait_until(self._ready, f"the FastAPI baseline on port {self.port}", timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
 
     def _ready(self) -> bool:
         # /health alone would answer as soon as one worker is up: the log tells when all of them are.
@@ -85,14 +81,7 @@ class FastApiBaseline(ManagedProcess):
 
     def __enter__(self) -> FastApiBaseline:
         self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()

@@ -51,16 +51,6 @@ class LoadResult:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def summary(self) -> str:
-        errors = ", ".join(f"{code} {count}" for code, count in sorted(self.errors.items())) or "none"
-        return (
-            f"{self.target:<13} {self.model:<18} batch {self.batch:<2} conc {self.concurrency:>3}: "
-            f"{self.throughput_rps:8.1f} req/s {self.images_per_s:8.1f} img/s | "
-            f"p50 {self.p50_ms:8.1f}  p95 {self.p95_ms:8.1f}  p99 {self.p99_ms:8.1f}  mean {self.mean_ms:8.1f} ms | "
-            f"client CPU {self.client_cpu * 100:5.1f}% of a core | errors: {errors} | "
-            f"{self.requests} ok in {self.seconds:.2f} s"
-        )
-
 
 async def run_load(
     target: Target,

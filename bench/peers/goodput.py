@@ -21,7 +21,7 @@ from bench.load.offered import MAX_OUTSTANDING, offer, summary
 from bench.load.targets import Target
 from bench.output import CORES, Gate, say
 from bench.peers import servers
-from bench.peers.reference import reference_outputs, sample_images, sample_sequences
+from bench.peers.servers import reference_outputs, sample_images, sample_sequences
 from bench.usage import tree_cpu_seconds
 
 OBJECTIVE_FACTOR = 5.0

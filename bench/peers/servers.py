@@ -1,5 +1,9 @@
 """Every server the benchmarks measure, started the same way, checked and driven by the same load engine.
 
+Before any figure of a server is kept, a few requests go through it, each answer compared with what the same
+model.onnx gives in this process (`close_enough`: float noise only); the targets that carry them keep comparing every
+answer under load.
+
 tritonnx's two paths (Triton direct and the facade, ServingStack) and the FastAPI baseline run from the project's
 .venv; PyTriton, Ray Serve and MLServer run `<peer>/server.py` in venvs of their own (`venvs`), each in its own process
 group on loopback ports, called over KServe v2 gRPC with raw tensors or over HTTP with a raw body (Ray Serve).
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
@@ -27,10 +32,9 @@ from bench.baseline.server import FastApiBaseline
 from bench.baseline.workers import Setup, measured_split
 from bench.load import loops
 from bench.load.http import HttpTarget
-from bench.load.targets import FacadeTarget, KServeTarget, Request, Target, VerificationError
+from bench.load.targets import IMAGE_SHAPE, FacadeTarget, KServeTarget, Request, Target, VerificationError
 from bench.output import say
 from bench.peers import venvs
-from bench.peers.reference import check_answers, reference_outputs, sample_images
 from bench.usage import tree_memory
 from tritonnx.server.process import ManagedProcess, ServerError, free_ports
 from tritonnx.server.repository import CONFIG_FILE, link_models, read_config
@@ -41,6 +45,43 @@ BATCH_WAIT_MS = 1.0  # for peers whose batching waits for a full batch: short, a
 # Debian's python3.11 for PyTriton (see bench/peers/pytriton/requirements.txt), PYTRITON_PYTHON to change it.
 PYTRITON_PYTHON = os.environ.get("PYTRITON_PYTHON", "/usr/bin/python3.11")
 PEERS = ("pytriton", "rayserve", "mlserver")
+SEQUENCE_LENGTHS = (8, 16, 32, 64, 128)  # the text models take up to 128 positions
+
+
+def sample_images(count: int = 4, seed: int = 1) -> list[np.ndarray]:
+    """`count` single-image batches [1, 3, 224, 224] of float32 noise."""
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, *IMAGE_SHAPE), dtype=np.float32) for _ in range(count)]
+
+
+def sample_sequences(count: int = 4, seed: int = 1) -> list[dict[str, np.ndarray]]:
+    """`count` single-sequence requests for the text models, of mixed lengths (SEQUENCE_LENGTHS in turn).
+
+    Ids in [1, 1000) (the demo models' vocabulary), the mask all ones: a server may batch sequences of different
+    lengths, and each answer must still be the sequence's own.
+    """
+    rng = np.random.default_rng(seed)
+    return [
+        {"input_ids": rng.integers(1, 1000, size=(1, length)), "attention_mask": np.ones((1, length), np.int64)}
+        for length in (SEQUENCE_LENGTHS[index % len(SEQUENCE_LENGTHS)] for index in range(count))
+    ]
+
+
+def reference_outputs(onnx_file: Path, requests: Sequence[Request]) -> list[np.ndarray]:
+    """The first output of each request (an image batch, or arrays by input name), flat, from ONNX Runtime here."""
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return [session.run(None, r if isinstance(r, dict) else {name: r})[0].ravel() for r in requests]
+
+
+def check_answers(target: Target, samples: int) -> None:
+    """Send each of a checking target's `samples` requests once; VerificationError unless all are right."""
+    result = loops.run(target, 1, duration_s=60.0, warmup_s=0.0, max_requests=samples)
+    if result.errors or result.requests != samples or target.wrong:
+        raise VerificationError(
+            f"{target.name}: {result.requests} of {samples} answers came back, {target.wrong} of them unlike "
+            f"in-process ONNX Runtime; errors {result.errors or 'none'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -210,12 +251,7 @@ class FastApi(Server):
         self._server = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
                                        intra_op_threads=self.setup.threads,
                                        log_file=self.workdir / f"{self.name.replace(' ', '_')}.log")  # fmt: skip
-        self._server.start()
-        try:
-            self._server.wait_ready(READY_TIMEOUT_S)
-        except BaseException:
-            self.stop()
-            raise
+        self._server.start(READY_TIMEOUT_S)
 
     def stop(self) -> None:
         if self._server is not None:

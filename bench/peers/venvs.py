@@ -1,9 +1,7 @@
-"""The peers' venvs under build/peers/<peer>/, made from their pinned requirements files.
+"""The peers' venvs under build/peers/<peer>/, made from their pinned requirements files with an interpreter on PATH.
 
-Each peer's framework pulls its own numpy, protobuf, grpcio and web stack; they live apart from
-the project's .venv and from each other. A venv is (re)built when its requirements file changes
-(a stamp holds the file's hash), so `make bench-peers` downloads only the first time. It is made
-with an interpreter found on PATH; pip's output goes to a log whose end an error quotes.
+A venv is (re)built when its requirements file or interpreter changes (a stamp holds their hash), so `make
+bench-peers` downloads only the first time; pip's output goes to a log whose end an error quotes.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,16 +37,11 @@ def stamp(peer: str, interpreter: str) -> str:
     return hashlib.sha256(requirements(peer).read_bytes() + interpreter.encode()).hexdigest()
 
 
-def is_current(peer: str, interpreter: str = DEFAULT_PYTHON) -> bool:
-    stamp_file = BUILD / peer / ".installed"
-    return python_of(peer).exists() and stamp_file.exists() and stamp_file.read_text() == stamp(peer, interpreter)
-
-
-def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say=print) -> Path:
+def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], None] = print) -> Path:
     """The peer's venv Python, after building the venv afresh if its requirements changed; pip's log in the venv."""
-    if is_current(peer, interpreter):
+    venv, installed = BUILD / peer, BUILD / peer / ".installed"
+    if python_of(peer).exists() and installed.exists() and installed.read_text() == stamp(peer, interpreter):
         return python_of(peer)
-    venv = BUILD / peer
     say(
         f"{peer}: making {venv} with {interpreter} from {requirements(peer).relative_to(ROOT)} (downloads on first use)"
     )
@@ -68,16 +62,11 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say=print) -> Path:
         raise VenvError(
             f"pip install -r {requirements(peer)} in {venv} failed (exit {done.returncode}); end of {log}:\n{tail}"
         )
-    (venv / ".installed").write_text(stamp(peer, interpreter))
+    installed.write_text(stamp(peer, interpreter))
     return python_of(peer)
 
 
 def frozen(peer: str) -> list[str]:
     """Every package of the peer's venv with its version (kept with the results)."""
-    done = subprocess.run(
-        [str(python_of(peer)), "-m", "pip", "freeze", "--disable-pip-version-check"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    return done.stdout.split()
+    freeze = [str(python_of(peer)), "-m", "pip", "freeze", "--disable-pip-version-check"]
+    return subprocess.run(freeze, capture_output=True, text=True, check=False).stdout.split()

@@ -1,11 +1,8 @@
 """The soak's version publishes: the same graph, published again as a model's next version, model after model.
 
-The soak serves a scratch copy of the repository (tritonnx.server.repository.link_models: the version files
-symlinked, so the checkout's repository is never written), and every `--publish-every` seconds publishes the next
-model of the rotation through tritonnx.server.versions.publish, as `tritonnx-models publish` does: a copy of the
-model's own version 1 becomes its next version, Triton loads it beside the serving one and, per the default
-version_policy (latest 1), unloads the old one once the new one is READY. The answers stay the same, so the load's
-checks hold across the swap; which version answered is counted per stream.
+Into the soak's scratch copy of the repository (its version files symlinked), through tritonnx.server.versions.publish
+as `tritonnx-models publish` does: Triton loads the new version beside the serving one and unloads the old one once
+the new one is READY. The answers stay the same, so the load's checks hold across the swap.
 """
 
 from __future__ import annotations

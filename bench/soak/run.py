@@ -115,7 +115,9 @@ async def load_phases(
             s.capacity = await run_load(
                 s.target, args.capacity_concurrency, args.capacity_seconds, warmup, verify=False
             )
-            say(f"  {s.capacity.summary()}")
+            say(
+                f"  {s.capacity.throughput_rps:.1f} req/s, p99 {s.capacity.p99_ms:.1f} ms, errors {s.capacity.errors or 'none'}"
+            )
             if s.capacity.throughput_rps <= 0 or set(s.capacity.errors) - set(DOCUMENTED_REJECTIONS):
                 raise ServerError(f"capacity of {s.label} failed: {s.capacity.requests} OK, {s.capacity.errors}")
         capacities = {s.label: s.capacity for s in streams if s.capacity}

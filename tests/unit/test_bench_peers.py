@@ -15,7 +15,7 @@ from bench.load.http import HttpTarget, encode, named_raw
 from bench.load.targets import VerificationError
 from bench.peers import servers, venvs
 from bench.peers.common import decode_named
-from bench.peers.reference import check_answers, sample_images
+from bench.peers.servers import check_answers, sample_images
 from bench.peers.table import notes, servers_table, table_rows, value_range
 
 

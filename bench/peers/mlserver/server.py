@@ -1,13 +1,8 @@
 """MLServer serving an ONNX file: a custom runtime running ONNX Runtime, adaptive batching, parallel workers.
 
-    python -m bench.peers.mlserver.server --model model.onnx --name m --port 8081 --http-port 8080 \
-        --metrics-port 8082 --workers 2 --max-batch-size 16 --batch-wait-ms 1
-
-writes MLServer's settings.json and model-settings.json into a folder of its own (under `--workdir`,
-else a new temporary one) and runs `mlserver start` on it. The setup MLServer's docs give for throughput: `parallel_workers` inference
-processes (one per core), adaptive batching (`max_batch_size`, `max_batch_time`), clients on the
-KServe v2 gRPC endpoint (`--port`) with tensors as `raw_input_contents` (MLServer answers raw too).
-Every endpoint is on 127.0.0.1.
+Writes MLServer's settings into a folder of its own (under `--workdir`, else a new temporary one) and runs `mlserver
+start` on it. The setup its docs give for throughput: `parallel_workers` processes (one per core), adaptive batching,
+clients on KServe v2 gRPC (`--port`) with `raw_input_contents`. Every endpoint is on 127.0.0.1.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """PyTriton serving an ONNX file: ONNX Runtime inside PyTriton's `@batch` inference callables.
 
-    python -m bench.peers.pytriton.server --model model.onnx --name mobilenet_v3_small --port 8001 \
-        --http-port 8000 --metrics-port 8002 --workers 3 --max-batch-size 16 --batch-wait-ms 0
-
-The setup PyTriton documents for throughput: Triton's dynamic batcher in front
-(`ModelConfig(max_batch_size=..., batcher=DynamicBatcher(...))`) and several model instances (a
-list of inference callables given to `Triton.bind`, one per instance, each with a session of its
-own). The callables run on threads of this process, fed by Triton over PyTriton's proxy backend;
-ONNX Runtime releases the GIL while it runs, so the instances compute side by side. Clients use
-Triton's KServe v2 gRPC on `--port`. Every address is loopback. SIGTERM or SIGINT stops Triton.
+The setup PyTriton documents for throughput: Triton's dynamic batcher in front and several model instances (a list of
+inference callables given to `Triton.bind`, each with a session of its own). The callables run on threads of this
+process; ONNX Runtime releases the GIL while it runs, so the instances compute side by side. Clients use Triton's
+KServe v2 gRPC on `--port`; every address is loopback. SIGTERM or SIGINT stops Triton.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Ray Serve serving an ONNX file: deployment replicas running ONNX Runtime, batched with @serve.batch.
 
-    python -m bench.peers.rayserve.server --model model.onnx --name m --port 8000 --workers 2 \
-        --max-batch-size 16 --batch-wait-ms 1
-
-The setup Ray Serve's docs give for throughput on CPU: `num_replicas` replicas of one CPU each
-(`ray_actor_options={"num_cpus": 1}`), dynamic request batching with `@serve.batch`
-(`max_batch_size`, `batch_wait_timeout_s`) and `max_ongoing_requests` above the batch size so a
-replica can gather a batch. The request body is the raw float32 bytes (a Starlette request read
-whole), or named inputs of any type (`x-inputs`, the text models; requests of the same shapes batched together), the
-answer the first output's raw float32 bytes. A local Ray of its own, on 127.0.0.1, no
-dashboard; SIGTERM or SIGINT shuts Serve and Ray down.
+The setup Ray Serve's docs give for throughput on CPU: a replica of one CPU per core, `@serve.batch` and
+`max_ongoing_requests` above the batch size so a replica can gather a batch. The body is the raw float32 bytes, or
+named inputs (`x-inputs`, the text models; requests of the same shapes batched together); the answer the first
+output's raw float32 bytes. A local Ray of its own on 127.0.0.1; SIGTERM or SIGINT shuts Serve and Ray down.
 """
 
 from __future__ import annotations
