@@ -50,10 +50,7 @@ def sweep(
 
 
 def triton_and_facade(model: str, args: argparse.Namespace, workdir: Path, data: dict) -> None:
-    """perf_analyzer against Triton direct, then the load generator against it and the facade; then their memory.
-
-    Every point comes with the CPU per image of each process; at c=1, beside in-process ONNX Runtime's lone request.
-    """
+    """perf_analyzer on Triton direct, then the load generator on it and the facade (CPU per image); their memory."""
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
     stack = ServingStack(REPOSITORY, workdir / model, backend_dir=workdir / "backends",
                          facade_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"])  # fmt: skip

@@ -51,10 +51,7 @@ def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: st
 def per_image(
     before: CpuSnapshot, after: CpuSnapshot, images: int, cores: int, extra: dict[str, float] | None = None
 ) -> dict:
-    """CPU milliseconds per image by role between two snapshots, `idle` being the cores' unused time.
-
-    `extra` adds CPU seconds measured elsewhere (perf_analyzer's, from its own rusage).
-    """
+    """CPU ms per image by role between two snapshots (`idle`: the cores' unused time; `extra`: seconds of others)."""
     if images <= 0:
         return {}
     wall = after.at - before.at
@@ -77,11 +74,7 @@ def measured(
     own_role: str | None = None,
     extra_cpu: Callable[[T, float], dict[str, float]] | None = None,
 ) -> tuple[T, dict]:
-    """`run()`'s result and the CPU per image while it ran.
-
-    `images_served` reads Triton's count of images inferred; `extra_cpu(result, wall)` adds CPU seconds of processes
-    that ended.
-    """
+    """`run()`'s result and the CPU per image while it ran (`extra_cpu`: seconds of processes that ended)."""
     images_before, before = images_served(), snapshot(triton_pid, others, own_role)
     result = run()
     after, images_after = snapshot(triton_pid, others, own_role), images_served()

@@ -18,11 +18,7 @@ from tritonnx.server.stack import ServingStack
 
 
 def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Same inputs and outputs as `model`.
-
-    Every output is zeros, its first dim taken from the first input's first dim (the batch) when it is not fixed, its
-    other free dims 1.
-    """
+    """Same inputs and outputs as `model`, every output zeros: its free first dim the batch, its other free dims 1."""
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from bench.peers import common
+
 
 @dataclass
 class LimitResult:
@@ -31,13 +33,6 @@ class LimitResult:
     def as_dict(self) -> dict:
         layout, value = self.best
         return {**asdict(self), "best_layout": layout, "best_images_per_s": value}
-
-
-def _session(onnx_file: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return ort.InferenceSession(str(onnx_file), options, providers=["CPUExecutionProvider"])
 
 
 def _images(batch: int) -> np.ndarray:
@@ -72,8 +67,8 @@ def measure_limit(
     onnx_file: Path, model: str, threads: int = 2, batches: tuple[int, ...] = (1, 4, 8, 16), seconds: float = 3.0
 ) -> LimitResult:
     result = LimitResult(model=model, threads=threads)
-    whole = _session(onnx_file, threads)
-    per_core = [_session(onnx_file, 1) for _ in range(threads)]
+    whole = common.session(onnx_file, threads)
+    per_core = [common.session(onnx_file, 1) for _ in range(threads)]
     for batch in batches:
         for layout, sessions in ((f"1x{threads}threads b{batch}", [whole]), (f"{threads}x1thread b{batch}", per_core)):
             result.images_per_s[layout], result.cpu_ms_per_image[layout] = _throughput(sessions, batch, seconds)
@@ -109,12 +104,8 @@ def _single_image(
 def measure_single_image(
     onnx_file: Path, threads: int = 2, seconds: float = 2.0, feeds: list[dict[str, np.ndarray]] | None = None
 ) -> tuple[float, float]:
-    """In-process single-image (or single-request: `feeds`) p50 and p99 ms on their own.
-
-    The reference for a served lone request, measured right beside it, since this machine's speed drifts between
-    minutes.
-    """
-    sessions = (_session(onnx_file, threads), _session(onnx_file, 1))
+    """In-process single-image (or single-request: `feeds`) p50 and p99 ms: a served lone request's reference."""
+    sessions = (common.session(onnx_file, threads), common.session(onnx_file, 1))
     for session in sessions:  # first runs allocate
         for feed in feeds or [{session.get_inputs()[0].name: _images(1)}]:
             session.run(None, feed)

@@ -65,10 +65,7 @@ def verdict(gates: list[Gate]) -> int:
 
 
 def finish(out: Path, text: str, judged: list[Gate], results: dict | None = None) -> int:
-    """Write `text`, the report with its Gates section, to out/report.md and print it; the gates' exit code.
-
-    With `results`, the gates go into them and they are written to out/results.json.
-    """
+    """Write and print the report (`text`), and `results` with the gates; the gates' exit code."""
     if results is not None:
         results["gates"] = [asdict(gate) for gate in judged]
         write_json(out / "results.json", results)

@@ -61,11 +61,9 @@ def run_perf_analyzer(
 ) -> PerfPoint:
     """One perf_analyzer measurement: a closed loop of `concurrency` callers, one image each.
 
-    Inputs and outputs travel through system shared memory registered once, as a local client of Triton can do: the
-    client's copies then cost next to nothing on the cores the server runs on. `shapes` are `--shape NAME:DIMS` values
-    for inputs with variable dims (e.g. "input_ids:16"); `input_data` is `--input-data` ("zero" for token ids, whose
-    random values fall outside a vocabulary). `headers` go with every call (Triton's restricted APIs need
-    `TritonServer.admin_headers`).
+    Inputs and outputs travel through system shared memory, as a local client of Triton can do: the client's copies
+    then cost next to nothing on the server's cores. `shapes` and `input_data` are perf_analyzer's `--shape` values
+    and `--input-data` ("zero" for token ids); `headers` go with every call (Triton's restricted APIs need them).
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"

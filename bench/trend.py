@@ -81,13 +81,10 @@ def trend(
     min_samples: int = 3,
     since: float | None = None,
 ) -> Trend:
-    """Fit the samples after the warm-up with least squares and with Theil-Sen, and flag growth.
+    """Fit the samples at or after `since` (default: the second half) with least squares and Theil-Sen; flag growth.
 
-    The fit window is the samples at or after `since` (the end of the warm-up), or without it the
-    second half: those at or after the midpoint of the first and last times. It is flagged when
-    both projected 10-minute growths exceed both thresholds (absolute, and as a fraction of the
-    window's mean; a fraction threshold of 0 leaves the absolute one alone). NaN values (e.g. a
-    sample of a process that was not there yet) are left out.
+    Flagged when both projected 10-minute growths exceed both thresholds (a fraction threshold of 0 leaves the absolute
+    one alone). NaN values (a sample of a process that was not there yet) are left out.
     """
     points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
     nan = math.nan

@@ -86,11 +86,7 @@ Points = dict[int, dict]  # concurrency -> perf_analyzer point (PerfPoint.as_dic
 def choose(
     results: list[tuple[Candidate, Points]], p99_budget_ms: float, lone_p50_budget_ms: float | None = None
 ) -> tuple[Candidate, Points] | None:
-    """The candidate with the highest throughput at the highest concurrency, within the budgets.
-
-    A candidate qualifies when its p99 there is within `p99_budget_ms` and, if given, its p50 at
-    the lowest concurrency (a lone request) within `lone_p50_budget_ms`; None if none qualifies.
-    """
+    """The highest throughput at the highest concurrency, its p99 there and its lone p50 within the budgets; or None."""
 
     def qualifies(points: Points) -> bool:
         top, lone = points[max(points)], points[min(points)]

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from bench.peers.common import decode_named
+from bench.peers.common import decode_named, session
 
 # gunicorn's workers import this module by name once forked, so the settings they need travel in
 # the environment rather than as arguments.
@@ -35,20 +35,10 @@ SHAPE_HEADER = "x-shape"
 INPUTS_HEADER = "x-inputs"
 
 
-def create_session(model_path: str, intra_op_threads: int) -> ort.InferenceSession:
-    """One CPU session: `intra_op_threads` threads per run, sequential execution, all graph optimizations."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    return ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
-
-
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Load the model once per worker, before the worker accepts requests."""
-    app.state.session = create_session(os.environ[ENV_MODEL], int(os.environ.get(ENV_INTRA_OP_THREADS, "1")))
+    app.state.session = session(os.environ[ENV_MODEL], int(os.environ.get(ENV_INTRA_OP_THREADS, "1")))
     yield
 
 

@@ -36,10 +36,7 @@ class BurstResult:
 
 
 async def burst(target: GrpcTarget, calls: int) -> BurstResult:
-    """Start `calls` calls of `target` at once (on its one channel); every one's latency by status.
-
-    Bounded: `calls` calls, each with the target's deadline.
-    """
+    """Start `calls` calls of `target` at once (on its one channel), each with its deadline; their latency by status."""
     tally = Tally()
     if not target.is_open:
         await target.open()

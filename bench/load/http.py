@@ -23,10 +23,7 @@ IDLE_REUSE_S = 1.0
 
 
 def named_raw(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    """Named inputs of any type: `x-inputs: name:DATATYPE:d0,d1;...`, raw bytes in that order.
-
-    `bench.peers.common.decode_named` reads them.
-    """
+    """Named inputs of any type: `x-inputs: name:DATATYPE:d0,d1;...`, raw bytes in that order (`decode_named`)."""
     parts, chunks = [], []
     for name, array in inputs.items():
         datatype = datatype_name(array.dtype)
@@ -44,11 +41,9 @@ def encode(request: Request) -> tuple[bytes, dict[str, str]]:
 
 
 class HttpTarget:
-    """POST {url}/predict with a float32 batch of [batch, 3, 224, 224] random images, or the requests given.
+    """POST {url}/predict with [batch, 3, 224, 224] random images, or the requests given; expects batch x 1000 floats.
 
-    Expects 200 and batch x 1000 float32 outputs. `images` (image batches, or each request's arrays by input name:
-    the text models) replace the random data; `expected` (the flat first output each should get) makes every answer
-    compared, a mismatch counted in `wrong`, and sets the output size checked. One aiohttp session for all workers.
+    `images` and `expected` as `GrpcTarget`'s (`expected` also sets the output size checked); one aiohttp session.
     """
 
     def __init__(

@@ -62,10 +62,7 @@ class OfferedResult:
 
 
 async def offer(target: Target, rate: float, seconds: float, *, seed: int = 0) -> OfferedResult:
-    """Offer `rate` calls a second, Poisson arrivals, for `seconds` to an open `target`; all of them awaited.
-
-    Ends within `seconds` + the target's deadline (+ a margin against a hang).
-    """
+    """Offer `rate` calls a second, Poisson arrivals, for `seconds` to an open `target`; all of them awaited."""
     wrong_before = target.wrong
     bound = max(1, math.ceil(rate * seconds * 2) + 100)  # only a bound: the schedule's span ends it
     loop = OpenLoop(target, rate, MAX_OUTSTANDING, bound, poisson=True, seed=seed, from_schedule=True)

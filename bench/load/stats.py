@@ -14,11 +14,7 @@ OK = "OK"  # the status of a call that succeeded; the others are the targets' er
 
 @dataclass
 class Tally:
-    """The calls of one span.
-
-    Each one's latency (seconds) under its status, the calls an open loop skipped at its outstanding cap, and how late
-    its schedule ran at worst.
-    """
+    """The calls of one span: their latencies (seconds) by status, the skipped ones and the schedule's worst lag."""
 
     latencies: dict[str, array] = field(default_factory=dict)
     skipped: int = 0

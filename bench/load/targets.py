@@ -77,8 +77,8 @@ def close_enough(actual: np.ndarray, expected: np.ndarray) -> bool:
 class GrpcTarget:
     """One gRPC method called with prebuilt requests, in turn.
 
-    `images` (each a request: an FP32 array of `batch` images, or a request's arrays by input name) replace the random
-    data; `expected` (the flat first output each of them should get) makes every answer checked.
+    `images` (each an FP32 array of `batch` images, or a request's arrays by input name) replace the random data;
+    `expected` (the flat first output each should get) makes every answer checked.
     """
 
     name: str

@@ -21,8 +21,7 @@ from bench.baseline.workers import setups
 from bench.limit import measure_limit
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
 from bench.peers import goodput, servers, venvs
-from bench.peers.open_report import open_report
-from bench.peers.table import notes, servers_table, table_rows
+from bench.report import notes, servers_table, table_rows
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
@@ -120,7 +119,7 @@ def open_loop(args: argparse.Namespace) -> int:
             write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput.gates(results)
-    return finish(out, open_report(out, results, judged), judged, results)
+    return finish(out, goodput.open_report(out, results, judged), judged, results)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,9 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Serves a scratch copy of the model repository as `make serve` does (`python -m tritonnx.commands.serve`; serve.py),
-opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py, checked.py), measures
+Serves a scratch copy of the model repository as `make serve` does (ServeProcess), opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py, checked.py), measures
 each stream's capacity alone, runs every stream at once for `--burst-seconds` so that buffers sized by the peak grow
 now, then offers each of the N streams `--load-fraction` / N of its capacity for `--duration` seconds (run.py). Every
-`--publish-every` seconds the next model of the rotation is published again as a new version (publish.py); every
+`--publish-every` seconds the next model of the rotation is published again as a new version (run.py); every
 `--interval` seconds RSS, PSS, open fds and threads of every process and their /dev/shm regions are sampled
 (bench/usage.py). After the stop, nothing may be left, and the run is judged (judge.py) and reported (report.py).
 
@@ -17,24 +16,69 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import shutil
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 from bench import REPOSITORY
 from bench.load.targets import VerificationError
 from bench.output import Gate, machine, run_folder, say, settings, verdict
 from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
 from bench.soak.load import DEADLINE_S, make_streams
-from bench.soak.publish import Publisher
 from bench.soak.report import write_outputs
-from bench.soak.run import load_phases
-from bench.soak.serve import ServeProcess
+from bench.soak.run import Publisher, load_phases
 from bench.usage import SHM_DIR, Watcher
+from tritonnx.common.admin import ADMIN_KEY_ENV, new_admin_key
+from tritonnx.common.paths import BUILD_ENV
 from tritonnx.offline.demo_models import MODELS
-from tritonnx.server.process import ServerError, StopRequest
+from tritonnx.server.process import ManagedProcess, ServerError, StopRequest, free_ports
 from tritonnx.server.repository import CONFIG_FILE, link_models
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+READY_LINE = "Ctrl-C stops it."  # tritonnx.commands.serve's last line once the facade answered a real inference
+
+
+class ServeProcess(ManagedProcess):
+    """`python -m tritonnx.commands.serve` on free loopback ports, its logs and Triton's backend in the run's folder.
+
+    Its process holds the supervisor, so its memory, fds and threads are the supervisor's, sampled apart from the load
+    generator's; the admin key goes in its environment (the publishes need it).
+    """
+
+    def __init__(self, repository: Path, workdir: Path, timeout: float = 300.0) -> None:
+        self.workdir, self.timeout = workdir, timeout
+        self.log_file = workdir / "serve.log"
+        self.admin_key = new_admin_key()
+        http, grpc, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
+        self.triton_grpc_url, self.facade_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{facade_grpc}"
+        self._args = [
+            "--model-repository", str(repository), "--log-dir", str(workdir), "--http-port", str(http),
+            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--supervisor-metrics-port", str(supervisor),
+            "--", "--port", str(facade_grpc), "--http-port", str(facade_http),
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, BUILD_ENV: str(self.workdir / "build"), ADMIN_KEY_ENV: self.admin_key}
+        self.spawn([sys.executable, "-m", "tritonnx.commands.serve", *self._args], env=env, cwd=CHECKOUT)
+        self.wait_until(lambda: READY_LINE in self.log_tail(5), "python -m tritonnx.commands.serve", self.timeout)
+
+    def children(self) -> tuple[int, int]:
+        """(tritonserver's pid, the facade's pid), the serve process's children."""
+        triton = facade = None
+        for child in psutil.Process(self.pid).children():
+            command = " ".join(child.cmdline())
+            if child.name() == "tritonserver" or "/tritonserver " in command:
+                triton = child.pid
+            elif "tritonnx.client.facade" in command:
+                facade = child.pid
+        if triton is None or facade is None:
+            raise ServerError(f"tritonserver or the facade is not a child of tritonnx.commands.serve (pid {self.pid})")
+        return triton, facade
 
 
 def check_shutdown(watcher: Watcher, results: dict, incidents: list[str]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,10 +28,6 @@ from tritonnx.backend.tensors import RAW_DTYPES
 from tritonnx.client.proto import inference_pb2
 
 SEEDS = range(4)  # four different images (or token sequences) per stream, in turn
-
-
-def reference_session(onnx_file: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
 
 
 def requests_of(session: ort.InferenceSession) -> list[Request]:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from bench.load.loops import LoadResult, OpenLoop
 from bench.load.stats import Tally, percentiles
-from bench.soak.checked import CheckedFacade, CheckedTriton, StreamTarget, reference_session
+from bench.peers.common import session
+from bench.soak.checked import CheckedFacade, CheckedTriton, StreamTarget
 
 PATHS = ("facade", "triton")
 DEADLINE_S = 10.0  # every call's
@@ -47,9 +48,9 @@ def make_streams(
 ) -> list[Stream]:
     streams = []
     for model in models:
-        session = reference_session(repository / model / "1" / "model.onnx")
-        streams.append(Stream(model, "facade", CheckedFacade(facade_url, model, session, timeout_s=deadline)))
-        streams.append(Stream(model, "triton", CheckedTriton(triton_url, model, session, timeout_s=deadline)))
+        reference = session(repository / model / "1" / "model.onnx")
+        streams.append(Stream(model, "facade", CheckedFacade(facade_url, model, reference, timeout_s=deadline)))
+        streams.append(Stream(model, "triton", CheckedTriton(triton_url, model, reference, timeout_s=deadline)))
     return streams
 
 

@@ -170,20 +170,16 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "versions answering |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    capacities = results.get("capacities", {})
-    for label, t in results.get("totals", {}).get("streams", {}).items():
+    capacities, totals = results.get("capacities", {}), results.get("totals", {})
+    streams = [(label, fmt(capacities.get(label, {}).get("throughput_rps")), fmt(t["offered_rps"], 2), t)
+               for label, t in totals.get("streams", {}).items()]  # fmt: skip
+    streams += [(f"**{path}, all models**", "", "", t) for path, t in totals.get("paths", {}).items()]
+    for label, capacity, offered, t in streams:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors"].items())) or "none"
-        versions = ", ".join(f"v{k}: {v}" for k, v in t["versions"].items())
+        versions = ", ".join(f"v{k}: {v}" for k, v in t.get("versions", {}).items())
         lines.append(
-            f"| {label} | {fmt(capacities.get(label, {}).get('throughput_rps'))} | {fmt(t['offered_rps'], 2)} | "
-            f"{t['sent']} | {t['ok']} | {errors} | {t['skipped']} | {t['wrong']} | {fmt(t['p50_ms'])} | "
-            f"{fmt(t['p99_ms'])} | {versions} |"
-        )
-    for path, t in results.get("totals", {}).get("paths", {}).items():
-        errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors"].items())) or "none"
-        lines.append(
-            f"| **{path}, all models** | | | {t['sent']} | {t['ok']} | {errors} | {t['skipped']} | {t['wrong']} | "
-            f"{fmt(t['p50_ms'])} | {fmt(t['p99_ms'])} | |"
+            f"| {label} | {capacity} | {offered} | {t['sent']} | {t['ok']} | {errors} | {t['skipped']} | {t['wrong']} | "
+            f"{fmt(t['p50_ms'])} | {fmt(t['p99_ms'])} | {versions} |"
         )
     lines += [
         "",
@@ -263,15 +259,5 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
             f"{fmt(row.get('rss_mib.supervisor'))} | {fmt(row.get('pss_mib.total'))} | {fmt(row.get('shm_mib'), 2)} | "
             f"{row.get('shm_files', '')} |"
         )
-    lines += [
-        "",
-        "![memory](memory.png)",
-        "",
-        "![fds and threads](counts.png)",
-        "",
-        "![shm](shm.png)",
-        "",
-        "![latency](latency.png)",
-        "",
-    ]
+    lines += ["", *(f"![{name}]({name}.png)\n" for name in ("memory", "counts", "shm", "latency"))]
     return "\n".join(lines)

@@ -1,6 +1,9 @@
 """The soak's run on a started stack: streams opened and checked, capacities, the burst, then the paced load.
 
-The paced load takes a sample every --interval and publishes a version every --publish-every.
+The paced load takes a sample every --interval and publishes a version every --publish-every: the same graph,
+published again as a model's next version, model after model, through tritonnx.server.versions.publish as
+`tritonnx-models publish` does. Triton loads it beside the serving one and unloads the old one once the new one is
+READY; the answers stay the same, so the load's checks hold across the swap.
 """
 
 from __future__ import annotations
@@ -8,16 +11,68 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 from bench.load.loops import OpenLoop, run_load
 from bench.output import say
 from bench.soak.judge import DOCUMENTED_REJECTIONS
 from bench.soak.load import BURST_CONCURRENCY, MAX_OUTSTANDING, Stream, split_rates, take_intervals, totals
-from bench.soak.publish import Publisher
 from bench.soak.report import progress_line
 from bench.usage import Watcher, gone
+from tritonnx.client.model_control import ControlError, TritonControl
 from tritonnx.server.process import ServerError, StopRequest
+from tritonnx.server.versions import ModelFolder, VersionError, publish
+
+
+@dataclass
+class Published:
+    """One publish: when (seconds into the paced load), which model, the version it became, how long it took."""
+
+    t_s: float
+    model: str
+    version: int | None
+    seconds: float
+    error: str = ""
+    serving: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Publisher:
+    """Publishes `models` in turn into `repository` (a scratch copy), each from `source`'s version 1."""
+
+    def __init__(self, repository: Path, source: Path, models: Sequence[str], triton_url: str, admin_key: str) -> None:
+        if not models:
+            raise ValueError("no model to publish")
+        self.repository, self.source, self.models = repository, source, list(models)
+        self.triton_url, self.admin_key = triton_url, admin_key
+        self.done: list[Published] = []
+
+    def next_model(self) -> str:
+        return self.models[len(self.done) % len(self.models)]
+
+    def publish_next(self, t_s: float) -> Published:
+        """Publish the next model of the rotation (blocking: run it in a thread beside the load)."""
+        model = self.next_model()
+        started = time.perf_counter()
+        lines: list[str] = []
+        try:
+            with TritonControl(self.triton_url, self.admin_key) as control:
+                outcome = publish(
+                    ModelFolder.find(self.repository, model),
+                    self.source / model / "1" / "model.onnx",
+                    control,
+                    log=lines.append,
+                )
+            done = Published(t_s, model, outcome.version, time.perf_counter() - started, serving=outcome.serving)
+        except (VersionError, ControlError, OSError) as error:
+            done = Published(t_s, model, None, time.perf_counter() - started, error=f"{error} ({'; '.join(lines)})")
+        self.done.append(done)
+        return done
 
 
 def _row(t_s: float, **columns: object) -> dict:

@@ -1,4 +1,4 @@
-"""The open-loop goodput mode of the peers benchmark (bench/peers/goodput.py, open_report.py): its rule, gates, report."""
+"""The open-loop goodput mode of the peers benchmark (bench/peers/goodput.py): its rule, gates and report."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import pytest
 from bench.output import finish
 from bench.peers import goodput
 from bench.peers.goodput import best_fastapi, gates, objective_ms, within
-from bench.peers.open_report import open_report
 
 
 def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
@@ -121,7 +120,7 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
     text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
     judged = gates(results)
-    text = open_report(tmp_path, results, judged)
+    text = goodput.open_report(tmp_path, results, judged)
     assert finish(tmp_path, text, judged, results) == 1  # a gate failed
     assert text == (tmp_path / "report.md").read_text()
     assert "## resnet50" in text and "## text_classifier" in text

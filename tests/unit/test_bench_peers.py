@@ -16,7 +16,7 @@ from bench.load.targets import VerificationError
 from bench.peers import servers, venvs
 from bench.peers.common import decode_named
 from bench.peers.servers import check_answers, sample_images
-from bench.peers.table import notes, servers_table, table_rows, value_range
+from bench.report import notes, servers_table, table_rows, value_range
 
 
 def test_the_policy_is_the_models_own_config(tmp_path):

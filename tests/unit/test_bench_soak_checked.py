@@ -7,7 +7,8 @@ import onnx
 from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2
 
-from bench.soak.checked import CheckedFacade, CheckedTriton, reference_session
+from bench.peers.common import session
+from bench.soak.checked import CheckedFacade, CheckedTriton
 from tritonnx.client.proto import inference_pb2
 
 
@@ -22,7 +23,7 @@ def text_model(path):
     ]
     graph = helper.make_graph(nodes, "text", inputs, outputs)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
-    return reference_session(path)
+    return session(path)
 
 
 def test_the_facade_target_checks_every_named_output_of_every_answer(tmp_path):
