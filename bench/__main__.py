@@ -138,9 +138,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     say(f"{model}: tritonserver start-up with only this model (twice: as found, then warm) ...")
     first, startup = triton_startup(model), triton_startup(model)
     data["servers"][f"tritonserver ({model} only, idle)"] = {**startup, "first_ready_seconds": first["ready_seconds"]}
-    say(
-        f"  READY after {first['ready_seconds']:.2f}s, then {startup['ready_seconds']:.2f}s; PSS {startup['pss_mib']:.0f} MiB"
-    )
+    say(f"  READY after {first['ready_seconds']:.2f}s, then {startup['ready_seconds']:.2f}s; {startup['pss_mib']} MiB")
     return data
 
 
@@ -179,13 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["resnet50", "mobilenet_v3_small"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured point; default: %(default)s")
-    parser.add_argument(
-        "--limit-seconds", type=float, default=4.0, help="seconds per in-process point; default: %(default)s"
-    )
+    parser.add_argument("--limit-seconds", type=float, default=4.0, help="per in-process point; default: %(default)s")
     parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
-    parser.add_argument(
-        "--skip-pytriton", action="store_true", help="leave out PyTriton (its venv is made under build/peers/ first)"
-    )
+    parser.add_argument("--skip-pytriton", action="store_true", help="leave out PyTriton (a venv under build/peers/)")
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")
     args = parser.parse_args(argv)
 

@@ -97,9 +97,7 @@ class OverloadResult:
         if not self.statuses.get(rejection):
             self.problems.append("nothing was rejected: the load did not exceed capacity")
         if self.late_rejections:
-            self.problems.append(
-                f"{self.late_rejections} rejections took longer than {REJECTION_SECONDS * 1000:.0f} ms"
-            )
+            self.problems.append(f"{self.late_rejections} rejections took over {REJECTION_SECONDS * 1000:.0f} ms")
         if self.accepted_p99_ms > P99_FACTOR * self.reference_p99_ms:
             self.problems.append(f"accepted p99 {self.accepted_p99_ms:.0f} ms > {P99_FACTOR}x reference")
         if self.wrong_outputs:

@@ -83,7 +83,7 @@ def run_perf_analyzer(
         after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - started
         if done.returncode != 0 or not report.exists():
             raise PerfAnalyzerError(
-                f"perf_analyzer exited with {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
+                f"perf_analyzer: exit {done.returncode}: {done.stdout[-1500:]}{done.stderr[-1500:]}"
             )
         cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         return parse(model, report.read_text(), done.stdout, client_cpu=cpu / wall)

@@ -1,8 +1,7 @@
 """Write a `make bench` run's results: results.json, report.md and PNG plots.
 
-Every server beside the limit, as `make bench` and `make bench-peers` report it (`table_rows`, `servers_table`,
-`notes`), takes `servers`: a server's name -> `{"setup": ..., "rounds": [record, ...]}`, a record being
-`servers.closed_loop`'s.
+Every server beside the limit, as `make bench` and `make bench-peers` report it (`servers_table`, `notes`), takes
+`servers`: a server's name -> `{"setup": ..., "rounds": [record, ...]}`, a record being `servers.closed_loop`'s.
 """
 
 from __future__ import annotations
@@ -32,36 +31,23 @@ def counted(points: list[dict]) -> list[dict]:
     return [p for p in points if not p["errors"] and p.get("worker_cpu", {}).get("spread") is not False]
 
 
-def table_rows(servers: dict, concurrency: int) -> list[dict]:
-    """One row per server: its counted figures at `concurrency` and its c=1 p50s, over the rounds."""
-    rows = []
-    for name, server in servers.items():
-        points = counted([p for record in server["rounds"] for p in record.get("points", [])])
-        rows.append({
-            "name": name,
-            "images_per_s": [p["images_per_s"] for p in points if p["concurrency"] == concurrency],
-            "p50_ms": [p["p50_ms"] for p in points if p["concurrency"] == 1],
-            "setup": server["setup"],
-        })  # fmt: skip
-    return rows
+def servers_table(limits: list[float], servers: dict, concurrency: int = 16) -> list[str]:
+    """Every server beside the limit: its counted throughputs at `concurrency` and c=1 p50s, each a range over rounds.
 
-
-def servers_table(limits: list[float], rows: list[dict], concurrency: int = 16) -> list[str]:
-    """Every server beside the limit: throughput at `concurrency` and the c=1 p50; the ratio is to the limit's mean."""
+    The ratio is to the limit's mean.
+    """
     limit = sum(limits) / len(limits) if limits else 0.0
     lines = [
         f"| server | img/s at c={concurrency} | vs limit | p50 ms at c=1 | setup |",
         "|---|---|---|---|---|",
         f"| limit: in-process ONNX Runtime | {value_range(limits)} | 1.00x | | same .onnx, same cores, best layout |",
     ]
-    for row in rows:
-        ratios = (
-            value_range([v / limit for v in row["images_per_s"]], 2) + "x" if limit and row["images_per_s"] else "n/a"
-        )
-        lines.append(
-            f"| {row['name']} | {value_range(row['images_per_s'])} | {ratios} | {value_range(row['p50_ms'], 1)} | "
-            f"{row['setup']} |"
-        )
+    for name, server in servers.items():
+        points = counted([p for record in server["rounds"] for p in record.get("points", [])])
+        served = [p["images_per_s"] for p in points if p["concurrency"] == concurrency]
+        ratios = value_range([v / limit for v in served], 2) + "x" if limit and served else "n/a"
+        lone = value_range([p["p50_ms"] for p in points if p["concurrency"] == 1], 1)
+        lines.append(f"| {name} | {value_range(served)} | {ratios} | {lone} | {server['setup']} |")
     return lines
 
 
@@ -210,9 +196,8 @@ def cpu_rows(data: dict) -> list[str]:
         cpu = p["cpu_ms_per_image"]
         ceiling = cores * 1000 / busy if busy else 0.0
         cells = " | ".join(f"{cpu[role]:.2f}" if role in cpu else "-" for role in ROLES)
-        lines.append(
-            f"| {name} | {cells} | {cpu['total']:.2f} | {ceiling:.0f} {unit} | {_ratio(ceiling, limit['images_per_s'])} |"
-        )
+        ratio = _ratio(ceiling, limit["images_per_s"])
+        lines.append(f"| {name} | {cells} | {cpu['total']:.2f} | {ceiling:.0f} {unit} | {ratio} |")
     return lines
 
 
@@ -284,9 +269,7 @@ def write_report(out: Path, results: dict) -> None:
             "Runtime first. The limit's range is its measurement before and after the servers; `make bench-peers` "
             "adds Ray Serve and MLServer, over several rounds.",
             "",
-            *servers_table(
-                [data["limit"]["before"], data["limit"]["after"]], table_rows({**tritonnx, **data["peers"]}, 16)
-            ),
+            *servers_table([data["limit"]["before"], data["limit"]["after"]], {**tritonnx, **data["peers"]}),
             "",
             *notes(data["peers"]),
             *cpu_rows(data),

@@ -99,9 +99,7 @@ def attack_once(attack: Attack, ctx: Context, watch: Watch) -> AttackResult:
     )
     watch.enter("between")
     slowest = max((c.seconds for c in outcome.calls), default=0)
-    say(
-        f"{attack.name}: {statuses(result.calls)}, slowest answer {slowest:.2f} s, facade peak {round(result.rss_rise_mib):+,d} MiB"
-    )
+    say(f"{attack.name}: {statuses(result.calls)}, slowest {slowest:.2f} s, peak {round(result.rss_rise_mib):+,d} MiB")
     return result
 
 

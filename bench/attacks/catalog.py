@@ -187,12 +187,9 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
 
 def repeated_field(name: str, element: bytes, what: str, size: str) -> list[Attack]:
     """A field repeated: as many times as Sizes' `size` says, and as often as the limit allows."""
-    return [
-        Attack(name, what, crafted(lambda c: repeated(element, getattr(c.sizes, size)))),
-        Attack(
-            f"{name}@limit", f"{what}, at the limit", crafted(lambda c: repeated(element, fitting(element, c.limit)))
-        ),
-    ]
+    sized = crafted(lambda c: repeated(element, getattr(c.sizes, size)))
+    limited = crafted(lambda c: repeated(element, fitting(element, c.limit)))
+    return [Attack(name, what, sized), Attack(f"{name}@limit", f"{what}, at the limit", limited)]
 
 
 def attacks() -> list[Attack]:

@@ -1,11 +1,9 @@
 """What a stranger's attack does to everyone else: a probe of the facade and its memory, tagged by phase.
 
-The probe is two threads, each on a fixed 0.5 s schedule with a 2 s limit per call: a valid mobilenet_v3_small
-Predict (on a channel of its own connection, so it never queues behind the attack's bytes in this process) and a
-GET of /metrics. The memory is the facade's RSS every 50 ms, and its kernel high-water mark (VmHWM, reset when a
-phase starts, so it catches a peak between two samples). The memory guard stops an attack whose facade grows past
-`rss_cap_mib`, or when the machine has less than `available_floor_mib` left, before the kernel's OOM killer picks a
-process.
+The probe: a valid Predict (on a channel of its own connection, so it never queues behind the attack's bytes in this
+process) and a GET of /metrics, each every 0.5 s with a 2 s limit. The memory: the facade's RSS every 50 ms and its
+kernel high-water mark (VmHWM, reset when a phase starts: a peak between two samples). The memory guard stops an
+attack before the kernel's OOM killer picks a process.
 """
 
 from __future__ import annotations
@@ -77,13 +75,6 @@ def rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / MIB
 
 
-def _status_kib(pid: int, key: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return float(line.split()[1])
-    return 0.0
-
-
 def _reset_high_water_mark(pid: int) -> None:
     try:
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # "5": reset the peak RSS to the current RSS
@@ -95,10 +86,8 @@ class Watch:
     """The probe and the memory sampler, running while the watch is entered; `enter` names the phase and facade."""
 
     def __init__(self, target: Target, rss_cap_mib: float, available_floor_mib: float) -> None:
-        self.target = target
-        self.phase = "warm-up"
-        self.rss_cap_mib = rss_cap_mib
-        self.available_floor_mib = available_floor_mib
+        self.target, self.phase = target, "warm-up"
+        self.rss_cap_mib, self.available_floor_mib = rss_cap_mib, available_floor_mib
         self.probes: list[ProbeCall] = []
         self.samples: list[Sample] = []
         self.guard = threading.Event()  # set by the memory guard: the attack running stops
@@ -140,12 +129,13 @@ class Watch:
     def peak_mib(self, phase: str) -> float:
         """The watched facade's highest RSS in `phase`: its samples' and, read now, its high-water mark's."""
         pid = self.target.pid
-        sampled = max((s.rss_mib for s in self.samples if s.phase == phase and s.pid == pid), default=0.0)
+        sampled = [s.rss_mib for s in self.samples if s.phase == phase and s.pid == pid]
         try:
-            high_water = _status_kib(pid, "VmHWM") / 1024
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
         except OSError:
-            high_water = 0.0
-        return max(sampled, high_water)
+            status = []
+        high_water = [float(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:")]
+        return max([*sampled, *high_water], default=0.0)
 
     def probed(self, phase: str) -> dict[str, ProbeSummary]:
         """Per kind of probe call, what the calls of `phase` saw."""
@@ -178,10 +168,8 @@ class Watch:
         )
         started = time.monotonic()
         try:
-            answer = inference_pb2.PredictResponse.FromString(
-                method(self._body, timeout=PROBE_LIMIT_S, metadata=target.metadata)
-            )
-            status = "OK" if answer.model_name == MODEL else "WRONG ANSWER"
+            body = method(self._body, timeout=PROBE_LIMIT_S, metadata=target.metadata)
+            status = "OK" if inference_pb2.PredictResponse.FromString(body).model_name == MODEL else "WRONG ANSWER"
         except DecodeError:
             status = "WRONG ANSWER"
         except grpc.RpcError as error:

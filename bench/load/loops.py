@@ -207,9 +207,7 @@ class OpenLoop:
         from_schedule: bool = False,
     ) -> None:
         if rate <= 0 or max_outstanding < 1 or max_calls < 1:
-            raise ValueError(
-                f"rate, max_outstanding and max_calls must be positive: {rate}, {max_outstanding}, {max_calls}"
-            )
+            raise ValueError(f"rate, max_outstanding, max_calls must be > 0: {rate}, {max_outstanding}, {max_calls}")
         self.target, self.rate, self.max_outstanding, self.max_calls = target, rate, max_outstanding, max_calls
         self.wait_when_full, self.from_schedule = wait_when_full, from_schedule
         self.offsets = arrival_offsets(rate, poisson, seed)

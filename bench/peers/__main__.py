@@ -21,7 +21,7 @@ from bench.baseline.workers import setups
 from bench.limit import measure_limit
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
 from bench.peers import goodput, servers, venvs
-from bench.report import notes, servers_table, table_rows
+from bench.report import notes, servers_table
 
 TRITONNX = ("triton", "facade")
 SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
@@ -86,8 +86,8 @@ def write_report(out: Path, results: dict) -> None:
         "",
     ]
     for model, data in results["models"].items():
-        rows = table_rows(data["servers"], counted_at)
-        lines += [f"## {model}", "", *servers_table(data["limits"], rows, counted_at), "", *notes(data["servers"])]
+        table = servers_table(data["limits"], data["servers"], counted_at)
+        lines += [f"## {model}", "", *table, "", *notes(data["servers"])]
     lines += ["Peer venvs (pip freeze) are in results.json."]
     (out / "report.md").write_text("\n".join(lines) + "\n")
 

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -228,40 +229,13 @@ def _at(step: dict | None) -> str:
     """p50 / p99 ms, refused and timed-out share of one overload step, or n/a."""
     if step is None:
         return "n/a | n/a"
-    return (
-        f"{_ms(step['p50_ms'])} / {_ms(step['p99_ms'])} | {step['refused_share']:.1%} / {step['timed_out_share']:.1%}"
-    )
+    shares = f"{step['refused_share']:.1%} / {step['timed_out_share']:.1%}"
+    return f"{_ms(step['p50_ms'])} / {_ms(step['p99_ms'])} | {shares}"
 
 
 def _steps(record: dict) -> list[dict]:
     """Every rate offered to a server: the steps and the overloads."""
     return record.get("steps", []) + list(record.get("overloads", {}).values())
-
-
-def _lag(record: dict) -> str:
-    steps = _steps(record)
-    if not steps:
-        return "n/a"
-    return f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}"
-
-
-def failed_calls(data: dict) -> list[str]:
-    """Calls failed with statuses other than refusals and timeouts, per server: how many, of what, in how many steps.
-
-    A server that fails calls at any rate has no goodput above the rates where no failure happened to come.
-    """
-    found = []
-    for name, record in data["servers"].items():
-        steps = _steps(record)
-        counts: dict[str, int] = {}
-        for step in steps:
-            for status, count in step.get("other_errors", {}).items():
-                counts[status] = counts.get(status, 0) + count
-        if counts:
-            hit = sum(1 for step in steps if step.get("other_errors"))
-            statuses = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
-            found.append(f"{name}: {statuses} in {hit} of {len(steps)} steps")
-    return found
 
 
 def model_table(data: dict) -> list[str]:
@@ -279,10 +253,10 @@ def model_table(data: dict) -> list[str]:
             continue
         ratio = f"{record['goodput_rps'] / best[1]:.2f}x" if best and best[1] > 0 else "n/a"
         overloads = " | ".join(_at(record["overloads"].get(str(factor))) for factor in OVERLOADS)
-        lines.append(
-            f"| {name} | {record['goodput_rps']:.1f} | {ratio} | {record['capacity_rps']:.1f} | {overloads} | "
-            f"{_lag(record)} |"
-        )
+        steps = _steps(record)
+        lag = f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}" if steps else ""
+        good, capacity = f"{record['goodput_rps']:.1f}", f"{record['capacity_rps']:.1f}"
+        lines.append(f"| {name} | {good} | {ratio} | {capacity} | {overloads} | {lag or 'n/a'} |")
     return lines
 
 
@@ -318,31 +292,28 @@ def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
             *model_table(data),
             "",
         ]
-        behind = []
+        behind, failed = [], []
         for name, record in data["servers"].items():
             steps = _steps(record)
             late = [step for step in steps if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]]
             if late:
-                worst = max(late, key=lambda step: step["lag_p99_ms"])
-                first = min(step["offered_rps"] for step in late)
-                behind.append(
-                    f"{name}: {len(late)} of {len(steps)} steps, from {first:.0f} req/s, the worst "
-                    f"{worst['lag_p99_ms']:.1f} ms at {worst['offered_rps']:.0f} req/s"
-                )
+                worst, first = max(late, key=lambda step: step["lag_p99_ms"]), min(s["offered_rps"] for s in late)
+                behind.append(f"{name}: {len(late)} of {len(steps)} steps, from {first:.0f} req/s, the worst "
+                              f"{worst['lag_p99_ms']:.1f} ms at {worst['offered_rps']:.0f} req/s")  # fmt: skip
+            # A server that fails calls at any rate has no goodput above the rates where no failure happened to come.
+            counts: Counter[str] = Counter()
+            for step in steps:
+                counts.update(step.get("other_errors", {}))
+            if counts:
+                hit = sum(1 for step in steps if step.get("other_errors"))
+                statuses = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
+                failed.append(f"{name}: {statuses} in {hit} of {len(steps)} steps")
         if behind:
-            lines += [
-                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) in "
-                "these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".",
-                "",
-            ]
-        failed = failed_calls(data)
+            lines += [f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) "
+                      "in these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".", ""]  # fmt: skip
         if failed:
-            lines += [
-                "Calls failed with other statuses (each an error of its step, whatever the rate): "
-                + "; ".join(failed)
-                + ".",
-                "",
-            ]
+            lines += ["Calls failed with other statuses (each an error of its step, whatever the rate): "
+                      + "; ".join(failed) + ".", ""]  # fmt: skip
         lines += [f"![{model}]({model}_open.png)", ""]
         plot_model(out, model, data)
     plot_goodput(out, results)

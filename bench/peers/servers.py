@@ -112,17 +112,20 @@ class Server(ABC):
 
     name: str
     description: str  # its configuration and payload, for the report
+    process: ManagedProcess | None = None  # the one whose tree holds the whole server, once started
 
     @abstractmethod
     def start(self) -> None: ...
 
-    @abstractmethod
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout=30)
+        self.process = None
 
     @property
-    @abstractmethod
     def pid(self) -> int:
-        """The process whose tree holds the whole server (for its memory)."""
+        assert self.process is not None, "start() first"
+        return self.process.pid
 
     @property
     def pids(self) -> list[int]:
@@ -201,23 +204,19 @@ class Tritonnx(Server):
             # The health probe runs real inferences: keep it rare and on the model under test.
             facade_args=["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"],
         )  # fmt: skip
-        self._stack.start_triton()
+        self.process = self._stack.start_triton()
         if self.facade:
             self._stack.start_facade()
 
     def stop(self) -> None:
         if self._stack is not None:
             self._stack.stop()
-        self._stack = None
+        self._stack = self.process = None
 
     @property
     def stack(self) -> ServingStack:
         assert self._stack is not None, "start() first"
         return self._stack
-
-    @property
-    def pid(self) -> int:
-        return self.stack.triton.pid
 
     @property
     def pids(self) -> list[int]:
@@ -238,7 +237,6 @@ class FastApi(Server):
     onnx_file: Path
     setup: Setup
     workdir: Path
-    _server: FastApiBaseline | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.name = f"FastAPI {self.setup.workers}x{self.setup.threads}"
@@ -248,27 +246,21 @@ class FastApi(Server):
         )
 
     def start(self) -> None:
-        self._server = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
+        self.process = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
                                        intra_op_threads=self.setup.threads,
                                        log_file=self.workdir / f"{self.name.replace(' ', '_')}.log")  # fmt: skip
-        self._server.start(READY_TIMEOUT_S)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-        self._server = None
+        self.process.start(READY_TIMEOUT_S)
 
     @property
-    def pid(self) -> int:
-        assert self._server is not None
-        return self._server.pid
+    def baseline(self) -> FastApiBaseline:
+        assert isinstance(self.process, FastApiBaseline), "start() first"
+        return self.process
 
     def worker_pids(self) -> list[int]:
-        return self._server.worker_pids() if self._server else []
+        return self.baseline.worker_pids()
 
     def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
-        assert self._server is not None
-        return HttpTarget(self._server.url, 1, name=self.name, images=images, expected=expected)
+        return HttpTarget(self.baseline.url, 1, name=self.name, images=images, expected=expected)
 
 
 @dataclass(eq=False)
@@ -292,7 +284,6 @@ class VenvPeer(Server):
     threads: int = 1  # ONNX Runtime intra-op threads per worker
     extra_ports: tuple[str, ...] = ()  # options that each take a free port of their own
     interpreter: str = venvs.DEFAULT_PYTHON
-    _process: ManagedProcess | None = field(default=None, init=False, repr=False)
     _port: int = field(default=0, init=False, repr=False)
 
     def command(self, python: Path, ports: list[int]) -> list[str]:
@@ -327,17 +318,16 @@ class VenvPeer(Server):
         env = {**os.environ, "PYTHONPATH": str(venvs.ROOT), "RAY_USAGE_STATS_ENABLED": "0",
                "VIRTUAL_ENV": str(python.parent.parent),
                "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
-        self._process = ManagedProcess(log_file=self.workdir / f"{self.peer}.log")
-        self._process.spawn(command, env=env, cwd=venvs.ROOT)
+        self.process = process = ManagedProcess(log_file=self.workdir / f"{self.peer}.log")
+        process.spawn(command, env=env, cwd=venvs.ROOT)
         try:
-            self._process.wait_until(self._ready, self.name, READY_TIMEOUT_S)
+            process.wait_until(lambda: self._ready(process), self.name, READY_TIMEOUT_S)
         except BaseException:
             self.stop()
             raise
 
-    def _ready(self) -> bool:
-        assert self._process is not None
-        if self.ready_log and self.ready_log not in self._process.log_tail(200):
+    def _ready(self, process: ManagedProcess) -> bool:
+        if self.ready_log and self.ready_log not in process.log_tail(200):
             return False
         try:
             if self.ready_path is None:
@@ -347,16 +337,6 @@ class VenvPeer(Server):
                 return answer.status == 200
         except (urllib.error.URLError, OSError, InferenceServerException):
             return False  # not listening yet, or not ready
-
-    def stop(self) -> None:
-        if self._process is not None:
-            self._process.stop(timeout=30)
-        self._process = None
-
-    @property
-    def pid(self) -> int:
-        assert self._process is not None
-        return self._process.pid
 
     def target(self, images: Sequence[Request] | None = None, expected: Sequence[np.ndarray] | None = None) -> Target:
         url = f"127.0.0.1:{self._port}"

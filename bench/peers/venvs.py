@@ -42,9 +42,7 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], No
     venv, installed = BUILD / peer, BUILD / peer / ".installed"
     if python_of(peer).exists() and installed.exists() and installed.read_text() == stamp(peer, interpreter):
         return python_of(peer)
-    say(
-        f"{peer}: making {venv} with {interpreter} from {requirements(peer).relative_to(ROOT)} (downloads on first use)"
-    )
+    say(f"{peer}: making {venv} with {interpreter} from {requirements(peer).relative_to(ROOT)} (downloads)")
     found = shutil.which(interpreter)
     if found is None:
         raise VenvError(f"no {interpreter} on PATH to make {venv} with")
@@ -59,9 +57,7 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], No
         done = subprocess.run(pip, stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False)
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise VenvError(
-            f"pip install -r {requirements(peer)} in {venv} failed (exit {done.returncode}); end of {log}:\n{tail}"
-        )
+        raise VenvError(f"pip install -r {requirements(peer)} exited {done.returncode}; end of {log}:\n{tail}")
     installed.write_text(stamp(peer, interpreter))
     return python_of(peer)
 

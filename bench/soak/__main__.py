@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import psutil
@@ -110,9 +111,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--duration", type=float, default=3600.0, help="seconds of paced load; default: %(default)s")
     add("--interval", type=float, default=10.0, help="seconds between samples; default: %(default)s")
     add("--models", nargs="+", default=list(MODELS), help="each loaded through both paths; default: %(default)s")
-    add(
-        "--load-fraction", type=float, default=0.7, help="share of the machine's capacity offered; default: %(default)s"
-    )
+    add("--load-fraction", type=float, default=0.7, help="of the machine's capacity, offered; default: %(default)s")
     add("--capacity-concurrency", type=int, default=16, help="of each capacity run; default: %(default)s")
     add("--capacity-seconds", type=float, default=10.0, help="of each capacity run; default: %(default)s")
     add("--burst-seconds", type=float, default=10.0, help="every stream at once, before; default: %(default)s")
@@ -161,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     link_models(scratch, served)
     serve = ServeProcess(scratch, out / "logs")  # the facade with make serve's defaults (its probe: resnet50)
     publisher = Publisher(scratch, REPOSITORY, args.publish_models, serve.triton_grpc_url, serve.admin_key)
-    say(
-        f"starting python -m tritonnx.commands.serve ({', '.join(sorted(served))} from a scratch copy); logs in {out / 'logs'}"
-    )
+    say(f"starting python -m tritonnx.commands.serve ({', '.join(sorted(served))}); logs in {out / 'logs'}")
     try:
         serve.start()
         triton_pid, facade_pid = serve.children()
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         say("stopping python -m tritonnx.commands.serve (the facade drains, then tritonserver stops) ...")
         results["serve_exit_code"] = serve.stop()
-        results["publishes"] = [p.as_dict() for p in publisher.done]
+        results["publishes"] = [asdict(p) for p in publisher.done]
     if watcher is not None:
         check_shutdown(watcher, results, incidents)
     if results["serve_exit_code"] not in (0, None):

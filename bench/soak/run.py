@@ -12,7 +12,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,16 +38,11 @@ class Published:
     error: str = ""
     serving: str = ""
 
-    def as_dict(self) -> dict:
-        return asdict(self)
-
 
 class Publisher:
     """Publishes `models` in turn into `repository` (a scratch copy), each from `source`'s version 1."""
 
     def __init__(self, repository: Path, source: Path, models: Sequence[str], triton_url: str, admin_key: str) -> None:
-        if not models:
-            raise ValueError("no model to publish")
         self.repository, self.source, self.models = repository, source, list(models)
         self.triton_url, self.admin_key = triton_url, admin_key
         self.done: list[Published] = []
@@ -57,17 +52,12 @@ class Publisher:
 
     def publish_next(self, t_s: float) -> Published:
         """Publish the next model of the rotation (blocking: run it in a thread beside the load)."""
-        model = self.next_model()
-        started = time.perf_counter()
+        model, started = self.next_model(), time.perf_counter()
         lines: list[str] = []
         try:
             with TritonControl(self.triton_url, self.admin_key) as control:
-                outcome = publish(
-                    ModelFolder.find(self.repository, model),
-                    self.source / model / "1" / "model.onnx",
-                    control,
-                    log=lines.append,
-                )
+                onnx_file = self.source / model / "1" / "model.onnx"
+                outcome = publish(ModelFolder.find(self.repository, model), onnx_file, control, log=lines.append)
             done = Published(t_s, model, outcome.version, time.perf_counter() - started, serving=outcome.serving)
         except (VersionError, ControlError, OSError) as error:
             done = Published(t_s, model, None, time.perf_counter() - started, error=f"{error} ({'; '.join(lines)})")
@@ -163,29 +153,20 @@ async def load_phases(
         for s in streams:
             if stop.requested:
                 raise ServerError("interrupted while measuring capacity")
-            say(
-                f"capacity of {s.label}: closed loop, {args.capacity_concurrency} concurrent, {args.capacity_seconds:.0f} s ..."
-            )
-            warmup = min(2.0, args.capacity_seconds)
-            s.capacity = await run_load(
-                s.target, args.capacity_concurrency, args.capacity_seconds, warmup, verify=False
-            )
-            say(
-                f"  {s.capacity.throughput_rps:.1f} req/s, p99 {s.capacity.p99_ms:.1f} ms, errors {s.capacity.errors or 'none'}"
-            )
-            if s.capacity.throughput_rps <= 0 or set(s.capacity.errors) - set(DOCUMENTED_REJECTIONS):
-                raise ServerError(f"capacity of {s.label} failed: {s.capacity.requests} OK, {s.capacity.errors}")
+            concurrency, seconds = args.capacity_concurrency, args.capacity_seconds
+            say(f"capacity of {s.label}: closed loop, {concurrency} concurrent, {seconds:.0f} s ...")
+            s.capacity = capacity = await run_load(s.target, concurrency, seconds, min(2.0, seconds), verify=False)
+            say(f"  {capacity.throughput_rps:.1f} req/s, p99 {capacity.p99_ms:.1f} ms, errors {capacity.errors}")
+            if capacity.throughput_rps <= 0 or set(capacity.errors) - set(DOCUMENTED_REJECTIONS):
+                raise ServerError(f"capacity of {s.label} failed: {capacity.requests} OK, {capacity.errors}")
         capacities = {s.label: s.capacity for s in streams if s.capacity}
-        for s, rate in zip(
-            streams, split_rates([c.throughput_rps for c in capacities.values()], args.load_fraction), strict=True
-        ):
+        rates = split_rates([c.throughput_rps for c in capacities.values()], args.load_fraction)
+        for s, rate in zip(streams, rates, strict=True):
             s.rate = rate
         results["capacities"] = {label: capacity.as_dict() for label, capacity in capacities.items()}
         if args.burst_seconds > 0 and not stop.requested:
             # Every stream at once in a closed loop: buffers sized by the peak grow before the samples start.
-            say(
-                f"warm-up burst: every stream at once, {BURST_CONCURRENCY} concurrent each, {args.burst_seconds:.0f} s ..."
-            )
+            say(f"warm-up burst: every stream at once, {BURST_CONCURRENCY} concurrent each, {args.burst_seconds:.0f} s")
             burst = [run_load(s.target, BURST_CONCURRENCY, args.burst_seconds, 0.0, verify=False) for s in streams]
             done = await asyncio.gather(*burst)
             results["burst"] = [r.as_dict() for r in done]

@@ -108,7 +108,7 @@ def test_a_seeded_poisson_schedule_is_replayed_exactly_and_another_seed_differs(
 
     assert first(7) == first(7)
     assert first(7) != first(8)
-    with pytest.raises(ValueError, match="must be positive"):
+    with pytest.raises(ValueError, match="must be > 0"):
         OpenLoop(_Target(0.0), rate=0, max_outstanding=1, max_calls=1, poisson=True)
 
 

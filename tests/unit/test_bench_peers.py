@@ -16,7 +16,7 @@ from bench.load.targets import VerificationError
 from bench.peers import servers, venvs
 from bench.peers.common import decode_named
 from bench.peers.servers import check_answers, sample_images
-from bench.report import notes, servers_table, table_rows, value_range
+from bench.report import notes, servers_table, value_range
 
 
 def test_the_policy_is_the_models_own_config(tmp_path):
@@ -112,13 +112,11 @@ def test_check_answers_passes_right_answers_and_stops_wrong_ones():
 def test_value_ranges_and_the_servers_table():
     assert value_range([]) == "n/a" and value_range([3.04]) == "3" and value_range([331.6, 378.9]) == "332-379"
     assert value_range([1.0, 1.04], 1) == "1.0"
-    lines = servers_table(
-        [600.0, 700.0],
-        [
-            {"name": "A", "images_per_s": [325.0, 390.0], "p50_ms": [4.0, 4.4], "setup": "s"},
-            {"name": "B", "images_per_s": [], "p50_ms": [], "setup": "t"},
-        ],
-    )
+    a_rounds = [
+        {"points": [point(16, 325.0), point(1, 100.0, 4.0)]},
+        {"points": [point(16, 390.0), point(1, 90.0, 4.4)]},
+    ]
+    lines = servers_table([600.0, 700.0], {"A": {"setup": "s", "rounds": a_rounds}, "B": {"setup": "t", "rounds": []}})
     assert lines[2].startswith("| limit: in-process ONNX Runtime | 600-700 | 1.00x |")
     assert lines[3] == "| A | 325-390 | 0.50-0.60x | 4.0-4.4 | s |"
     assert lines[4] == "| B | n/a | n/a | n/a | t |"
@@ -149,9 +147,9 @@ def test_peer_rows_leave_out_unspread_runs_and_runs_with_errors_and_notes_say_wh
             ],
         },
     }
-    rows = {row["name"]: row for row in table_rows(servers_, 16)}
-    assert rows["FastAPI 2x1"]["images_per_s"] == [400.0] and rows["FastAPI 2x1"]["p50_ms"] == [4.0, 4.2]
-    assert rows["Ray Serve"]["images_per_s"] == [120.0] and rows["Ray Serve"]["p50_ms"] == []
+    table = servers_table([800.0], servers_)
+    assert "| FastAPI 2x1 | 400 | 0.50x | 4.0-4.2 | s |" in table  # the unspread run's 190 left out
+    assert "| Ray Serve | 120 | 0.15x | n/a | t |" in table  # the run with errors left out
     text = "\n".join(notes(servers_))
     assert "- Ray Serve, round 1: did not start" in text
     assert "- FastAPI 2x1, round 2, c=16: 95% / 5% (not spread: not counted)" in text
