@@ -46,12 +46,10 @@ def _rounded(series: Trend | Level) -> dict:
 
 def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> float:
     """Slope (value units per time unit) of the least-squares line; NaN for fewer than 2 distinct times."""
-    t = np.asarray(times, dtype=float)
-    v = np.asarray(values, dtype=float)
+    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
     if len(t) < 2 or np.ptp(t) == 0:
         return math.nan
-    t_mean = t.mean()
-    return float(((t - t_mean) * (v - v.mean())).sum() / ((t - t_mean) ** 2).sum())
+    return float(((t - t.mean()) * (v - v.mean())).sum() / ((t - t.mean()) ** 2).sum())
 
 
 def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
@@ -60,8 +58,7 @@ def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
     A single step (a cache or arena filled once) moves it little, steady growth moves it as much as the least-squares
     line. NaN for fewer than 2 distinct times.
     """
-    t = np.asarray(times, dtype=float)
-    v = np.asarray(values, dtype=float)
+    t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
     i, j = np.triu_indices(len(t), k=1)
     dt = t[j] - t[i]
     keep = dt != 0
@@ -132,27 +129,19 @@ class Level:
         return _rounded(self)
 
 
-def level(
-    series: str,
-    times: Sequence[float],
-    values: Sequence[float],
-    *,
-    since: float,
-    tolerance: float,
-    edge: int = 3,
-    min_samples: int = 3,
-) -> Level:
-    """Flat when the median of the last `edge` samples after `since` is at most `tolerance` above that of the first.
+def level(series: str, times: Sequence[float], values: Sequence[float], *, since: float, tolerance: float) -> Level:
+    """Flat when the median of the last 3 samples after `since` is at most `tolerance` above that of the first 3.
 
     Medians of a few samples at each end, not the peak: a publish starts a new version's stubs beside the old ones
     for a moment (more fds, threads and regions, then as many as before), while a leak stays. A window of fewer than
-    `min_samples` samples is not judged (flat, with a note); with fewer than 2 x `edge`, the ends share samples.
+    3 samples is not judged (flat, with a note); with fewer than 6, the ends share samples.
     """
     window = [v for t, v in zip(times, values, strict=False) if t >= since and v is not None and math.isfinite(v)]
-    if len(window) < min_samples:
+    if len(window) < 3:
         nan = math.nan
-        peak = max(window, default=nan)
-        return Level(series, len(window), nan, nan, peak, nan, True, f"fewer than {min_samples} samples: not judged")
-    k = max(1, min(edge, len(window) // 2))
+        return Level(
+            series, len(window), nan, nan, max(window, default=nan), nan, True, "fewer than 3 samples: not judged"
+        )
+    k = max(1, min(3, len(window) // 2))
     first, last = float(np.median(window[:k])), float(np.median(window[-k:]))
     return Level(series, len(window), first, last, max(window), last - first, last - first <= tolerance)

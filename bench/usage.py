@@ -83,9 +83,10 @@ def tree_memory(pid: int) -> Memory:
     return Memory(sum(u.rss_mib for u in used), sum(u.pss_mib for u in used), len(processes))
 
 
-def gone(process: psutil.Process) -> bool:
+def gone(process: psutil.Process | int) -> bool:
+    """Whether the process (or pid) has exited, a zombie counting as exited."""
     try:
-        return process.status() == psutil.STATUS_ZOMBIE
+        return (psutil.Process(process) if isinstance(process, int) else process).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 
@@ -194,14 +195,7 @@ class Watcher:
         return row
 
     def alive_pids(self) -> list[int]:
-        alive = []
-        for pid in sorted(self.all_pids):
-            try:
-                if not gone(psutil.Process(pid)):
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return alive
+        return [pid for pid in sorted(self.all_pids) if not gone(pid)]
 
 
 def _number(version: str) -> int:

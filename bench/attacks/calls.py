@@ -30,14 +30,8 @@ class Call:
 
 def channel(url: str) -> grpc.Channel:
     """A channel on a connection of its own (no subchannel shared with another), with no message size limit."""
-    return grpc.insecure_channel(
-        url,
-        options=[
-            ("grpc.max_send_message_length", -1),
-            ("grpc.max_receive_message_length", -1),
-            ("grpc.use_local_subchannel_pool", 1),
-        ],
-    )
+    unlimited = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    return grpc.insecure_channel(url, options=[*unlimited, ("grpc.use_local_subchannel_pool", 1)])
 
 
 @dataclass
@@ -125,16 +119,11 @@ class Held(Calls):
             self._release.set()  # ends the threads gRPC runs the request iterators on
 
 
-@dataclass
-class Written:
-    call: Call
-    messages: int  # handed to gRPC, which asks for the next once the one before is on its way
-
-
-def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threading.Event) -> Written:
+def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threading.Event) -> tuple[Call, int]:
     """A PredictStream written with `body` as fast as gRPC sends it for `seconds`, its responses never read.
 
     Ends early when the facade ends it or `stop` is set (the campaign's memory guard); then the attacker cancels it.
+    The stream's end, and the messages handed to gRPC (which asks for the next once the one before is on its way).
     """
     messages = 0
     deadline = time.monotonic() + seconds
@@ -152,4 +141,4 @@ def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threadi
         stop.wait(0.1)
     if stream.is_active():
         calls.cancel()
-    return Written(calls.wait()[0], messages)
+    return calls.wait()[0], messages

@@ -116,8 +116,8 @@ def unread(body: Body) -> Callable[[Context], Outcome]:
     def run(ctx: Context) -> Outcome:
         data = body(ctx)
         with channel(ctx.target.grpc_url) as chan:
-            written = unread_stream(chan, data, ctx.sizes.stream_seconds, ctx.guard)
-        return Outcome(written.messages, len(data), held=[written.call])
+            call, messages = unread_stream(chan, data, ctx.sizes.stream_seconds, ctx.guard)
+        return Outcome(messages, len(data), held=[call])
 
     return run
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 
 _CHUNK = 1 << 20
 
@@ -46,10 +47,8 @@ class StallProxy:
             self._closed = True
             sockets = [self._listener, *self._sockets]
         for sock in sockets:
-            try:
+            with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on it
-            except OSError:
-                pass
             sock.close()
         for thread in self._threads:
             thread.join(10)
@@ -83,24 +82,17 @@ class StallProxy:
 
     def _upstream(self, client: socket.socket, server: socket.socket, index: int) -> None:
         """The client's bytes: the first `budget` passed on, the rest read and dropped, until the client closes."""
-        try:
+        with suppress(OSError):
             while chunk := client.recv(_CHUNK):
                 room = self.budget - self.forwarded[index]
                 if room > 0:
                     server.sendall(chunk[:room])
                     self.forwarded[index] += min(room, len(chunk))
-        except OSError:
-            pass
-        finally:
-            for sock in (client, server):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        for sock in (client, server):
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _downstream(self, server: socket.socket, client: socket.socket) -> None:
-        try:
+        with suppress(OSError):
             while chunk := server.recv(_CHUNK):
                 client.sendall(chunk)
-        except OSError:
-            pass

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import asdict, replace
+from typing import Any
 
 import grpc
 
@@ -53,6 +55,11 @@ def _probe_over(result: AttackResult, baseline: dict[str, ProbeSummary]) -> list
     ]
 
 
+def _gate(name: str, failed: dict[str, Any], said: Callable[[Any], str], otherwise: str) -> Gate:
+    """Passed when nothing failed (attack -> what, as `said` says it); the detail names each failure, or `otherwise`."""
+    return Gate(name, not failed, "; ".join(f"{attack}: {said(what)}" for attack, what in failed.items()) or otherwise)
+
+
 def gates(campaign: Campaign) -> list[Gate]:
     results, baseline = campaign.results, campaign.baseline
     odd = {r.name: undocumented(r) for r in results if undocumented(r)}
@@ -65,47 +72,22 @@ def gates(campaign: Campaign) -> list[Gate]:
     grew = {r.name: r.rss_rise_mib for r in results if r.rss_rise_mib >= RISE_MIB}
     before = ", ".join(f"{kind} {baseline[kind].slowest_ms:,.0f} ms" for kind in KINDS)
     judged = [
-        Gate(
-            "every attack call ended with a documented status (errors.py's, gRPC's size check's RESOURCE_EXHAUSTED, "
-            "UNAUTHENTICATED; never INTERNAL or UNKNOWN)",
-            not odd,
-            "; ".join(f"{name}: {', '.join(codes)}" for name, codes in odd.items()) or f"{len(results)} attacks",
-        ),
-        Gate(
-            f"every attack call answered within {ANSWER_S:g} s (calls held without their body, and the unread "
-            "stream, end at the facade's body deadline or when the attacker stops)",
-            not late,
-            "; ".join(f"{name}: {seconds:,.2f} s" for name, seconds in late.items())
-            or f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s",
-        ),
-        Gate(
-            "the probe never failed during an attack",
-            not probe_failed,
-            "; ".join(f"{name}: {count} failed" for name, count in probe_failed.items())
-            or f"{sum(s.calls for r in results for s in r.probe.values())} probe calls",
-        ),
-        Gate(
-            f"the probe's slowest call during each attack within {PROBE_SLACK_MS:g} ms of its slowest before them "
-            f"({before}; not judged in an overload of valid calls, where it waits in Triton's queue: "
-            f"{', '.join(overloads) or 'none'})",
-            not probe_slow,
-            "; ".join(f"{name}: {', '.join(over)}" for name, over in probe_slow.items())
-            or f"every attack but {', '.join(overloads) or 'none'}",
-        ),
-        Gate(
-            f"the facade's peak RSS rose less than {RISE_MIB:g} MiB in every attack",
-            not grew,
-            "; ".join(f"{name}: +{rise:,.0f} MiB" for name, rise in grew.items())
-            or f"largest +{max((r.rss_rise_mib for r in results), default=0.0):,.0f} MiB",
-        ),
-        Gate(
-            "the facades stayed up through every attack",
-            not campaign.exited,
-            f"one exited during {campaign.exited}; the campaign stopped there"
-            if campaign.exited
-            else f"{len(results)} attacks",
-        ),
-    ]
+        _gate("every attack call ended with a documented status (errors.py's, gRPC's size check's RESOURCE_EXHAUSTED, "
+              "UNAUTHENTICATED; never INTERNAL or UNKNOWN)", odd, ", ".join, f"{len(results)} attacks"),
+        _gate(f"every attack call answered within {ANSWER_S:g} s (calls held without their body, and the unread "
+              "stream, end at the facade's body deadline or when the attacker stops)", late, "{:,.2f} s".format,
+              f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s"),
+        _gate("the probe never failed during an attack", probe_failed, "{} failed".format,
+              f"{sum(s.calls for r in results for s in r.probe.values())} probe calls"),
+        _gate(f"the probe's slowest call during each attack within {PROBE_SLACK_MS:g} ms of its slowest before them "
+              f"({before}; not judged in an overload of valid calls, where it waits in Triton's queue: "
+              f"{', '.join(overloads) or 'none'})", probe_slow, ", ".join,
+              f"every attack but {', '.join(overloads) or 'none'}"),
+        _gate(f"the facade's peak RSS rose less than {RISE_MIB:g} MiB in every attack", grew, "+{:,.0f} MiB".format,
+              f"largest +{max((r.rss_rise_mib for r in results), default=0.0):,.0f} MiB"),
+        _gate("the facades stayed up through every attack", {campaign.exited: "the campaign stopped there"} if
+              campaign.exited else {}, str, f"{len(results)} attacks"),
+    ]  # fmt: skip
     if campaign.idle_seconds > 0 and not campaign.exited:
         rise = campaign.rss_after_idle_mib - campaign.rss_start_mib
         judged.append(

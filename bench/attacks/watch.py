@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,10 +77,8 @@ def rss_mib(pid: int) -> float:
 
 
 def _reset_high_water_mark(pid: int) -> None:
-    try:
+    with suppress(OSError):  # not allowed here: the samples alone give the peak
         Path(f"/proc/{pid}/clear_refs").write_text("5")  # "5": reset the peak RSS to the current RSS
-    except OSError:
-        pass  # not allowed here: the samples alone give the peak
 
 
 class Watch:

@@ -19,6 +19,7 @@ import math
 import time
 from array import array
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -122,10 +123,8 @@ async def _drive(
     workers = [asyncio.ensure_future(worker()) for _ in range(concurrency)]
     try:
         if warmup_s > 0:
-            try:
+            with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), warmup_s)  # only a crashed worker sets it this early
-            except asyncio.TimeoutError:
-                pass
         cpu_start, window_start = time.process_time(), perf()
         measuring = True
         by_duration = False

@@ -1,6 +1,6 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Serves a scratch copy of the model repository as `make serve` does (ServeProcess), opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py, checked.py), measures
+Serves a scratch copy of the model repository as `make serve` does (ServeProcess), opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py), measures
 each stream's capacity alone, runs every stream at once for `--burst-seconds` so that buffers sized by the peak grow
 now, then offers each of the N streams `--load-fraction` / N of its capacity for `--duration` seconds (run.py). Every
 `--publish-every` seconds the next model of the rotation is published again as a new version (run.py); every

@@ -1,7 +1,10 @@
 """The soak's load: every model through both paths at once, each answer checked, the rate split by capacity.
 
 A stream is one model through one path (the facade's `Predict`, or Triton's KServe `ModelInfer` direct) with a
-target that checks every answer (bench/soak/checked.py), its capacity, offered rate and open loop.
+target that checks every answer, its capacity, offered rate and open loop. The targets send four requests each
+(seeded images, or token sequences for a model whose inputs are INT64), run through ONNX Runtime in this process once;
+every answer is decoded, compared output by output by name, and counted by the model version that answered (a publish
+swaps versions under the load).
 
 How the load is split: each stream's capacity is measured alone (closed loop), and each of the N streams is offered
 `load_fraction / N` of its own capacity. A stream at rate r with capacity c keeps the machine busy r / c of the time,
@@ -12,19 +15,99 @@ model costs (equal request rates would hand resnet50 nearly all of it).
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from tritonclient.grpc import service_pb2
 
 from bench.load.loops import LoadResult, OpenLoop
 from bench.load.stats import Tally, percentiles
-from bench.peers.common import session
-from bench.soak.checked import CheckedFacade, CheckedTriton, StreamTarget
+from bench.load.targets import (
+    TEXT_SEQUENCE,
+    FacadeTarget,
+    GrpcTarget,
+    KServeTarget,
+    Request,
+    close_enough,
+    random_tensor,
+)
+from bench.peers import common
+from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.proto import inference_pb2
 
+SEEDS = range(4)  # four different images (or token sequences) per stream, in turn
 PATHS = ("facade", "triton")
 DEADLINE_S = 10.0  # every call's
 MAX_OUTSTANDING = 32  # calls in flight per stream at most; a call due beyond it is skipped and counted
 BURST_CONCURRENCY = 8  # calls in flight per stream in the burst
+
+
+def requests_of(session: ort.InferenceSession) -> list[Request]:
+    """One request per seed: an image, or (a model with INT64 inputs) a token sequence of TEXT_SEQUENCE ids."""
+    inputs = session.get_inputs()
+    if all(i.type != "tensor(int64)" for i in inputs):
+        return [np.random.default_rng(seed).standard_normal((1, 3, 224, 224), dtype=np.float32) for seed in SEEDS]
+    rngs = [np.random.default_rng(seed) for seed in SEEDS]
+    return [{i.name: random_tensor(i.name, "INT64", [1, TEXT_SEQUENCE], rng) for i in inputs} for rng in rngs]
+
+
+class Checked(GrpcTarget):
+    """A target whose every answer is decoded, compared with ONNX Runtime's outputs by name, counted by version."""
+
+    def __init__(self, url: str, model: str, session: ort.InferenceSession, **options: Any) -> None:
+        requests = requests_of(session)
+        super().__init__(url, model, 1, images=requests, **options)
+        names, first = [o.name for o in session.get_outputs()], session.get_inputs()[0].name
+        self.reference = [
+            dict(zip(names, session.run(None, r if isinstance(r, dict) else {first: r}), strict=True)) for r in requests
+        ]
+        self.versions: Counter[str] = Counter()  # model version -> answers
+        self.wrong_examples: list[str] = []
+
+    def answer(self, body: bytes) -> tuple[str, dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def check(self, index: int, body: bytes) -> None:
+        version, outputs = self.answer(body)
+        self.versions[version] += 1
+        expected = self.reference[index]
+        bad = [n for n in expected if n not in outputs or not close_enough(outputs[n].ravel(), expected[n].ravel())]
+        if bad:
+            self.wrong += 1
+            if len(self.wrong_examples) < 10:
+                self.wrong_examples.append(f"request {index}, version {version}: {', '.join(bad)} differ")
+
+
+class CheckedFacade(Checked, FacadeTarget):
+    """The facade's Predict with raw tensors (named outputs come back for every output)."""
+
+    def answer(self, body: bytes) -> tuple[str, dict[str, np.ndarray]]:
+        response = inference_pb2.PredictResponse.FromString(body)
+        kind = inference_pb2.ElementType.Name
+        return response.model_version, {t.name: _array(t.raw_data, kind(t.dtype), t.shape) for t in response.outputs}
+
+
+class CheckedTriton(Checked, KServeTarget):
+    """Triton's KServe ModelInfer, every output of the answer compared by name."""
+
+    name = "triton"
+
+    def answer(self, body: bytes) -> tuple[str, dict[str, np.ndarray]]:
+        response = service_pb2.ModelInferResponse.FromString(body)
+        raw = zip(response.outputs, response.raw_output_contents, strict=False)
+        return response.model_version, {o.name: _array(data, o.datatype, o.shape) for o, data in raw}
+
+
+def _array(raw: bytes, datatype: str, shape: Sequence[int]) -> np.ndarray:
+    return np.frombuffer(raw, dtype=RAW_DTYPES[datatype]).reshape(list(shape))
+
+
+StreamTarget = CheckedFacade | CheckedTriton
 
 
 @dataclass
@@ -48,7 +131,7 @@ def make_streams(
 ) -> list[Stream]:
     streams = []
     for model in models:
-        reference = session(repository / model / "1" / "model.onnx")
+        reference = common.session(repository / model / "1" / "model.onnx")
         streams.append(Stream(model, "facade", CheckedFacade(facade_url, model, reference, timeout_s=deadline)))
         streams.append(Stream(model, "triton", CheckedTriton(triton_url, model, reference, timeout_s=deadline)))
     return streams

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from tritonclient.grpc import service_pb2
 
 from bench.peers.common import session
-from bench.soak.checked import CheckedFacade, CheckedTriton
+from bench.soak.load import CheckedFacade, CheckedTriton
 from tritonnx.client.proto import inference_pb2
 
 
