@@ -122,17 +122,13 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     say(f"{model}: limit again ...")
     after = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
     say(f"  best {after.best[1]:.1f} img/s ({after.best[0]})")
-    data["limit"] = {
-        "before": before.best[1],
-        "after": after.best[1],
-        "images_per_s": (before.best[1] + after.best[1]) / 2,
-        "layout": before.best[0],
+    data["limit"] = {  # each figure the mean of the two
+        "before": before.best[1], "after": after.best[1], "images_per_s": (before.best[1] + after.best[1]) / 2,
+        "layout": before.best[0], "cores": CORES, "details": [before.as_dict(), after.as_dict()],
         "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
-        "cpu_ms_per_image": (before.cpu_ms_per_image[before.best[0]] + after.cpu_ms_per_image[after.best[0]]) / 2,
-        "cores": CORES,
         "single_p99_ms": (before.single_p99_ms + after.single_p99_ms) / 2,
-        "details": [before.as_dict(), after.as_dict()],
-    }
+        "cpu_ms_per_image": (before.cpu_ms_per_image[before.best[0]] + after.cpu_ms_per_image[after.best[0]]) / 2,
+    }  # fmt: skip
     # Twice: the first start reads the model files from wherever the kernel left them (a machine
     # that reclaims idle page cache makes it a cold start); the second finds them in memory.
     say(f"{model}: tritonserver start-up with only this model (twice: as found, then warm) ...")

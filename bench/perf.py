@@ -99,18 +99,9 @@ def parse(model: str, csv_text: str, stdout: str, client_cpu: float = 0.0) -> Pe
     row = rows[-1]
     ms = {key: float(row[key]) / 1000.0 for key in row if "latency" in key or key.startswith("Server ")}  # from us
     return PerfPoint(
-        model=model,
-        concurrency=int(row["Concurrency"]),
-        throughput=float(row["Inferences/Second"]),
-        p50_ms=ms["p50 latency"],
-        p95_ms=ms["p95 latency"],
-        p99_ms=ms["p99 latency"],
-        avg_ms=ms["Avg latency"],
-        server_queue_ms=ms["Server Queue"],
-        server_compute_input_ms=ms["Server Compute Input"],
-        server_compute_infer_ms=ms["Server Compute Infer"],
-        server_compute_output_ms=ms["Server Compute Output"],
-        inference_count=int(counts[-1][0]),
-        execution_count=int(counts[-1][1]),
-        client_cpu=client_cpu,
-    )
+        model=model, concurrency=int(row["Concurrency"]), throughput=float(row["Inferences/Second"]),
+        p50_ms=ms["p50 latency"], p95_ms=ms["p95 latency"], p99_ms=ms["p99 latency"], avg_ms=ms["Avg latency"],
+        server_queue_ms=ms["Server Queue"], server_compute_input_ms=ms["Server Compute Input"],
+        server_compute_infer_ms=ms["Server Compute Infer"], server_compute_output_ms=ms["Server Compute Output"],
+        inference_count=int(counts[-1][0]), execution_count=int(counts[-1][1]), client_cpu=client_cpu,
+    )  # fmt: skip

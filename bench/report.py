@@ -215,15 +215,10 @@ def write_report(out: Path, results: dict) -> None:
         sweeps = {"Triton direct": data["loadgen_kserve"], "facade": data["facade"]}
         sweeps |= {name: peer["rounds"][0].get("points", []) for name, peer in data["peers"].items()}
         tritonnx = {
-            "tritonnx, Triton direct": {
-                "setup": "the model's config.pbtxt",
-                "rounds": [{"points": data["loadgen_kserve"]}],
-            },
-            "tritonnx facade": {
-                "setup": "the facade in front of Triton direct",
-                "rounds": [{"points": data["facade"]}],
-            },
-        }
+            name: {"setup": setup, "rounds": [{"points": data[key]}]}
+            for name, setup, key in (("tritonnx, Triton direct", "the model's config.pbtxt", "loadgen_kserve"),
+                                     ("tritonnx facade", "the facade in front of Triton direct", "facade"))
+        }  # fmt: skip
         servers = dict(data["servers"])
         for name, peer in data["peers"].items():
             record = peer["rounds"][0]
@@ -291,10 +286,12 @@ def write_report(out: Path, results: dict) -> None:
             f"![latency]({model}_latency.png)",
             "",
         ]
-        perf_analyzer = [{**p, "images_per_s": p["throughput"]} for p in data["perf_analyzer"]]
-        plot_model(
-            out, model, data["limit"]["images_per_s"], {"Triton direct (perf_analyzer, shm)": perf_analyzer, **sweeps}
-        )
+        perf_analyzer = {
+            "Triton direct (perf_analyzer, shm)": [
+                {**p, "images_per_s": p["throughput"]} for p in data["perf_analyzer"]
+            ]
+        }
+        plot_model(out, model, data["limit"]["images_per_s"], {**perf_analyzer, **sweeps})
     (out / "report.md").write_text("\n".join(lines))
 
 

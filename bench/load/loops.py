@@ -145,17 +145,9 @@ async def _drive(
     # in a closed loop is unbiased. A window cut by max_requests lasts until its last response.
     seconds = (window_end if by_duration else done) - window_start
     latencies = tally.ms()
-    result = LoadResult(
-        target=target.name,
-        model=target.model,
-        batch=target.batch,
-        concurrency=concurrency,
-        requests=len(latencies),
-        errors=tally.errors,
-        seconds=seconds,
-        client_cpu=(cpu_end - cpu_start) / (done - window_start) if done > window_start else 0.0,
-        warmup_requests=warm,
-    )
+    result = LoadResult(target.name, target.model, target.batch, concurrency, len(latencies), tally.errors, seconds)
+    result.client_cpu = (cpu_end - cpu_start) / (done - window_start) if done > window_start else 0.0
+    result.warmup_requests = warm
     if seconds > 0:
         result.throughput_rps = result.requests / seconds
         result.images_per_s = result.throughput_rps * target.batch

@@ -82,4 +82,6 @@ def arguments(description: str, prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--max-batch-size", type=int, default=16, help="largest batch the peer may form")
     parser.add_argument("--batch-wait-ms", type=float, default=1.0, help="longest wait to fill a batch")
     parser.add_argument("--workdir", type=Path, help="where a peer writes the files it needs (MLServer's settings)")
+    parser.add_argument("--http-port", type=int, help="the KServe peers' HTTP port, beside --port")
+    parser.add_argument("--metrics-port", type=int, help="the KServe peers' metrics port")
     return parser

@@ -44,10 +44,6 @@ def docker(*args: str, timeout: float = 120) -> str:
     return done.stdout.strip()
 
 
-def image_mb(image: str) -> float:
-    return int(docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6
-
-
 def run_to_ready(
     image: str, cache_volume: str, models: str = "*", repository: Path | None = None, timeout: float = 120
 ) -> tuple[float, float]:
@@ -58,14 +54,11 @@ def run_to_ready(
     http, grpc, metrics, supervisor = free_ports(4)
     name = f"tritonnx-startup-{http}"
     env = {
-        "TRITONNX_ADMIN_KEY": "startup-measurement",
-        "TRITONNX_TRITON_HOST": "127.0.0.1",
-        "TRITONNX_TRITON_HTTP_PORT": str(http),
-        "TRITONNX_TRITON_GRPC_PORT": str(grpc),
-        "TRITONNX_TRITON_METRICS_PORT": str(metrics),
-        "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
+        "TRITONNX_ADMIN_KEY": "startup-measurement", "TRITONNX_TRITON_HOST": "127.0.0.1",
+        "TRITONNX_TRITON_HTTP_PORT": str(http), "TRITONNX_TRITON_GRPC_PORT": str(grpc),
+        "TRITONNX_TRITON_METRICS_PORT": str(metrics), "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
         "TRITONNX_TRITON_LOAD_MODELS": models,
-    }
+    }  # fmt: skip
     started = time.perf_counter()
     docker(
         "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
@@ -108,14 +101,9 @@ def measure(image: str, runs: int, models: str = "*", repository: Path | None = 
         warm = [run_to_ready(image, volume, models, repository)[0] for _ in range(runs)]
     finally:
         docker("volume", "rm", "-f", volume)
-    return {
-        "image": image,
-        "models": models,
-        "size_mb": round(image_mb(image), 1),
-        "ready_first_s": round(first, 2),
-        "ready_warm_s": [round(s, 2) for s in warm],
-        "idle_pss_mib": round(memory, 1),
-    }
+    size = int(docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6
+    return {"image": image, "models": models, "size_mb": round(size, 1), "ready_first_s": round(first, 2),
+            "ready_warm_s": [round(s, 2) for s in warm], "idle_pss_mib": round(memory, 1)}  # fmt: skip
 
 
 def report(results: list[dict], judged: list[Gate]) -> str:
@@ -132,10 +120,8 @@ def report(results: list[dict], judged: list[Gate]) -> str:
     for r in results:
         warm = ", ".join(f"{s:.2f}" for s in r["ready_warm_s"])
         serving = "every demo model it carries" if r["models"] == "*" else f"{r['models']}, mounted"
-        lines.append(
-            f"| `{r['image']}` | {serving} | {r['size_mb']:.0f} | {r['ready_first_s']:.2f} | {warm} "
-            f"| {r['idle_pss_mib']:.0f} |"
-        )
+        figures = f"{r['size_mb']:.0f} | {r['ready_first_s']:.2f} | {warm} | {r['idle_pss_mib']:.0f}"
+        lines.append(f"| `{r['image']}` | {serving} | {figures} |")
     lines += [
         f"| `nvcr.io/nvidia/tritonserver:24.10-py3` (NVIDIA's listing) | | about {NGC_LISTED_GB} GB | | | |",
         "",

@@ -28,24 +28,18 @@ def settings(args, folder: Path) -> None:  # noqa: ANN001 - the parsed arguments
     server = {"host": HOST, "http_port": args.http_port, "grpc_port": args.port, "metrics_port": args.metrics_port,
               "parallel_workers": args.workers, "debug": False}  # fmt: skip
     model = {
-        "name": args.name,
-        "implementation": "bench.peers.mlserver.runtime.OnnxModel",
-        "max_batch_size": args.max_batch_size,
-        "max_batch_time": args.batch_wait_ms / 1000,
-        "inputs": tensors(onnx.get_inputs()),
-        "outputs": tensors(onnx.get_outputs()),
+        "name": args.name, "implementation": "bench.peers.mlserver.runtime.OnnxModel",
+        "max_batch_size": args.max_batch_size, "max_batch_time": args.batch_wait_ms / 1000,
+        "inputs": tensors(onnx.get_inputs()), "outputs": tensors(onnx.get_outputs()),
         "parameters": {"uri": str(args.model.resolve()), "extra": {"threads": args.threads}},
-    }
+    }  # fmt: skip
     (folder / "settings.json").write_text(json.dumps(server, indent=2))
     (folder / args.name).mkdir()
     (folder / args.name / "model-settings.json").write_text(json.dumps(model, indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = arguments(__doc__.splitlines()[0], "python -m bench.peers.mlserver.server")
-    parser.add_argument("--http-port", type=int, required=True)
-    parser.add_argument("--metrics-port", type=int, required=True)
-    args = parser.parse_args(argv)
+    args = arguments(__doc__.splitlines()[0], "python -m bench.peers.mlserver.server").parse_args(argv)
     if args.workdir:
         folder = args.workdir / f"mlserver-{args.port}"
         folder.mkdir(parents=True)
