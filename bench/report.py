@@ -159,15 +159,9 @@ def cpu_rows(data: dict) -> list[str]:
         point = _at(points, concurrency)
         return point if point and point.get("cpu_ms_per_image") else None
 
-    measured = [
-        (name, point)
-        for name, point in (
-            ("Triton direct, perf_analyzer", cpu_at(data["perf_analyzer"])),
-            ("Triton direct, project load generator", cpu_at(data["loadgen_kserve"])),
-            ("facade, project load generator", cpu_at(data["facade"])),
-        )
-        if point
-    ]
+    paths = {"Triton direct, perf_analyzer": "perf_analyzer", "Triton direct, project load generator": "loadgen_kserve",
+             "facade, project load generator": "facade"}  # fmt: skip
+    measured = [(name, point) for name, key in paths.items() if (point := cpu_at(data[key]))]
     floor = cpu_at(data.get("floor", []))
     if not (measured or floor) or "cpu_ms_per_image" not in limit or not cores:
         return []

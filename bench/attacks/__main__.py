@@ -22,28 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--quick", action="store_true", help="small sizes and no idle period: a smoke run")
     add("--attacks", nargs="+", choices=NAMES, default=NAMES, metavar="NAME", help=f"{', '.join(NAMES)}")
-    add(
-        "--idle-seconds",
-        type=float,
-        help="idle time after the last attack before the facade's RSS is judged; default: 60, with --quick 0",
-    )
-    add(
-        "--max-message-bytes",
-        type=int,
-        help="the facade's message limit, which the attacks at the limit stay under; default: its --help's",
-    )
-    add(
-        "--rss-cap-mib",
-        type=float,
-        default=6144,
-        help="an attack stops sending once the facade's RSS exceeds this; default: %(default)s",
-    )
-    add(
-        "--available-floor-mib",
-        type=float,
-        default=2048,
-        help="an attack stops sending once the machine has less memory available; default: %(default)s",
-    )
+    add("--idle-seconds", type=float, help="after the last attack, before RSS is judged; default: 60, --quick: 0")
+    add("--max-message-bytes", type=int, help="the facade's message limit; default: its --help's")
+    add("--rss-cap-mib", type=float, default=6144, help="an attack stops above this facade RSS; default: %(default)s")
+    add("--available-floor-mib", type=float, default=2048, help="or below this memory left; default: %(default)s")
     add("--out", type=Path, help="default: bench/results/<UTC timestamp>-attacks")
     args = parser.parse_args(argv)
     if args.idle_seconds is None:

@@ -165,21 +165,12 @@ def results(campaign: Campaign, args: argparse.Namespace) -> dict:
     found = {key: value for key, value in asdict(replace(campaign, results=[])).items() if key != "results"}
     found["rss_after_idle_mib"] = None if campaign.exited else round(campaign.rss_after_idle_mib, 1)
     attacks = [
-        {
-            "name": r.name,
-            "what": r.attack.what,
-            **{key: value for key, value in asdict(r.outcome).items() if key not in ("calls", "held")},
-            "seconds": round(r.seconds, 3),
-            "statuses": statuses(r.outcome.calls),
-            "held_statuses": statuses(r.outcome.held),
-            "undocumented": undocumented(r),
-            "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
-            "rss_before_mib": round(r.rss_before_mib, 1),
-            "rss_peak_mib": round(r.rss_peak_mib, 1),
-            "rss_rise_mib": round(r.rss_rise_mib, 1),
-            "guarded": r.guarded,
-            "calls": [asdict(call) for call in r.calls],
-        }
+        {"name": r.name, "what": r.attack.what, "count": r.outcome.count, "body_bytes": r.outcome.body_bytes,
+         "notes": r.outcome.notes, "seconds": round(r.seconds, 3), "statuses": statuses(r.outcome.calls),
+         "held_statuses": statuses(r.outcome.held), "undocumented": undocumented(r),
+         "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
+         "rss_before_mib": round(r.rss_before_mib, 1), "rss_peak_mib": round(r.rss_peak_mib, 1),
+         "rss_rise_mib": round(r.rss_rise_mib, 1), "guarded": r.guarded, "calls": [asdict(call) for call in r.calls]}
         for r in campaign.results
-    ]
+    ]  # fmt: skip
     return {"settings": settings(args), "machine": machine(), **found, "attacks": attacks}

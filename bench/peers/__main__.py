@@ -129,17 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Example (about 25 minutes): python -m bench.peers --models mobilenet_v3_small --rounds 3 --duration 10",
     )
     add = parser.add_argument
-    add(
-        "--models",
-        nargs="+",
-        help="default: mobilenet_v3_small; with --open-loop resnet50 mobilenet_v3_small text_classifier",
-    )
-    add(
-        "--servers",
-        nargs="+",
-        choices=[*SERVERS, BOUNDED],
-        help=f"default: all ({BOUNDED}: Triton direct with its policy bounded for the objective, with --open-loop)",
-    )
+    add("--models", nargs="+", help="default: mobilenet_v3_small; --open-loop: resnet50, it and text_classifier")
+    add("--servers", nargs="+", choices=[*SERVERS, BOUNDED], help=f"default: all ({BOUNDED} with --open-loop only)")
     add("--rounds", type=int, default=3, help="default: %(default)s")
     add("--concurrency", nargs="+", type=int, default=[16, 1], help="default: %(default)s")
     add("--duration", type=float, default=10.0, help="seconds per point; default: %(default)s")
@@ -147,11 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--smoke", action="store_true", help="one round, 2 s per point: proves each server answers")
     add("--build-only", action="store_true", help="make the peers' venvs and stop")
     add("--out", type=Path, help="default: bench/results/<UTC time>-peers[-open]")
-    add(
-        "--open-loop",
-        action="store_true",
-        help="goodput at a latency objective: Poisson arrivals stepped to 2x capacity",
-    )
+    add("--open-loop", action="store_true", help="goodput at a latency objective, Poisson arrivals up to 2x capacity")
     add("--step-seconds", type=float, default=5.0, help="open loop: per offered rate; default: %(default)s")
     add("--capacity-seconds", type=float, default=3.0, help="open loop: the closed loop at c=16; default: %(default)s")
     add("--objective-factor", type=float, default=goodput.OBJECTIVE_FACTOR, help="x in-process p50")

@@ -141,14 +141,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started, out = run_folder(args.out, "soak")
-    results: dict = {
-        "started": started,
-        "command": " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)]),
-        "machine": machine(),
-        "settings": settings(args),
-        "documented_rejections": list(DOCUMENTED_REJECTIONS),
-        "publishes_due": math.ceil(args.duration / args.publish_every) - 1,  # each before the end
-    }
+    command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
+    results: dict = {"started": started, "command": command, "machine": machine(), "settings": settings(args),
+                     "documented_rejections": list(DOCUMENTED_REJECTIONS),
+                     "publishes_due": math.ceil(args.duration / args.publish_every) - 1}  # fmt: skip
     rows: list[dict] = []
     incidents: list[str] = []
     stop = StopRequest()
