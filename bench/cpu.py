@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -37,10 +38,8 @@ def snapshot(triton_pid: int, others: dict[str, int] | None = None, own_role: st
     seconds = {"tritonserver": cpu_seconds(psutil.Process(triton_pid))}
     per_stub = {}
     for pid in live_stubs(triton_pid):
-        try:
+        with suppress(psutil.Error):  # a stub that just exited
             per_stub[pid] = cpu_seconds(psutil.Process(pid))
-        except psutil.Error:
-            continue  # a stub that just exited
     for role, pid in (others or {}).items():
         seconds[role] = cpu_seconds(psutil.Process(pid))
     if own_role:

@@ -22,14 +22,11 @@ def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]
-    first = inputs[0].name
-    nodes = [
-        helper.make_node("Shape", [first], ["floor_input_shape"]),
-        helper.make_node("Slice", ["floor_input_shape", "floor_zero", "floor_one"], ["floor_batch"]),
-    ]
+    nodes = [helper.make_node("Shape", [inputs[0].name], ["floor_input_shape"]),
+             helper.make_node("Slice", ["floor_input_shape", "floor_zero", "floor_one"], ["floor_batch"])]  # fmt: skip
     constants = [
-        helper.make_tensor("floor_zero", TensorProto.INT64, [1], [0]),
-        helper.make_tensor("floor_one", TensorProto.INT64, [1], [1]),
+        helper.make_tensor(f"floor_{name}", TensorProto.INT64, [1], [value])
+        for name, value in (("zero", 0), ("one", 1))
     ]
     for index, output in enumerate(graph.output):
         dims = output.type.tensor_type.shape.dim
@@ -53,9 +50,8 @@ def floor_repository(model: str, repository: Path, workdir: Path) -> Path:
     source = repository / model
     # The floor is not the model: it leaves no optimized copy in the model's cache, where it would
     # take the place of the model's own (tritonnx.backend.session_cache keeps two copies per model name).
-    config = (
-        source / "config.pbtxt"
-    ).read_text() + '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
+    config = (source / "config.pbtxt").read_text()
+    config += '\nparameters { key: "optimized_model_cache" value: { string_value: "0" } }\n'
     version = add_model(workdir / "floor-repo", model, config, source / "1" / "model.py")
     onnx.save(floor_graph(onnx.load(source / "1" / "model.onnx", load_external_data=False)), version / "model.onnx")
     return workdir / "floor-repo"
@@ -65,6 +61,7 @@ def measure_floor(
     model: str, repository: Path, workdir: Path, concurrencies: list[int], measurement_ms: int, cores: int
 ) -> list[dict]:
     """perf_analyzer at each concurrency against the floor copy of `model`, with the CPU per image."""
-    stack = ServingStack(floor_repository(model, repository, workdir), workdir / f"{model}-floor", with_facade=False)
-    with stack:
+    with ServingStack(
+        floor_repository(model, repository, workdir), workdir / f"{model}-floor", with_facade=False
+    ) as stack:
         return [perf_analyzer_with_cpu(stack.triton, model, c, measurement_ms, cores) for c in concurrencies]

@@ -169,12 +169,9 @@ def cpu_rows(data: dict) -> list[str]:
         "",
         f"### Where the CPU goes at c={concurrency} (CPU ms per image, all processes on the {cores} cores)",
         "",
-        "Stubs: ONNX Runtime in Triton's Python stub processes, with the stub round trip and this "
-        "project's Python around it. Idle: core time nobody used. Ceiling: cores / busy CPU per image, "
-        "the most this path could serve with the cores fully busy. The serving floor is the same server and "
-        "config with a model of the same inputs and outputs that computes nothing: the fixed cost of serving, at "
-        "the batch sizes that model gets. Its ceiling adds in-process ONNX Runtime's CPU per image: the most "
-        "this server could serve if ONNX Runtime ran in its stubs as cheaply as in-process.",
+        "Stubs: ONNX Runtime in Triton's Python stubs, with their round trip and this project's Python. Idle: core "
+        "time nobody used. Ceiling: cores / busy CPU per image. The serving floor: the same server and config with a "
+        "model that computes nothing; its ceiling adds in-process ONNX Runtime's CPU per image.",
         "",
         "| path | stubs | tritonserver | facade | client | idle | busy total | ceiling | ceiling vs limit |",
         "|---|---|---|---|---|---|---|---|---|",

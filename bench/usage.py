@@ -6,6 +6,7 @@ finds them) and the /dev/shm files they use.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,15 +32,10 @@ def _tree(pid: int) -> list[psutil.Process]:
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds used so far by a process and its live descendants (a server's workers or stubs)."""
     total = 0.0
-    try:
-        processes = _tree(pid)
-    except psutil.NoSuchProcess:
-        return total
-    for process in processes:
-        try:
-            total += cpu_seconds(process)
-        except psutil.NoSuchProcess:
-            continue
+    with suppress(psutil.NoSuchProcess):
+        for process in _tree(pid):
+            with suppress(psutil.NoSuchProcess):
+                total += cpu_seconds(process)
     return total
 
 

@@ -8,6 +8,7 @@ server. The check reads each worker process's CPU time over the run.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -49,10 +50,8 @@ def worker_cpu(pids: Iterable[int]) -> dict[int, float]:
     """CPU seconds used so far by each worker still running."""
     used = {}
     for pid in pids:
-        try:
+        with suppress(psutil.NoSuchProcess):
             used[pid] = cpu_seconds(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
     return used
 
 

@@ -263,10 +263,11 @@ class FacadeTarget(GrpcTarget):
         message = inference_pb2.PredictRequest(model_name=self.model)
         for name, array in request.items():
             datatype = datatype_name(array.dtype)
-            raw = array.astype(RAW_DTYPES[datatype], copy=False).tobytes()
-            message.inputs.add(
-                name=name, dtype=inference_pb2.ElementType.Value(datatype), shape=array.shape, raw_data=raw
+            raw, dtype = (
+                array.astype(RAW_DTYPES[datatype], copy=False).tobytes(),
+                inference_pb2.ElementType.Value(datatype),
             )
+            message.inputs.add(name=name, dtype=dtype, shape=array.shape, raw_data=raw)
         return message.SerializeToString()
 
     def output(self, body: bytes) -> np.ndarray:

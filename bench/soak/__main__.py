@@ -31,7 +31,7 @@ from bench.output import Gate, machine, run_folder, say, settings, verdict
 from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
 from bench.soak.load import DEADLINE_S, make_streams
 from bench.soak.report import write_outputs
-from bench.soak.run import Publisher, load_phases
+from bench.soak.run import Publisher, Soak, load_phases
 from bench.usage import SHM_DIR, Watcher
 from tritonnx.common.admin import ADMIN_KEY_ENV, new_admin_key
 from tritonnx.common.paths import BUILD_ENV
@@ -117,11 +117,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--burst-seconds", type=float, default=10.0, help="every stream at once, before; default: %(default)s")
     add("--publish-every", type=float, default=600.0, help="seconds between version publishes; default: %(default)s")
     add("--publish-models", nargs="+", help="the publish rotation; default: --models")
-    add(
-        "--warmup",
-        type=float,
-        help="seconds of each process's samples not judged; default: 600, at most --duration / 3",
-    )
+    add("--warmup", type=float, help="seconds of each process's samples not judged; default: min(600, --duration / 3)")
     add("--max-growth-mib-per-10min", type=float, default=1.0, help="the memory gate; default: %(default)s")
     add("--max-count-rise", type=float, default=2.0, help="the gate of fds, threads, regions; default: %(default)s")
     add("--out", type=Path, help="default: bench/results/<UTC timestamp>-soak/")
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         watcher = Watcher(triton_pid, facade_pid, serve.pid)
         say(f"serving: supervisor pid {serve.pid}, tritonserver pid {triton_pid}, facade pid {facade_pid}")
         streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, DEADLINE_S)
-        asyncio.run(load_phases(args, streams, watcher, publisher, stop, rows, results, incidents))
+        asyncio.run(load_phases(Soak(args, streams, watcher, publisher, stop, rows, results, incidents)))
     except (ServerError, VerificationError, OSError) as error:
         problem = f"{type(error).__name__}: {error}"
         say(f"error: {problem}")

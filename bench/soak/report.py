@@ -156,15 +156,12 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "",
         "## Load",
         "",
-        f"Served as `make serve` serves (`python -m tritonnx.commands.serve`: tritonserver, the supervisor in the serve process, "
-        f"the facade), a scratch copy of the model repository. Models loaded: {', '.join(s['models'])}, each through "
-        f"the facade and Triton's KServe gRPC direct at once: {len(s['models']) * 2} streams. Each stream's capacity "
-        f"was measured alone (closed loop, {s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s); "
-        f"each stream is offered `--load-fraction` ({s['load_fraction']:.0%}) / "
-        f"{len(s['models']) * 2} of its own capacity, open loop: equal shares of the machine's time, "
-        f"{s['load_fraction']:.0%} of it in all. Every call has a {DEADLINE_S:.0f} s deadline, at most "
-        f"{MAX_OUTSTANDING} outstanding per stream (a call due beyond that is skipped and counted). Every answer "
-        "is decoded and each output compared with in-process ONNX Runtime on the same request.",
+        f"Served as `make serve` serves, a scratch copy of the model repository. {', '.join(s['models'])}, each through "
+        f"the facade and Triton's KServe gRPC direct at once: {len(s['models']) * 2} streams, each offered "
+        f"{s['load_fraction']:.0%} / {len(s['models']) * 2} of its own capacity (closed loop alone, "
+        f"{s['capacity_concurrency']} concurrent, {s['capacity_seconds']:.0f} s), open loop: equal shares of the "
+        f"machine's time. Every call has a {DEADLINE_S:.0f} s deadline, at most {MAX_OUTSTANDING} outstanding per "
+        "stream (a call due beyond is skipped and counted); every output is compared with in-process ONNX Runtime's.",
         "",
         "| stream | capacity req/s | offered req/s | sent | OK | errors | skipped | wrong | p50 ms | p99 ms | "
         "versions answering |",
@@ -206,13 +203,10 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "",
         "## Growth after the warm-up",
         "",
-        f"Warm-up: the first {s['warmup']:.0f} s of each process's samples (a process started later, such as a "
-        "published version's stub, gets its own). Memory series fail when the least-squares AND the Theil-Sen "
-        f"slopes both exceed {s['max_growth_mib_per_10min']:g} MiB per 10 min; counts fail when the median of the "
-        f"last 3 samples ends more than {s['max_count_rise']:g} above the median of the first 3. Short runs project "
-        "a short window to 10 minutes: read their slopes as noise. PSS splits shared pages among every process "
-        "mapping the same files, so it moves when processes start or stop (a publish); RSS is the per-process "
-        "signal.",
+        f"Warm-up: the first {s['warmup']:.0f} s of each process's samples. Memory series fail when the least-squares "
+        f"AND the Theil-Sen slopes both exceed {s['max_growth_mib_per_10min']:g} MiB per 10 min; counts when the "
+        f"median of the last 3 samples ends more than {s['max_count_rise']:g} above that of the first 3. Short runs' "
+        "slopes are noise. PSS moves when processes start or stop (a publish); RSS is the per-process signal.",
         "",
         "| series | samples | start | end | peak | mean | growth / 10 min: least squares | Theil-Sen | failed |",
         "|---|---|---|---|---|---|---|---|---|",

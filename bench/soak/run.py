@@ -80,16 +80,23 @@ def incidents_now(watcher: Watcher, incidents: list[str]) -> None:
     incidents += [message for message in found if message not in incidents]
 
 
-async def paced(
-    args: argparse.Namespace,
-    streams: list[Stream],
-    watcher: Watcher,
-    publisher: Publisher,
-    stop: StopRequest,
-    rows: list[dict],
-    incidents: list[str],
-) -> None:
+@dataclass
+class Soak:
+    """One soak on a started stack: its options, streams, watcher and publisher, and what it found so far."""
+
+    args: argparse.Namespace
+    streams: list[Stream]
+    watcher: Watcher
+    publisher: Publisher
+    stop: StopRequest
+    rows: list[dict]  # a sample every --interval
+    results: dict
+    incidents: list[str]  # a process that died, or was left behind
+
+
+async def paced(soak: Soak) -> None:
     """Every stream's open loop, a publish every --publish-every and a sample row every --interval."""
+    args, streams, watcher, publisher, rows = soak.args, soak.streams, soak.watcher, soak.publisher, soak.rows
     loops = [OpenLoop(s.target, s.rate, MAX_OUTSTANDING, max_calls=int(s.rate * args.duration) + 1) for s in streams]
     for s, loop in zip(streams, loops, strict=True):
         s.loop = loop
@@ -104,7 +111,7 @@ async def paced(
         k += 1
         wake = begin + k * args.interval
         while time.perf_counter() < wake and not running.done():
-            if stop.requested:
+            if soak.stop.requested:
                 for loop in loops:
                     loop.stop()
             elapsed = time.perf_counter() - begin
@@ -126,8 +133,8 @@ async def paced(
         rows.append(_row(round(now - begin, 2), **intervals, **sample))
         previous = now
         say(progress_line(rows[-1]))
-        incidents_now(watcher, incidents)
-        if incidents:
+        incidents_now(watcher, soak.incidents)
+        if soak.incidents:
             for loop in loops:
                 loop.stop()
     await running
@@ -135,17 +142,9 @@ async def paced(
         await publishing
 
 
-async def load_phases(
-    args: argparse.Namespace,
-    streams: list[Stream],
-    watcher: Watcher,
-    publisher: Publisher,
-    stop: StopRequest,
-    rows: list[dict],
-    results: dict,
-    incidents: list[str],
-) -> None:
+async def load_phases(soak: Soak) -> None:
     """Open and check every stream, measure each one's capacity alone, the burst, then the paced load."""
+    args, streams, stop, results = soak.args, soak.streams, soak.stop, soak.results
     try:
         for s in streams:
             await s.target.open(args.capacity_concurrency)
@@ -185,7 +184,7 @@ async def load_phases(
         if stop.requested:
             raise ServerError("interrupted before the paced load")
         cpu_before, wall_before = time.process_time(), time.perf_counter()
-        await paced(args, streams, watcher, publisher, stop, rows, incidents)
+        await paced(soak)
         results["load_seconds"] = time.perf_counter() - wall_before
         results["generator_cpu"] = (time.process_time() - cpu_before) / results["load_seconds"]
         results["totals"] = totals(streams, results["load_seconds"])

@@ -159,14 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--images", nargs="+", default=list(IMAGES), help="serving every model they carry; default: %(default)s")
     add("--warm-runs", type=int, default=3, help="warm starts per image; default: %(default)s")
-    add(
-        "--one-model",
-        default="mobilenet_v3_small",
-        help=f"also start {SLIM} serving only this model of the "
-        "checkout's repository, mounted, as seed 003's servers do ('' to skip); default: %(default)s",
-    )
+    add("--one-model", default="mobilenet_v3_small", help=f"also {SLIM} serving only this model, mounted ('' to skip)")
     add("--out", type=Path, help="default: bench/results/<UTC time>-images")
-    args = parser.parse_args(argv)  # fmt: skip
+    args = parser.parse_args(argv)
     _, out = run_folder(args.out, "images")
     results = []
     runs: list[tuple[str, str, Path | None]] = [(image, "*", None) for image in args.images]
