@@ -52,8 +52,12 @@ def sweep(
 def triton_and_facade(model: str, args: argparse.Namespace, workdir: Path, data: dict) -> None:
     """perf_analyzer on Triton direct, then the load generator on it and the facade (CPU per image); their memory."""
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
-    stack = ServingStack(REPOSITORY, workdir / model, backend_dir=workdir / "backends",
-                         facade_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"])  # fmt: skip
+    stack = ServingStack(
+        REPOSITORY,
+        workdir / model,
+        backend_dir=workdir / "backends",
+        facade_args=["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"],
+    )
     try:
         triton = stack.start_triton()
         inferred = images_inferred(triton, model)
@@ -104,8 +108,10 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     say(f"{model}: the serving floor (same config, inputs and outputs, no compute) at c={floor_at} ...")
     data["floor"] = measure_floor(model, REPOSITORY, workdir, floor_at, int(args.duration * 1000), CORES)
     for point in data["floor"]:
-        say(f"  floor c={point['concurrency']}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
-            f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image")  # fmt: skip
+        say(
+            f"  floor c={point['concurrency']}: {point['throughput']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+            f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image"
+        )
 
     peers: list[servers.Server] = []
     if not args.skip_fastapi:
@@ -123,12 +129,16 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     after = measure_limit(onnx_file, model, threads=CORES, seconds=args.limit_seconds)
     say(f"  best {after.best[1]:.1f} img/s ({after.best[0]})")
     data["limit"] = {  # each figure the mean of the two
-        "before": before.best[1], "after": after.best[1], "images_per_s": (before.best[1] + after.best[1]) / 2,
-        "layout": before.best[0], "cores": CORES, "details": [before.as_dict(), after.as_dict()],
+        "before": before.best[1],
+        "after": after.best[1],
+        "images_per_s": (before.best[1] + after.best[1]) / 2,
+        "layout": before.best[0],
+        "cores": CORES,
+        "details": [before.as_dict(), after.as_dict()],
         "single_p50_ms": (before.single_p50_ms + after.single_p50_ms) / 2,
         "single_p99_ms": (before.single_p99_ms + after.single_p99_ms) / 2,
         "cpu_ms_per_image": (before.cpu_ms_per_image[before.best[0]] + after.cpu_ms_per_image[after.best[0]]) / 2,
-    }  # fmt: skip
+    }
     # Twice: the first start reads the model files from wherever the kernel left them (a machine
     # that reclaims idle page cache makes it a cold start); the second finds them in memory.
     say(f"{model}: tritonserver start-up with only this model (twice: as found, then warm) ...")
@@ -142,9 +152,12 @@ def triton_startup(model: str, timeout: float = 180) -> dict:
     """Seconds from the start of a tritonserver serving only `model` until it answers READY; then its memory."""
     with tempfile.TemporaryDirectory(prefix="tritonnx-startup-") as tmp:
         workdir = Path(tmp)
-        server = TritonServer(model_repository=link_models(workdir / "repo", {model: REPOSITORY / model}),
-                              ports=Ports(*free_ports(3)), backend_dir=workdir / "backends",
-                              log_file=workdir / "tritonserver.log")  # fmt: skip
+        server = TritonServer(
+            model_repository=link_models(workdir / "repo", {model: REPOSITORY / model}),
+            ports=Ports(*free_ports(3)),
+            backend_dir=workdir / "backends",
+            log_file=workdir / "tritonserver.log",
+        )
         started, deadline = time.perf_counter(), time.monotonic() + timeout
         with server:
             while not _ready(f"http://{server.http_url}/v2/models/{model}/ready"):

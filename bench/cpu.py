@@ -98,6 +98,11 @@ def perf_analyzer_with_cpu(server: TritonServer, model: str, concurrency: int, m
     def run() -> PerfPoint:
         return run_perf_analyzer(model, server.grpc_url, concurrency, measurement_ms, headers=server.admin_headers)
 
-    point, cpu = measured(run, server.pid, images_inferred(server, model), cores,
-                          extra_cpu=lambda point, wall: {"client": point.client_cpu * wall})  # fmt: skip
+    point, cpu = measured(
+        run,
+        server.pid,
+        images_inferred(server, model),
+        cores,
+        extra_cpu=lambda point, wall: {"client": point.client_cpu * wall},
+    )
     return {**point.as_dict(), "cpu_ms_per_image": cpu}

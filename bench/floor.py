@@ -22,8 +22,10 @@ def floor_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     inputs = [value for value in graph.input if value.name not in initializers]
-    nodes = [helper.make_node("Shape", [inputs[0].name], ["floor_input_shape"]),
-             helper.make_node("Slice", ["floor_input_shape", "floor_zero", "floor_one"], ["floor_batch"])]  # fmt: skip
+    nodes = [
+        helper.make_node("Shape", [inputs[0].name], ["floor_input_shape"]),
+        helper.make_node("Slice", ["floor_input_shape", "floor_zero", "floor_one"], ["floor_batch"]),
+    ]
     constants = [
         helper.make_tensor(f"floor_{name}", TensorProto.INT64, [1], [value])
         for name, value in (("zero", 0), ("one", 1))

@@ -154,14 +154,25 @@ async def measure(
         percentiles(rejected, [99], 0.0),
     )
     result = OverloadResult(
-        path=path, model=target.model, capacity_rps=capacity, offered_rps=offered, seconds=seconds,
-        statuses=load.total.statuses, wrong_outputs=target.wrong, accepted_rps=len(accepted) / wall,
-        accepted_p50_ms=accepted_p50, accepted_p99_ms=accepted_p99, accepted_concurrency=concurrency,
+        path=path,
+        model=target.model,
+        capacity_rps=capacity,
+        offered_rps=offered,
+        seconds=seconds,
+        statuses=load.total.statuses,
+        wrong_outputs=target.wrong,
+        accepted_rps=len(accepted) / wall,
+        accepted_p50_ms=accepted_p50,
+        accepted_p99_ms=accepted_p99,
+        accepted_concurrency=concurrency,
         reference_p99_ms=reference.p99_ms if reference.requests else 0.0,
-        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0, rejection_p99_ms=rejection_p99,
-        late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()), memory_idle_mib=idle,
-        memory_after_mib=after, problems=[],
-    )  # fmt: skip
+        rejection_max_ms=float(rejected.max()) if len(rejected) else 0.0,
+        rejection_p99_ms=rejection_p99,
+        late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()),
+        memory_idle_mib=idle,
+        memory_after_mib=after,
+        problems=[],
+    )
     result.judge()
     return result
 

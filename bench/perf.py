@@ -68,14 +68,34 @@ def run_perf_analyzer(
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
         command = [
-            str(VENV_BIN / "perf_analyzer"), "-m", model, "-i", "grpc", "-u", url, "-b", "1",
-            "--concurrency-range", f"{concurrency}:{concurrency}", "--measurement-interval", str(measurement_ms),
+            str(VENV_BIN / "perf_analyzer"),
+            "-m",
+            model,
+            "-i",
+            "grpc",
+            "-u",
+            url,
+            "-b",
+            "1",
+            "--concurrency-range",
+            f"{concurrency}:{concurrency}",
+            "--measurement-interval",
+            str(measurement_ms),
             # Any 3 windows are stable: a busy machine's drift must not turn a point into 3 failed trials.
-            "--max-trials", "3", "--stability-percentage", "100",
-            "-f", str(report), "--verbose-csv", "--shared-memory", "system", "--input-data", input_data,
+            "--max-trials",
+            "3",
+            "--stability-percentage",
+            "100",
+            "-f",
+            str(report),
+            "--verbose-csv",
+            "--shared-memory",
+            "system",
+            "--input-data",
+            input_data,
             *(arg for shape in shapes for arg in ("--shape", shape)),
             *(arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")),
-        ]  # fmt: skip
+        ]
         libraries = os.pathsep.join(filter(None, [str(CUDA_RUNTIME_LIB), os.environ.get("LD_LIBRARY_PATH")]))
         env = {**os.environ, "LD_LIBRARY_PATH": libraries}
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -99,9 +119,18 @@ def parse(model: str, csv_text: str, stdout: str, client_cpu: float = 0.0) -> Pe
     row = rows[-1]
     ms = {key: float(row[key]) / 1000.0 for key in row if "latency" in key or key.startswith("Server ")}  # from us
     return PerfPoint(
-        model=model, concurrency=int(row["Concurrency"]), throughput=float(row["Inferences/Second"]),
-        p50_ms=ms["p50 latency"], p95_ms=ms["p95 latency"], p99_ms=ms["p99 latency"], avg_ms=ms["Avg latency"],
-        server_queue_ms=ms["Server Queue"], server_compute_input_ms=ms["Server Compute Input"],
-        server_compute_infer_ms=ms["Server Compute Infer"], server_compute_output_ms=ms["Server Compute Output"],
-        inference_count=int(counts[-1][0]), execution_count=int(counts[-1][1]), client_cpu=client_cpu,
-    )  # fmt: skip
+        model=model,
+        concurrency=int(row["Concurrency"]),
+        throughput=float(row["Inferences/Second"]),
+        p50_ms=ms["p50 latency"],
+        p95_ms=ms["p95 latency"],
+        p99_ms=ms["p99 latency"],
+        avg_ms=ms["Avg latency"],
+        server_queue_ms=ms["Server Queue"],
+        server_compute_input_ms=ms["Server Compute Input"],
+        server_compute_infer_ms=ms["Server Compute Infer"],
+        server_compute_output_ms=ms["Server Compute Output"],
+        inference_count=int(counts[-1][0]),
+        execution_count=int(counts[-1][1]),
+        client_cpu=client_cpu,
+    )

@@ -159,8 +159,11 @@ def cpu_rows(data: dict) -> list[str]:
         point = _at(points, concurrency)
         return point if point and point.get("cpu_ms_per_image") else None
 
-    paths = {"Triton direct, perf_analyzer": "perf_analyzer", "Triton direct, project load generator": "loadgen_kserve",
-             "facade, project load generator": "facade"}  # fmt: skip
+    paths = {
+        "Triton direct, perf_analyzer": "perf_analyzer",
+        "Triton direct, project load generator": "loadgen_kserve",
+        "facade, project load generator": "facade",
+    }
     measured = [(name, point) for name, key in paths.items() if (point := cpu_at(data[key]))]
     floor = cpu_at(data.get("floor", []))
     if not (measured or floor) or "cpu_ms_per_image" not in limit or not cores:
@@ -207,9 +210,11 @@ def write_report(out: Path, results: dict) -> None:
         sweeps |= {name: peer["rounds"][0].get("points", []) for name, peer in data["peers"].items()}
         tritonnx = {
             name: {"setup": setup, "rounds": [{"points": data[key]}]}
-            for name, setup, key in (("tritonnx, Triton direct", "the model's config.pbtxt", "loadgen_kserve"),
-                                     ("tritonnx facade", "the facade in front of Triton direct", "facade"))
-        }  # fmt: skip
+            for name, setup, key in (
+                ("tritonnx, Triton direct", "the model's config.pbtxt", "loadgen_kserve"),
+                ("tritonnx facade", "the facade in front of Triton direct", "facade"),
+            )
+        }
         servers = dict(data["servers"])
         for name, peer in data["peers"].items():
             record = peer["rounds"][0]

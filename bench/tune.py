@@ -72,10 +72,11 @@ def measure(model: str, repository: Path, candidate: Candidate, args: argparse.N
         with ServingStack(repo, workdir, with_facade=False) as stack:
             measurement_ms, shapes, server = int(args.seconds * 1000), tuple(args.shape), stack.triton
             return {
-                c: run_perf_analyzer(model, server.grpc_url, c, measurement_ms, shapes, args.input_data,
-                                     server.admin_headers).as_dict()
+                c: run_perf_analyzer(
+                    model, server.grpc_url, c, measurement_ms, shapes, args.input_data, server.admin_headers
+                ).as_dict()
                 for c in args.concurrency
-            }  # fmt: skip
+            }
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -140,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  failed: {error}", flush=True)
             continue
         results.append((candidate, points))
-        said = [f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
-                for c, p in points.items()]  # fmt: skip
+        said = [
+            f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
+            for c, p in points.items()
+        ]
         print(f"  {'; '.join(said)} ({time.monotonic() - started:.0f}s)", flush=True)
     lone = min(args.concurrency)
     chosen = choose(results, args.p99_budget_ms, args.lone_p50_budget_ms)

@@ -58,10 +58,20 @@ class Sizes:
 
 # A smoke run: every attack, small; a body at the limit stays at the limit, fewer of them.
 QUICK = replace(
-    Sizes(), junk_calls=20, junk_bytes=64 * 1024, junk_calls_at_limit=2, priority_fields=16_000_000 // 64,
-    unpacked_floats=12_000_000 // 64, shape_dims=60_000_000 // 64, output_names=30_000_000 // 64, stream_seconds=3.0,
-    held_calls_at_limit=4, unauthenticated_calls=4, flood_calls=200, baseline_seconds=3.0,
-)  # fmt: skip
+    Sizes(),
+    junk_calls=20,
+    junk_bytes=64 * 1024,
+    junk_calls_at_limit=2,
+    priority_fields=16_000_000 // 64,
+    unpacked_floats=12_000_000 // 64,
+    shape_dims=60_000_000 // 64,
+    output_names=30_000_000 // 64,
+    stream_seconds=3.0,
+    held_calls_at_limit=4,
+    unauthenticated_calls=4,
+    flood_calls=200,
+    baseline_seconds=3.0,
+)
 
 
 @dataclass
@@ -196,33 +206,58 @@ def attacks() -> list[Attack]:
     """Every attack, each of the hand-measured ones at its size and at the limit."""
     junk_at_limit: Body = lambda c: version_junk(at_limit(c.limit))  # noqa: E731
     found = [
-        Attack("version_junk", 'Predicts whose model_version is "1" followed by junk, one after the other',
-               crafted(lambda c: version_junk(len(valid_predict()) + c.sizes.junk_bytes), lambda c: c.sizes.junk_calls)),
-        Attack("version_junk@limit", "the same, at the limit",
-               crafted(junk_at_limit, lambda c: c.sizes.junk_calls_at_limit)),
-    ]  # fmt: skip
+        Attack(
+            "version_junk",
+            'Predicts whose model_version is "1" followed by junk, one after the other',
+            crafted(lambda c: version_junk(len(valid_predict()) + c.sizes.junk_bytes), lambda c: c.sizes.junk_calls),
+        ),
+        Attack(
+            "version_junk@limit",
+            "the same, at the limit",
+            crafted(junk_at_limit, lambda c: c.sizes.junk_calls_at_limit),
+        ),
+    ]
     return [
         *found,
         *repeated_field("priority_fields", PRIORITY_FIELD, "`priority` fields", "priority_fields"),
         *repeated_field("unpacked_floats", UNPACKED_FLOAT, "unpacked `data` floats", "unpacked_floats"),
         *repeated_field("empty_output_names", EMPTY_OUTPUT_NAME, "empty `output_names`", "output_names"),
         Attack("packed_shape", "a packed `shape` of dims 1", crafted(lambda c: packed_shape(c.sizes.shape_dims))),
-        Attack("packed_shape@limit", "a packed `shape`, at the limit",
-               crafted(lambda c: packed_shape(packed_shape_fitting(c.limit)))),
-        Attack("unread_stream", "a PredictStream of valid Predicts written at full speed, never read",
-               unread(lambda _: valid_predict())),
-        Attack("unread_stream@limit", "a PredictStream of Predicts at the limit written at full speed, never read",
-               unread(junk_at_limit)),
+        Attack(
+            "packed_shape@limit",
+            "a packed `shape`, at the limit",
+            crafted(lambda c: packed_shape(packed_shape_fitting(c.limit))),
+        ),
+        Attack(
+            "unread_stream",
+            "a PredictStream of valid Predicts written at full speed, never read",
+            unread(lambda _: valid_predict()),
+        ),
+        Attack(
+            "unread_stream@limit",
+            "a PredictStream of Predicts at the limit written at full speed, never read",
+            unread(junk_at_limit),
+        ),
         Attack("header_only", "calls that send headers and no body, then a priority-1 Predict", held(False)),
-        Attack("header_only@limit",
-               "calls whose body at the limit stalls 64 KiB short of its end, then a priority-1 Predict", held(True)),
-        Attack("unauthenticated",
-               "calls at once without the bearer token, each with a body at the limit, to a facade with --auth-token",
-               concurrent(junk_at_limit, lambda c: c.sizes.unauthenticated_calls),
-               facade_args=("--auth-token", TOKEN), metadata=(("authorization", f"Bearer {TOKEN}"),)),
-        Attack("stream_flood", "valid Predicts at once on one connection",
-               concurrent(lambda _: valid_predict(), lambda c: c.sizes.flood_calls), overload=True),
-    ]  # fmt: skip
+        Attack(
+            "header_only@limit",
+            "calls whose body at the limit stalls 64 KiB short of its end, then a priority-1 Predict",
+            held(True),
+        ),
+        Attack(
+            "unauthenticated",
+            "calls at once without the bearer token, each with a body at the limit, to a facade with --auth-token",
+            concurrent(junk_at_limit, lambda c: c.sizes.unauthenticated_calls),
+            facade_args=("--auth-token", TOKEN),
+            metadata=(("authorization", f"Bearer {TOKEN}"),),
+        ),
+        Attack(
+            "stream_flood",
+            "valid Predicts at once on one connection",
+            concurrent(lambda _: valid_predict(), lambda c: c.sizes.flood_calls),
+            overload=True,
+        ),
+    ]
 
 
 NAMES = [attack.name for attack in attacks()]

@@ -72,22 +72,47 @@ def gates(campaign: Campaign) -> list[Gate]:
     grew = {r.name: r.rss_rise_mib for r in results if r.rss_rise_mib >= RISE_MIB}
     before = ", ".join(f"{kind} {baseline[kind].slowest_ms:,.0f} ms" for kind in KINDS)
     judged = [
-        _gate("every attack call ended with a documented status (errors.py's, gRPC's size check's RESOURCE_EXHAUSTED, "
-              "UNAUTHENTICATED; never INTERNAL or UNKNOWN)", odd, ", ".join, f"{len(results)} attacks"),
-        _gate(f"every attack call answered within {ANSWER_S:g} s (calls held without their body, and the unread "
-              "stream, end at the facade's body deadline or when the attacker stops)", late, "{:,.2f} s".format,
-              f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s"),
-        _gate("the probe never failed during an attack", probe_failed, "{} failed".format,
-              f"{sum(s.calls for r in results for s in r.probe.values())} probe calls"),
-        _gate(f"the probe's slowest call during each attack within {PROBE_SLACK_MS:g} ms of its slowest before them "
-              f"({before}; not judged in an overload of valid calls, where it waits in Triton's queue: "
-              f"{', '.join(overloads) or 'none'})", probe_slow, ", ".join,
-              f"every attack but {', '.join(overloads) or 'none'}"),
-        _gate(f"the facade's peak RSS rose less than {RISE_MIB:g} MiB in every attack", grew, "+{:,.0f} MiB".format,
-              f"largest +{max((r.rss_rise_mib for r in results), default=0.0):,.0f} MiB"),
-        _gate("the facades stayed up through every attack", {campaign.exited: "the campaign stopped there"} if
-              campaign.exited else {}, str, f"{len(results)} attacks"),
-    ]  # fmt: skip
+        _gate(
+            "every attack call ended with a documented status (errors.py's, gRPC's size check's RESOURCE_EXHAUSTED, "
+            "UNAUTHENTICATED; never INTERNAL or UNKNOWN)",
+            odd,
+            ", ".join,
+            f"{len(results)} attacks",
+        ),
+        _gate(
+            f"every attack call answered within {ANSWER_S:g} s (calls held without their body, and the unread "
+            "stream, end at the facade's body deadline or when the attacker stops)",
+            late,
+            "{:,.2f} s".format,
+            f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s",
+        ),
+        _gate(
+            "the probe never failed during an attack",
+            probe_failed,
+            "{} failed".format,
+            f"{sum(s.calls for r in results for s in r.probe.values())} probe calls",
+        ),
+        _gate(
+            f"the probe's slowest call during each attack within {PROBE_SLACK_MS:g} ms of its slowest before them "
+            f"({before}; not judged in an overload of valid calls, where it waits in Triton's queue: "
+            f"{', '.join(overloads) or 'none'})",
+            probe_slow,
+            ", ".join,
+            f"every attack but {', '.join(overloads) or 'none'}",
+        ),
+        _gate(
+            f"the facade's peak RSS rose less than {RISE_MIB:g} MiB in every attack",
+            grew,
+            "+{:,.0f} MiB".format,
+            f"largest +{max((r.rss_rise_mib for r in results), default=0.0):,.0f} MiB",
+        ),
+        _gate(
+            "the facades stayed up through every attack",
+            {campaign.exited: "the campaign stopped there"} if campaign.exited else {},
+            str,
+            f"{len(results)} attacks",
+        ),
+    ]
     if campaign.idle_seconds > 0 and not campaign.exited:
         rise = campaign.rss_after_idle_mib - campaign.rss_start_mib
         judged.append(
@@ -134,30 +159,35 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
     ]
     notes = [f"- `{r.name}`: {note}" for r in campaign.results for note in [*r.outcome.notes, *r.guarded]]
     base = campaign.baseline
-    return "\n".join([
-        f"# Attacks on the facade{' (quick)' if quick else ''}",
-        "",
-        f"The facade ran with its defaults (code: `{campaign.facade_source}`; message limit "
-        f"{campaign.limit:,} bytes), in front of tritonserver serving resnet50 and mobilenet_v3_small. A probe sent a "
-        "valid mobilenet_v3_small Predict (at priority 1, which the facade's last slots are kept for) and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
-        f"attacks their slowest calls took {base['Predict'].slowest_ms:,.0f} ms and "
-        f"{base['/metrics'].slowest_ms:,.0f} ms ({base['Predict'].calls} and {base['/metrics'].calls} calls). Each "
-        "attack's phase lasts until the facade holds no call, and a second more; its RSS rise is its peak (samples "
-        "every 50 ms and the kernel's high-water mark) above its RSS before the attack. A status \"by the attacker\" "
-        "is a call the attacker cancelled or that reached the attacker's own deadline; \"held\": calls without "
-        "their whole body (or the unread stream), which the facade ends at its body deadline or the attacker stops.",
-        "",
-        "| attack | sent | statuses | slowest answer | probe during it | facade peak RSS rise |",
-        "|---|---|---|---|---|---|",
-        *rows,
-        "",
-        f"Facade RSS: {campaign.rss_start_mib:,.0f} MiB at the start, "
-        + (f"{campaign.rss_after_idle_mib:,.0f} MiB after {campaign.idle_seconds:g} s idle after the last attack."
-           if not campaign.exited else f"not measured after: a facade exited during `{campaign.exited}`."),
-        "",
-        *(["## Notes", "", *notes, ""] if notes else []),
-        gates_section(judged),
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"# Attacks on the facade{' (quick)' if quick else ''}",
+            "",
+            f"The facade ran with its defaults (code: `{campaign.facade_source}`; message limit "
+            f"{campaign.limit:,} bytes), in front of tritonserver serving resnet50 and mobilenet_v3_small. A probe sent a "
+            "valid mobilenet_v3_small Predict (at priority 1, which the facade's last slots are kept for) and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
+            f"attacks their slowest calls took {base['Predict'].slowest_ms:,.0f} ms and "
+            f"{base['/metrics'].slowest_ms:,.0f} ms ({base['Predict'].calls} and {base['/metrics'].calls} calls). Each "
+            "attack's phase lasts until the facade holds no call, and a second more; its RSS rise is its peak (samples "
+            'every 50 ms and the kernel\'s high-water mark) above its RSS before the attack. A status "by the attacker" '
+            'is a call the attacker cancelled or that reached the attacker\'s own deadline; "held": calls without '
+            "their whole body (or the unread stream), which the facade ends at its body deadline or the attacker stops.",
+            "",
+            "| attack | sent | statuses | slowest answer | probe during it | facade peak RSS rise |",
+            "|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Facade RSS: {campaign.rss_start_mib:,.0f} MiB at the start, "
+            + (
+                f"{campaign.rss_after_idle_mib:,.0f} MiB after {campaign.idle_seconds:g} s idle after the last attack."
+                if not campaign.exited
+                else f"not measured after: a facade exited during `{campaign.exited}`."
+            ),
+            "",
+            *(["## Notes", "", *notes, ""] if notes else []),
+            gates_section(judged),
+        ]
+    )
 
 
 def results(campaign: Campaign, args: argparse.Namespace) -> dict:
@@ -165,12 +195,23 @@ def results(campaign: Campaign, args: argparse.Namespace) -> dict:
     found = {key: value for key, value in asdict(replace(campaign, results=[])).items() if key != "results"}
     found["rss_after_idle_mib"] = None if campaign.exited else round(campaign.rss_after_idle_mib, 1)
     attacks = [
-        {"name": r.name, "what": r.attack.what, "count": r.outcome.count, "body_bytes": r.outcome.body_bytes,
-         "notes": r.outcome.notes, "seconds": round(r.seconds, 3), "statuses": statuses(r.outcome.calls),
-         "held_statuses": statuses(r.outcome.held), "undocumented": undocumented(r),
-         "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
-         "rss_before_mib": round(r.rss_before_mib, 1), "rss_peak_mib": round(r.rss_peak_mib, 1),
-         "rss_rise_mib": round(r.rss_rise_mib, 1), "guarded": r.guarded, "calls": [asdict(call) for call in r.calls]}
+        {
+            "name": r.name,
+            "what": r.attack.what,
+            "count": r.outcome.count,
+            "body_bytes": r.outcome.body_bytes,
+            "notes": r.outcome.notes,
+            "seconds": round(r.seconds, 3),
+            "statuses": statuses(r.outcome.calls),
+            "held_statuses": statuses(r.outcome.held),
+            "undocumented": undocumented(r),
+            "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
+            "rss_before_mib": round(r.rss_before_mib, 1),
+            "rss_peak_mib": round(r.rss_peak_mib, 1),
+            "rss_rise_mib": round(r.rss_rise_mib, 1),
+            "guarded": r.guarded,
+            "calls": [asdict(call) for call in r.calls],
+        }
         for r in campaign.results
-    ]  # fmt: skip
+    ]
     return {"settings": settings(args), "machine": machine(), **found, "attacks": attacks}

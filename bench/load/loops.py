@@ -68,8 +68,10 @@ async def run_load(
     and raises `VerificationError` if wrong, unless `verify` is off (a target that checks every answer needs none).
     """
     if concurrency < 1 or max_requests < 1 or not duration_s > 0 or warmup_s < 0:
-        raise ValueError(f"concurrency, max_requests and duration_s must be positive, warmup_s not negative: "
-                         f"{concurrency}, {max_requests}, {duration_s}, {warmup_s}")  # fmt: skip
+        raise ValueError(
+            f"concurrency, max_requests and duration_s must be positive, warmup_s not negative: "
+            f"{concurrency}, {max_requests}, {duration_s}, {warmup_s}"
+        )
     opened_here = not target.is_open
     if opened_here:
         await target.open(concurrency)

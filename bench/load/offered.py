@@ -52,9 +52,13 @@ class OfferedResult:
         return count / self.scheduled if self.scheduled else 0.0
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "answered_rps": self.answered / self.seconds if self.seconds else 0.0,
-                "error_share": self.share(self.errors), "refused_share": self.share(self.refused),
-                "timed_out_share": self.share(self.timed_out)}  # fmt: skip
+        return {
+            **asdict(self),
+            "answered_rps": self.answered / self.seconds if self.seconds else 0.0,
+            "error_share": self.share(self.errors),
+            "refused_share": self.share(self.refused),
+            "timed_out_share": self.share(self.timed_out),
+        }
 
 
 async def offer(target: Target, rate: float, seconds: float, *, seed: int = 0) -> OfferedResult:

@@ -143,8 +143,11 @@ async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int
     settled = await settle(server_cpu)
     server_before, client_before = server_cpu(), time.process_time()
     result = await offer(target, rate, args.step_seconds, seed=seed)
-    used = {"server_cpu_s": server_cpu() - server_before, "client_cpu_s": time.process_time() - client_before,
-            "settled_s": settled}  # fmt: skip
+    used = {
+        "server_cpu_s": server_cpu() - server_before,
+        "client_cpu_s": time.process_time() - client_before,
+        "settled_s": settled,
+    }
     say(f"    {summary(result)}; CPU server {used['server_cpu_s']:.2f} s, generator {used['client_cpu_s']:.2f} s")
     return {**result.as_dict(), **used}
 
@@ -203,8 +206,14 @@ def gates(results: dict) -> list[Gate]:
         assert high is not None  # among the same layouts as `best`
         verdict, best_high = best[1] > 0 and mine >= ratio * best[1], high[1]
         if verdict != (mine_high >= ratio * best_high):
-            judged.append(Gate(name, False, f"not judged ({detail}): without the generator's lag, {mine_high:.1f} "
-                               f"vs {best_high:.1f} req/s says otherwise"))  # fmt: skip
+            judged.append(
+                Gate(
+                    name,
+                    False,
+                    f"not judged ({detail}): without the generator's lag, {mine_high:.1f} "
+                    f"vs {best_high:.1f} req/s says otherwise",
+                )
+            )
         else:
             judged.append(Gate(name, verdict, detail))
     for model, data in results["models"].items():
@@ -298,8 +307,10 @@ def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
             late = [step for step in steps if step["lag_p99_ms"] > LAG_SHARE * data["objective_ms"]]
             if late:
                 worst, first = max(late, key=lambda step: step["lag_p99_ms"]), min(s["offered_rps"] for s in late)
-                behind.append(f"{name}: {len(late)} of {len(steps)} steps, from {first:.0f} req/s, the worst "
-                              f"{worst['lag_p99_ms']:.1f} ms at {worst['offered_rps']:.0f} req/s")  # fmt: skip
+                behind.append(
+                    f"{name}: {len(late)} of {len(steps)} steps, from {first:.0f} req/s, the worst "
+                    f"{worst['lag_p99_ms']:.1f} ms at {worst['offered_rps']:.0f} req/s"
+                )
             # A server that fails calls at any rate has no goodput above the rates where no failure happened to come.
             counts: Counter[str] = Counter()
             for step in steps:
@@ -309,11 +320,18 @@ def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
                 statuses = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
                 failed.append(f"{name}: {statuses} in {hit} of {len(steps)} steps")
         if behind:
-            lines += [f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) "
-                      "in these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".", ""]  # fmt: skip
+            lines += [
+                f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) "
+                "in these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".",
+                "",
+            ]
         if failed:
-            lines += ["Calls failed with other statuses (each an error of its step, whatever the rate): "
-                      + "; ".join(failed) + ".", ""]  # fmt: skip
+            lines += [
+                "Calls failed with other statuses (each an error of its step, whatever the rate): "
+                + "; ".join(failed)
+                + ".",
+                "",
+            ]
         lines += [f"![{model}]({model}_open.png)", ""]
         plot_model(out, model, data)
     plot_goodput(out, results)

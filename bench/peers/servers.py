@@ -199,11 +199,12 @@ class Tritonnx(Server):
 
     def start(self) -> None:
         self._stack = ServingStack(
-            self._served_repository(), self.workdir / self.name.replace(" ", "_").replace(",", ""),
+            self._served_repository(),
+            self.workdir / self.name.replace(" ", "_").replace(",", ""),
             backend_dir=self.workdir / "backends",
             # The health probe runs real inferences: keep it rare and on the model under test.
             facade_args=["--default-model", self.model, "--health-interval", "30", "--max-in-flight", "1024"],
-        )  # fmt: skip
+        )
         self.process = self._stack.start_triton()
         if self.facade:
             self._stack.start_facade()
@@ -246,9 +247,13 @@ class FastApi(Server):
         )
 
     def start(self) -> None:
-        self.process = FastApiBaseline(onnx_file=self.onnx_file, port=free_ports(1)[0], workers=self.setup.workers,
-                                       intra_op_threads=self.setup.threads,
-                                       log_file=self.workdir / f"{self.name.replace(' ', '_')}.log")  # fmt: skip
+        self.process = FastApiBaseline(
+            onnx_file=self.onnx_file,
+            port=free_ports(1)[0],
+            workers=self.setup.workers,
+            intra_op_threads=self.setup.threads,
+            log_file=self.workdir / f"{self.name.replace(' ', '_')}.log",
+        )
         self.process.start(READY_TIMEOUT_S)
 
     @property
@@ -315,9 +320,13 @@ class VenvPeer(Server):
         python = venvs.ensure(self.peer, self.interpreter)
         command = self.command(python, free_ports(1 + len(self.extra_ports)))
         # The peer imports bench.peers.common from this checkout; its own workers (MLServer's, Ray's) too.
-        env = {**os.environ, "PYTHONPATH": str(venvs.ROOT), "RAY_USAGE_STATS_ENABLED": "0",
-               "VIRTUAL_ENV": str(python.parent.parent),
-               "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(venvs.ROOT),
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "VIRTUAL_ENV": str(python.parent.parent),
+            "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         self.process = process = ManagedProcess(log_file=self.workdir / f"{self.peer}.log")
         process.spawn(command, env=env, cwd=venvs.ROOT)
         try:
@@ -349,31 +358,47 @@ class VenvPeer(Server):
 
 def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) -> VenvPeer:
     """The peer `name` in its best documented setup under `policy`."""
-    common: dict[str, Any] = {"peer": name, "model": model, "onnx_file": onnx_file, "workdir": workdir,
-              "max_batch_size": policy.max_batch_size}  # fmt: skip
+    common: dict[str, Any] = {
+        "peer": name,
+        "model": model,
+        "onnx_file": onnx_file,
+        "workdir": workdir,
+        "max_batch_size": policy.max_batch_size,
+    }
     if name == "pytriton":
         return VenvPeer(
-            name="PyTriton", workers=policy.triton_instances, threads=policy.triton_threads,
-            batch_wait_ms=policy.triton_delay_ms, extra_ports=("--http-port", "--metrics-port"),
+            name="PyTriton",
+            workers=policy.triton_instances,
+            threads=policy.triton_threads,
+            batch_wait_ms=policy.triton_delay_ms,
+            extra_ports=("--http-port", "--metrics-port"),
             interpreter=PYTRITON_PYTHON,
             description=f"PyTriton 0.7: @batch callables, {policy.triton_instances} instances x "
             f"{policy.triton_threads} thread(s), dynamic batching "
-            f"up to {policy.max_batch_size} (the model's config.pbtxt); KServe v2 gRPC, raw tensors", **common,
-        )  # fmt: skip
+            f"up to {policy.max_batch_size} (the model's config.pbtxt); KServe v2 gRPC, raw tensors",
+            **common,
+        )
     if name == "rayserve":
         return VenvPeer(
-            name="Ray Serve", ready_path="/-/healthz", ready_log="application ready", workers=policy.workers,
+            name="Ray Serve",
+            ready_path="/-/healthz",
+            ready_log="application ready",
+            workers=policy.workers,
             batch_wait_ms=BATCH_WAIT_MS,
             description=f"Ray Serve: {policy.workers} replicas x 1 CPU, @serve.batch up to {policy.max_batch_size} "
-            f"(wait {BATCH_WAIT_MS} ms); raw float32 body", **common,
-        )  # fmt: skip
+            f"(wait {BATCH_WAIT_MS} ms); raw float32 body",
+            **common,
+        )
     if name == "mlserver":
         return VenvPeer(
-            name="MLServer", workers=policy.workers, batch_wait_ms=BATCH_WAIT_MS,
+            name="MLServer",
+            workers=policy.workers,
+            batch_wait_ms=BATCH_WAIT_MS,
             extra_ports=("--http-port", "--metrics-port"),
             description=f"MLServer: {policy.workers} parallel workers, adaptive batching up to "
-            f"{policy.max_batch_size} ({BATCH_WAIT_MS} ms); KServe v2 gRPC, raw tensors", **common,
-        )  # fmt: skip
+            f"{policy.max_batch_size} ({BATCH_WAIT_MS} ms); KServe v2 gRPC, raw tensors",
+            **common,
+        )
     raise ValueError(f"unknown peer {name!r}; known: {', '.join(PEERS)}")
 
 
@@ -405,9 +430,11 @@ def measured(
 def said(label: str, point: dict) -> dict:
     """`point` (a LoadResult's dict), after saying it."""
     split = f", worker CPU {point['worker_cpu']['shares']}" if "worker_cpu" in point else ""
-    say(f"  {label} c={point['concurrency']}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
+    say(
+        f"  {label} c={point['concurrency']}: {point['images_per_s']:.1f} img/s, p50 {point['p50_ms']:.2f} ms, "
         f"p99 {point['p99_ms']:.2f} ms, client CPU {point['client_cpu']:.2f}, errors {sum(point['errors'].values())}"
-        f"{split}")  # fmt: skip
+        f"{split}"
+    )
     return point
 
 

@@ -57,10 +57,24 @@ class ServeProcess(ManagedProcess):
         http, grpc, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
         self.triton_grpc_url, self.facade_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{facade_grpc}"
         self._args = [
-            "--model-repository", str(repository), "--log-dir", str(workdir), "--http-port", str(http),
-            "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--supervisor-metrics-port", str(supervisor),
-            "--", "--port", str(facade_grpc), "--http-port", str(facade_http),
-        ]  # fmt: skip
+            "--model-repository",
+            str(repository),
+            "--log-dir",
+            str(workdir),
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--supervisor-metrics-port",
+            str(supervisor),
+            "--",
+            "--port",
+            str(facade_grpc),
+            "--http-port",
+            str(facade_http),
+        ]
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -138,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started, out = run_folder(args.out, "soak")
     command = " ".join(["python -m bench.soak", *(sys.argv[1:] if argv is None else argv)])
-    results: dict = {"started": started, "command": command, "machine": machine(), "settings": settings(args),
-                     "documented_rejections": list(DOCUMENTED_REJECTIONS),
-                     "publishes_due": math.ceil(args.duration / args.publish_every) - 1}  # fmt: skip
+    results: dict = {
+        "started": started,
+        "command": command,
+        "machine": machine(),
+        "settings": settings(args),
+        "documented_rejections": list(DOCUMENTED_REJECTIONS),
+        "publishes_due": math.ceil(args.duration / args.publish_every) - 1,
+    }
     rows: list[dict] = []
     incidents: list[str] = []
     stop = StopRequest()

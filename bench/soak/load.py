@@ -160,10 +160,15 @@ def interval_row(tally: Tally, seconds: float, prefix: str = "") -> dict:
     ok, errors = tally.count(), tally.errors
     p50, p99 = percentiles(tally.ms(), [50, 99])
     row = {
-        "ok": ok, "rps": round(ok / seconds, 2) if seconds > 0 else 0.0, "p50_ms": round(p50, 3), "p99_ms": round(p99, 3),
-        "errors": sum(errors.values()), "errors_by_status": " ".join(f"{k}:{v}" for k, v in errors.items()),
-        "skipped": tally.skipped, "max_lag_ms": round(tally.max_lag * 1000, 2),
-    }  # fmt: skip
+        "ok": ok,
+        "rps": round(ok / seconds, 2) if seconds > 0 else 0.0,
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(p99, 3),
+        "errors": sum(errors.values()),
+        "errors_by_status": " ".join(f"{k}:{v}" for k, v in errors.items()),
+        "skipped": tally.skipped,
+        "max_lag_ms": round(tally.max_lag * 1000, 2),
+    }
     return {f"{prefix}{k}": v for k, v in row.items()}
 
 
@@ -183,11 +188,17 @@ def summary(tally: Tally, sent: int, seconds: float) -> dict:
     latencies = tally.ms()
     p50, p99 = percentiles(latencies, [50, 99])
     return {
-        "scheduled": sent + tally.skipped, "sent": sent, "ok": tally.count(), "errors": tally.errors,
-        "skipped": tally.skipped, "ok_rps": tally.count() / seconds if seconds > 0 else 0.0, "p50_ms": p50,
-        "p99_ms": p99, "max_ms": float(latencies.max()) if len(latencies) else float("nan"),
+        "scheduled": sent + tally.skipped,
+        "sent": sent,
+        "ok": tally.count(),
+        "errors": tally.errors,
+        "skipped": tally.skipped,
+        "ok_rps": tally.count() / seconds if seconds > 0 else 0.0,
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "max_ms": float(latencies.max()) if len(latencies) else float("nan"),
         "max_lag_ms": tally.max_lag * 1000,
-    }  # fmt: skip
+    }
 
 
 def totals(streams: Sequence[Stream], seconds: float) -> dict:
@@ -197,9 +208,12 @@ def totals(streams: Sequence[Stream], seconds: float) -> dict:
     for s in paced:
         assert s.loop is not None
         found["streams"][s.label] = {
-            **summary(s.loop.total, s.loop.sent, seconds), "offered_rps": s.rate, "wrong": s.target.wrong,
-            "wrong_examples": s.target.wrong_examples, "versions": dict(sorted(s.target.versions.items())),
-        }  # fmt: skip
+            **summary(s.loop.total, s.loop.sent, seconds),
+            "offered_rps": s.rate,
+            "wrong": s.target.wrong,
+            "wrong_examples": s.target.wrong_examples,
+            "versions": dict(sorted(s.target.versions.items())),
+        }
     for path in PATHS:
         mine = [(s, s.loop) for s in paced if s.path == path and s.loop is not None]
         found["paths"][path] = {

@@ -101,8 +101,10 @@ def plot(out: Path, rows: list[dict], results: dict) -> None:
             axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
     figures: dict = {}
-    for name, kinds in (("memory.png", {"rss_mib": "RSS MiB", "pss_mib": "PSS MiB"}),
-                        ("counts.png", {"fds": "open fds", "threads": "threads"})):  # fmt: skip
+    for name, kinds in (
+        ("memory.png", {"rss_mib": "RSS MiB", "pss_mib": "PSS MiB"}),
+        ("counts.png", {"fds": "open fds", "threads": "threads"}),
+    ):
         for axis, (kind, ylabel) in zip(axes_of(name, 2, (11, 8)), kinds.items(), strict=True):
             for label in _labels(rows, kind):
                 axis.plot(*series(rows, f"{kind}.{label}"), marker=".", markersize=3, label=label)
@@ -168,8 +170,10 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     capacities, totals = results.get("capacities", {}), results.get("totals", {})
-    streams = [(label, fmt(capacities.get(label, {}).get("throughput_rps")), fmt(t["offered_rps"], 2), t)
-               for label, t in totals.get("streams", {}).items()]  # fmt: skip
+    streams = [
+        (label, fmt(capacities.get(label, {}).get("throughput_rps")), fmt(t["offered_rps"], 2), t)
+        for label, t in totals.get("streams", {}).items()
+    ]
     streams += [(f"**{path}, all models**", "", "", t) for path, t in totals.get("paths", {}).items()]
     for label, capacity, offered, t in streams:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(t["errors"].items())) or "none"

@@ -54,11 +54,14 @@ def run_to_ready(
     http, grpc, metrics, supervisor = free_ports(4)
     name = f"tritonnx-startup-{http}"
     env = {
-        "TRITONNX_ADMIN_KEY": "startup-measurement", "TRITONNX_TRITON_HOST": "127.0.0.1",
-        "TRITONNX_TRITON_HTTP_PORT": str(http), "TRITONNX_TRITON_GRPC_PORT": str(grpc),
-        "TRITONNX_TRITON_METRICS_PORT": str(metrics), "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
+        "TRITONNX_ADMIN_KEY": "startup-measurement",
+        "TRITONNX_TRITON_HOST": "127.0.0.1",
+        "TRITONNX_TRITON_HTTP_PORT": str(http),
+        "TRITONNX_TRITON_GRPC_PORT": str(grpc),
+        "TRITONNX_TRITON_METRICS_PORT": str(metrics),
+        "TRITONNX_SUPERVISOR_METRICS_PORT": str(supervisor),
         "TRITONNX_TRITON_LOAD_MODELS": models,
-    }  # fmt: skip
+    }
     started = time.perf_counter()
     docker(
         "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
@@ -102,8 +105,14 @@ def measure(image: str, runs: int, models: str = "*", repository: Path | None = 
     finally:
         docker("volume", "rm", "-f", volume)
     size = int(docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6
-    return {"image": image, "models": models, "size_mb": round(size, 1), "ready_first_s": round(first, 2),
-            "ready_warm_s": [round(s, 2) for s in warm], "idle_pss_mib": round(memory, 1)}  # fmt: skip
+    return {
+        "image": image,
+        "models": models,
+        "size_mb": round(size, 1),
+        "ready_first_s": round(first, 2),
+        "ready_warm_s": [round(s, 2) for s in warm],
+        "idle_pss_mib": round(memory, 1),
+    }
 
 
 def report(results: list[dict], judged: list[Gate]) -> str:
@@ -171,8 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{image} serving {models}: size, first start, {args.warm_runs} warm start(s) ...")
         results.append(measure(image, args.warm_runs, models, repository))
         r = results[-1]
-        say(f"  {r['size_mb']:.0f} MB, READY after {r['ready_first_s']:.2f} s first, {r['ready_warm_s']} warm, "
-            f"idle PSS {r['idle_pss_mib']:.0f} MiB")  # fmt: skip
+        say(
+            f"  {r['size_mb']:.0f} MB, READY after {r['ready_first_s']:.2f} s first, {r['ready_warm_s']} warm, "
+            f"idle PSS {r['idle_pss_mib']:.0f} MiB"
+        )
     shutil.rmtree(out / "repository", ignore_errors=True)  # the mounted copy
     judged = gates(results)
     return finish(out, report(results, judged), judged, {"results": results})

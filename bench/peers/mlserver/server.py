@@ -25,14 +25,23 @@ def settings(args, folder: Path) -> None:  # noqa: ANN001 - the parsed arguments
         {"name": s.name, "datatype": DATATYPES[s.type], "shape": [d if isinstance(d, int) else -1 for d in s.shape]}
         for s in specs
     ]
-    server = {"host": HOST, "http_port": args.http_port, "grpc_port": args.port, "metrics_port": args.metrics_port,
-              "parallel_workers": args.workers, "debug": False}  # fmt: skip
+    server = {
+        "host": HOST,
+        "http_port": args.http_port,
+        "grpc_port": args.port,
+        "metrics_port": args.metrics_port,
+        "parallel_workers": args.workers,
+        "debug": False,
+    }
     model = {
-        "name": args.name, "implementation": "bench.peers.mlserver.runtime.OnnxModel",
-        "max_batch_size": args.max_batch_size, "max_batch_time": args.batch_wait_ms / 1000,
-        "inputs": tensors(onnx.get_inputs()), "outputs": tensors(onnx.get_outputs()),
+        "name": args.name,
+        "implementation": "bench.peers.mlserver.runtime.OnnxModel",
+        "max_batch_size": args.max_batch_size,
+        "max_batch_time": args.batch_wait_ms / 1000,
+        "inputs": tensors(onnx.get_inputs()),
+        "outputs": tensors(onnx.get_outputs()),
         "parameters": {"uri": str(args.model.resolve()), "extra": {"threads": args.threads}},
-    }  # fmt: skip
+    }
     (folder / "settings.json").write_text(json.dumps(server, indent=2))
     (folder / args.name).mkdir()
     (folder / args.name / "model-settings.json").write_text(json.dumps(model, indent=2))

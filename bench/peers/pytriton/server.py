@@ -22,9 +22,15 @@ from bench.peers.common import HOST, arguments, session
 
 # ONNX type -> numpy dtype, for the types PyTriton's Tensor takes.
 _DTYPES = {
-    "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64, "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_,
-}  # fmt: skip
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
 
 
 def tensors(args: list) -> list[Tensor]:
@@ -56,8 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     args = arguments(__doc__.splitlines()[0], "python -m bench.peers.pytriton.server").parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     sessions = [session(args.model, args.threads) for _ in range(args.workers)]
-    config = TritonConfig(http_address=HOST, http_port=args.http_port, grpc_address=HOST, grpc_port=args.port,
-                          metrics_address=HOST, metrics_port=args.metrics_port)  # fmt: skip
+    config = TritonConfig(
+        http_address=HOST,
+        http_port=args.http_port,
+        grpc_address=HOST,
+        grpc_port=args.port,
+        metrics_address=HOST,
+        metrics_port=args.metrics_port,
+    )
     signal.signal(signal.SIGTERM, interrupt_once)
     with Triton(config=config) as triton:
         triton.bind(
