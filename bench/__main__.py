@@ -1,9 +1,6 @@
-"""python -m bench: the whole benchmark in one run (make bench).
+"""python -m bench: the whole benchmark in one run (make bench); docs/benchmarks.md says what it measures.
 
-For each model, interleaved so that the machine's drift shows: the in-process limit, Triton direct (perf_analyzer, and
-the project's load generator), the facade, the serving floor, the FastAPI baseline in its documented layouts and
-PyTriton (bench.peers.servers: each server's answers checked against in-process ONNX Runtime first), the limit again;
-then tritonserver's start-up time and memory. Writes bench/results/<timestamp>/{report.md,results.json,*.png}.
+Each model's measurements are interleaved (the limit before and after the servers) so that the machine's drift shows.
 """
 
 from __future__ import annotations
@@ -113,9 +110,7 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
             f"CPU {point['cpu_ms_per_image'].get('total', 0):.2f} ms per image"
         )
 
-    peers: list[servers.Server] = []
-    if not args.skip_fastapi:
-        peers += [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
+    peers: list[servers.Server] = [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
     if not args.skip_pytriton:
         peers.append(servers.peer("pytriton", model, onnx_file, servers.Policy.of(REPOSITORY / model, CORES), workdir))
     for server in peers:
@@ -187,7 +182,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measured point; default: %(default)s")
     parser.add_argument("--limit-seconds", type=float, default=4.0, help="per in-process point; default: %(default)s")
-    parser.add_argument("--skip-fastapi", action="store_true", help="leave out the FastAPI baseline")
     parser.add_argument("--skip-pytriton", action="store_true", help="leave out PyTriton (a venv under build/peers/)")
     parser.add_argument("--out", type=Path, help="default: bench/results/<UTC timestamp>")
     args = parser.parse_args(argv)

@@ -37,6 +37,11 @@ def settings(args: argparse.Namespace) -> dict:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
+def flags(options: dict[str, object]) -> list[str]:
+    """A command line's options from `{"--port": 8080, ...}`: `["--port", "8080", ...]`."""
+    return [str(item) for option in options.items() for item in option]
+
+
 def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.output import flags
+
 VENV_BIN = Path(sysconfig.get_paths()["scripts"])
 # perf_analyzer links libcudart.so.12 even without a GPU; the PyPI runtime package has it.
 CUDA_RUNTIME_LIB = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cuda_runtime" / "lib"
@@ -36,7 +38,6 @@ class PerfPoint:
     p50_ms: float
     p95_ms: float
     p99_ms: float
-    avg_ms: float
     server_queue_ms: float
     server_compute_input_ms: float
     server_compute_infer_ms: float
@@ -67,35 +68,23 @@ def run_perf_analyzer(
     """
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "perf.csv"
-        command = [
-            str(VENV_BIN / "perf_analyzer"),
-            "-m",
-            model,
-            "-i",
-            "grpc",
-            "-u",
-            url,
-            "-b",
-            "1",
-            "--concurrency-range",
-            f"{concurrency}:{concurrency}",
-            "--measurement-interval",
-            str(measurement_ms),
+        options = {
+            "-m": model,
+            "-i": "grpc",
+            "-u": url,
+            "-b": 1,
+            "--concurrency-range": f"{concurrency}:{concurrency}",
+            "--measurement-interval": measurement_ms,
             # Any 3 windows are stable: a busy machine's drift must not turn a point into 3 failed trials.
-            "--max-trials",
-            "3",
-            "--stability-percentage",
-            "100",
-            "-f",
-            str(report),
-            "--verbose-csv",
-            "--shared-memory",
-            "system",
-            "--input-data",
-            input_data,
-            *(arg for shape in shapes for arg in ("--shape", shape)),
-            *(arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")),
-        ]
+            "--max-trials": 3,
+            "--stability-percentage": 100,
+            "-f": report,
+            "--shared-memory": "system",
+            "--input-data": input_data,
+        }
+        command = [str(VENV_BIN / "perf_analyzer"), "--verbose-csv", *flags(options)]
+        command += [arg for shape in shapes for arg in ("--shape", shape)]
+        command += [arg for name, value in (headers or {}).items() for arg in ("-H", f"{name}:{value}")]
         libraries = os.pathsep.join(filter(None, [str(CUDA_RUNTIME_LIB), os.environ.get("LD_LIBRARY_PATH")]))
         env = {**os.environ, "LD_LIBRARY_PATH": libraries}
         before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
@@ -125,7 +114,6 @@ def parse(model: str, csv_text: str, stdout: str, client_cpu: float = 0.0) -> Pe
         p50_ms=ms["p50 latency"],
         p95_ms=ms["p95 latency"],
         p99_ms=ms["p99 latency"],
-        avg_ms=ms["Avg latency"],
         server_queue_ms=ms["Server Queue"],
         server_compute_input_ms=ms["Server Compute Input"],
         server_compute_infer_ms=ms["Server Compute Infer"],

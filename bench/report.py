@@ -13,9 +13,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from bench.cpu import ROLES  # noqa: E402
 from bench.output import write_json  # noqa: E402
-
-ROLES = ("stubs", "tritonserver", "facade", "client", "idle")
 
 
 def value_range(values: list[float], digits: int = 0) -> str:

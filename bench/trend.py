@@ -1,11 +1,9 @@
 """Does a series grow? The soak's check of memory (and p99) samples for leaks, and of counts for a rise.
 
-The samples after the warm-up (allocator arenas, caches, first batches of each size; the second half
-of the run unless the caller names the warm-up's end) are fitted with a least-squares line and with
-the Theil-Sen slope (the median of the pairwise slopes: one late step, e.g. an arena grown once for a
-batch size seen for the first time, barely moves it, steady growth moves it fully); a series is
-flagged when both slopes, projected to 10 minutes, exceed BOTH an absolute growth and a fraction of
-its mean. A count is judged by `level`: where it ends against where it started after the warm-up.
+The samples after the warm-up (the second half of the run unless the caller names its end) are fitted with a
+least-squares line and the Theil-Sen slope (one late step, such as an arena grown once, barely moves it; steady
+growth moves it fully); a series is flagged when both slopes, projected to 10 minutes, exceed BOTH an absolute growth
+and a fraction of its mean. A count is judged by `level`: where it ends against where it started after the warm-up.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """python -m bench.tune: sweep a model's serving policy with perf_analyzer and keep the best.
 
-Each candidate (CPU instances x intra-op threads x max_queue_delay_microseconds x preferred batch sizes) is served
-alone by a fresh tritonserver from a temporary repository that links the model's files and carries the candidate's
-config.pbtxt; perf_analyzer drives it at each concurrency. The winner has the highest throughput whose p99 stays within
-the budget (and, with a lone-request budget, whose p50 at the lowest concurrency stays within it: one intra-op thread
-per instance serves more under load but makes a lone request slower); its values are written into the model's
-config.pbtxt with a comment naming the measurement.
+docs/benchmarks.md#tuning-a-models-policy says how. The lone-request budget exists because one intra-op thread per
+instance serves more under load but makes a lone request slower.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The campaign: the attacks one after the other against a facade of its defaults, watched throughout.
-
-The runner waits for the facade to be idle before each attack, tags the probe and the memory with the attack's name
-while it runs and until the facade is idle again, and records its calls.
-"""
+"""The campaign: the attacks one after the other against a facade of its defaults, watched throughout."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The attacks: what each sends, at the hand-measured sizes (`Sizes()`), a smoke run's (`QUICK`) or the limit.
 
-Each attack is raw bytes from one stranger on channels of its own. An attack "at the limit" sizes its body just
-under the facade's message limit, so it reaches the decoder instead of gRPC's size check.
+An attack "at the limit" sizes its body just under the facade's message limit, so it reaches the decoder instead of
+gRPC's size check.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """What a stranger's attack does to everyone else: a probe of the facade and its memory, tagged by phase.
 
-The probe: a valid Predict (on a channel of its own connection, so it never queues behind the attack's bytes in this
-process) and a GET of /metrics, each every 0.5 s with a 2 s limit. The memory: the facade's RSS every 50 ms and its
-kernel high-water mark (VmHWM, reset when a phase starts: a peak between two samples). The memory guard stops an
-attack before the kernel's OOM killer picks a process.
+The probe's Predict has a connection of its own, so it never queues behind the attack's bytes in this process; the
+kernel's high-water mark (VmHWM, reset when a phase starts) catches a peak between two samples. The memory guard
+stops an attack before the kernel's OOM killer picks a process.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import onnxruntime as ort
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
+from bench.output import flags
 from bench.peers.common import decode_named, session
 
 # gunicorn's workers import this module by name once forked, so the settings they need travel in
@@ -129,16 +130,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def gunicorn_command(args: argparse.Namespace) -> list[str]:
     """The gunicorn command line of `args`: uvicorn workers, one SO_REUSEPORT socket each, no access log."""
-    return [
-        sys.executable, "-m", "gunicorn", "bench.baseline.app:app",
-        "--worker-class", "uvicorn_worker.UvicornWorker",
-        "--workers", str(args.workers),
-        "--bind", f"{args.host}:{args.port}",
-        "--reuse-port",
+    options = {
+        "--worker-class": "uvicorn_worker.UvicornWorker",
+        "--workers": args.workers,
+        "--bind": f"{args.host}:{args.port}",
         # A worker loading a large model must not be taken for a hung one (gunicorn's default is 30 s).
-        "--timeout", "120",
-        "--log-level", "info",
-    ]  # fmt: skip
+        "--timeout": 120,
+        "--log-level": "info",
+    }
+    return [sys.executable, "-m", "gunicorn", "bench.baseline.app:app", "--reuse-port", *flags(options)]
 
 
 def main(argv: list[str] | None = None) -> None:

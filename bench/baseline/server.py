@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from bench.output import flags
 from tritonnx.server.process import ManagedProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +52,14 @@ class FastApiBaseline(ManagedProcess):
         """Start it and block until every worker has loaded the model and /health answers 200 (else stop it)."""
         if self.log_file is None:
             raise ValueError("the baseline's readiness is read from its log: give it a log_file")
-        command = [
-            sys.executable, "-m", "bench.baseline.app", "--model", str(Path(self.onnx_file).resolve()),
-            "--host", self.host, "--port", str(self.port), "--workers", str(self.workers),
-            "--intra-op-threads", str(self.intra_op_threads),
-        ]  # fmt: skip
+        options = {
+            "--model": Path(self.onnx_file).resolve(),
+            "--host": self.host,
+            "--port": self.port,
+            "--workers": self.workers,
+            "--intra-op-threads": self.intra_op_threads,
+        }
+        command = [sys.executable, "-m", "bench.baseline.app", *flags(options)]
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         started = time.monotonic()
         self.spawn(command, cwd=REPO_ROOT)

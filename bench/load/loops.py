@@ -45,7 +45,6 @@ class LoadResult:
     p50_ms: float = math.nan
     p95_ms: float = math.nan
     p99_ms: float = math.nan
-    mean_ms: float = math.nan
     client_cpu: float = 0.0  # the generator's CPU seconds / wall seconds over the window; 1.0 = one core
     warmup_requests: int = 0  # calls sent before the window (verification call included), not recorded
 
@@ -155,7 +154,6 @@ async def _drive(
         result.images_per_s = result.throughput_rps * target.batch
     if len(latencies):
         result.p50_ms, result.p95_ms, result.p99_ms = percentiles(latencies, [50, 95, 99])
-        result.mean_ms = float(latencies.mean())
     return result
 
 

@@ -1,12 +1,6 @@
 """python -m bench.peers (make bench-peers): every server beside the limit, in interleaved rounds.
 
-Each round measures the in-process limit, then every server in turn (started, its answers checked against in-process
-ONNX Runtime, measured at each concurrency with the project's load generator, stopped), then the limit again; the
-servers' order rotates from round to round. The servers: tritonnx (Triton direct and the facade), the FastAPI baseline
-in its documented layouts, and the peers PyTriton, Ray Serve and MLServer, each from a venv of its own under
-build/peers/. Writes bench/results/<UTC time>-peers/{report.md,results.json}.
-
-With --open-loop it measures goodput at a latency objective instead (bench/peers/goodput.py), with plots and gates.
+With --open-loop it measures goodput at a latency objective instead (goodput.py). docs/benchmarks.md says how.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Goodput at a latency objective, open loop (python -m bench.peers --open-loop): what each server sustains in time.
 
-Per model, the objective is OBJECTIVE_FACTOR x the model's in-process single-request p50, at least OBJECTIVE_FLOOR_MS.
-Per server: its capacity from a short closed loop at c=16, then Poisson arrivals offered at STEPS x that capacity (and
-LOW_STEPS while none kept the objective, then REFINEMENTS bisections) for a few seconds each (bench.load.offered).
-Goodput is the highest offered rate whose answered p99 is within the objective with at most MAX_ERROR_SHARE errors;
-then OVERLOADS x the goodput are offered and measured, to show what each server does when overloaded. The report
-(`open_report`) has a table per model, plots and the gates.
+docs/benchmarks.md says how it is measured and judged.
 """
 
 from __future__ import annotations
@@ -33,10 +28,8 @@ from bench.peers.servers import reference_outputs, sample_images, sample_sequenc
 from bench.usage import tree_cpu_seconds
 
 OBJECTIVE_FACTOR = 5.0
-# A floor under 5x the in-process latency. On these 2 shared cores a served lone request of mobilenet_v3_small takes
-# 3.5-4 ms (bench/reports/2026-11-26-lone-request) and the Python load generator, on the same cores, sends up to 5-20 ms
-# behind its schedule at p99 while a server computes: 5x the in-process 1.5 ms (or the text model's 0.2 ms) would
-# leave every server without goodput and the study would say nothing. 25 ms is an interactive API's budget.
+# A served lone request of mobilenet_v3_small takes 3.5-4 ms (bench/reports/2026-11-26-lone-request) and the generator
+# lags 5-20 ms at p99: 5x its in-process 1.5 ms would leave every server without goodput. An interactive API's budget.
 OBJECTIVE_FLOOR_MS = 25.0
 STEPS = (0.25, 0.5, 0.7, 0.85, 1.0, 1.2, 1.5, 2.0)  # x the closed-loop capacity
 LOW_STEPS = (0.125, 0.0625)  # offered in turn only while no step kept the objective: a goodput below 0.25x is found
@@ -46,9 +39,7 @@ MAX_ERROR_SHARE = 0.001
 LAG_SHARE = 0.1  # a generator lag p99 above this share of the objective is its own, not the server's, latency
 CAPACITY_CONCURRENCY = 16
 DEADLINE_S = 2.0  # every call's; past it the call counts as timed out
-# Before each step the server must have worked off what an earlier one left it: a server that queues without bound
-# (FastAPI) still runs the calls a past overload gave up on, and the next step would inherit that backlog. Idle is
-# under a quarter of a core (a busy server keeps a core or more); polled, for at most SETTLE_MAX_S.
+# Before each step the server must work off an earlier step's backlog (docs/benchmarks.md); a busy one keeps a core.
 IDLE_CORES = 0.25
 SETTLE_POLL_S = 0.2
 SETTLE_MAX_S = 10.0

@@ -1,12 +1,7 @@
 """Every server the benchmarks measure, started the same way, checked and driven by the same load engine.
 
 Before any figure of a server is kept, a few requests go through it, each answer compared with what the same
-model.onnx gives in this process (`close_enough`: float noise only); the targets that carry them keep comparing every
-answer under load.
-
-tritonnx's two paths (Triton direct and the facade, ServingStack) and the FastAPI baseline run from the project's
-.venv; PyTriton, Ray Serve and MLServer run `<peer>/server.py` in venvs of their own (`venvs`), each in its own process
-group on loopback ports, called over KServe v2 gRPC with raw tensors or over HTTP with a raw body (Ray Serve).
+model.onnx gives in this process; the targets that carry them keep comparing every answer under load.
 """
 
 from __future__ import annotations
@@ -33,7 +28,7 @@ from bench.baseline.workers import Setup, measured_split
 from bench.load import loops
 from bench.load.http import HttpTarget
 from bench.load.targets import IMAGE_SHAPE, FacadeTarget, KServeTarget, Request, Target, VerificationError
-from bench.output import say
+from bench.output import flags, say
 from bench.peers import venvs
 from bench.usage import tree_memory
 from tritonnx.server.process import ManagedProcess, ServerError, free_ports
@@ -141,9 +136,7 @@ class Server(ABC):
 class LatencyBound:
     """A model's policy for a latency objective: wait at most half of it in the queue, run batches that fit the rest.
 
-    Triton refuses (UNAVAILABLE) a request that waited `queue_timeout_ms` in either priority's queue instead of
-    answering it late; `max_batch_size` is the largest batch whose run, at the in-process single-request latency per
-    row, fits in the other half (a batch of 16 resnet50 images takes most of a second on 2 cores).
+    docs/benchmarks.md (`triton-bounded`) says why; a batch of 16 resnet50 images takes most of a second on 2 cores.
     """
 
     queue_timeout_ms: float
@@ -293,16 +286,18 @@ class VenvPeer(Server):
 
     def command(self, python: Path, ports: list[int]) -> list[str]:
         self._port = ports[0]
-        command = [
-            str(python), "-m", f"bench.peers.{self.peer}.server",
-            "--model", str(self.onnx_file.resolve()), "--name", self.model, "--port", str(ports[0]),
-            "--workers", str(self.workers), "--threads", str(self.threads),
-            "--max-batch-size", str(self.max_batch_size), "--batch-wait-ms", str(self.batch_wait_ms),
-            "--workdir", str(self.workdir),
-        ]  # fmt: skip
-        for option, port in zip(self.extra_ports, ports[1:], strict=True):
-            command += [option, str(port)]
-        return command
+        options = {
+            "--model": self.onnx_file.resolve(),
+            "--name": self.model,
+            "--port": ports[0],
+            "--workers": self.workers,
+            "--threads": self.threads,
+            "--max-batch-size": self.max_batch_size,
+            "--batch-wait-ms": self.batch_wait_ms,
+            "--workdir": self.workdir,
+            **dict(zip(self.extra_ports, ports[1:], strict=True)),
+        }
+        return [str(python), "-m", f"bench.peers.{self.peer}.server", *flags(options)]
 
     def start(self) -> None:
         """Start the peer; once more, said, when it exits before it is ready.

@@ -52,9 +52,10 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], No
         raise VenvError(f"{found} -m venv {venv} failed: {made.stderr.strip()[-500:]}")
     log = venv / "pip.log"
     with open(log, "ab") as output:
-        pip = [str(python_of(peer)), "-m", "pip", "install", "--disable-pip-version-check",
-               "-r", str(requirements(peer))]  # fmt: skip
-        done = subprocess.run(pip, stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False)
+        pip = ["-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements(peer))]
+        done = subprocess.run(
+            [str(python_of(peer)), *pip], stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False
+        )
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
         raise VenvError(f"pip install -r {requirements(peer)} exited {done.returncode}; end of {log}:\n{tail}")

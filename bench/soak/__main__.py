@@ -1,14 +1,8 @@
 """python -m bench.soak: an hour at a steady share of capacity, every model through both paths (make soak).
 
-Serves a scratch copy of the model repository as `make serve` does (ServeProcess), opens a stream per model and path, each answer checked against in-process ONNX Runtime (load.py), measures
-each stream's capacity alone, runs every stream at once for `--burst-seconds` so that buffers sized by the peak grow
-now, then offers each of the N streams `--load-fraction` / N of its capacity for `--duration` seconds (run.py). Every
-`--publish-every` seconds the next model of the rotation is published again as a new version (run.py); every
-`--interval` seconds RSS, PSS, open fds and threads of every process and their /dev/shm regions are sampled
-(bench/usage.py). After the stop, nothing may be left, and the run is judged (judge.py) and reported (report.py).
-
-Exit code 0 when every gate passed; 1 when one failed; 2 when the stack could not be started or measured; 130 when
-interrupted (the report is written all the same).
+docs/operations.md#overload-bursts-and-soak says what it loads, samples and judges. Exit code 0 when every gate
+passed; 1 when one failed; 2 when the stack could not be started or measured; 130 when interrupted (the report is
+written all the same).
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ import psutil
 
 from bench import REPOSITORY
 from bench.load.targets import VerificationError
-from bench.output import Gate, machine, run_folder, say, settings, verdict
+from bench.output import Gate, flags, machine, run_folder, say, settings, verdict
 from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
 from bench.soak.load import DEADLINE_S, make_streams
 from bench.soak.report import write_outputs
@@ -56,25 +50,15 @@ class ServeProcess(ManagedProcess):
         self.admin_key = new_admin_key()
         http, grpc, metrics, supervisor, facade_grpc, facade_http = free_ports(6)
         self.triton_grpc_url, self.facade_url = f"127.0.0.1:{grpc}", f"127.0.0.1:{facade_grpc}"
-        self._args = [
-            "--model-repository",
-            str(repository),
-            "--log-dir",
-            str(workdir),
-            "--http-port",
-            str(http),
-            "--grpc-port",
-            str(grpc),
-            "--metrics-port",
-            str(metrics),
-            "--supervisor-metrics-port",
-            str(supervisor),
-            "--",
-            "--port",
-            str(facade_grpc),
-            "--http-port",
-            str(facade_http),
-        ]
+        serve = {
+            "--model-repository": repository,
+            "--log-dir": workdir,
+            "--http-port": http,
+            "--grpc-port": grpc,
+            "--metrics-port": metrics,
+            "--supervisor-metrics-port": supervisor,
+        }
+        self._args = [*flags(serve), "--", *flags({"--port": facade_grpc, "--http-port": facade_http})]
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

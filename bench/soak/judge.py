@@ -1,11 +1,7 @@
-"""The soak's gates: growth after the warm-up, flat counts, right answers, no failures, every publish served.
+"""The soak's gates (docs/operations.md#overload-bursts-and-soak lists them).
 
-Memory (RSS and PSS of each process, the bytes of the /dev/shm regions): after the warm-up, a series fails when
-its least-squares AND its Theil-Sen slopes both exceed `--max-growth-mib-per-10min` (bench.trend; one step, such
-as an arena grown once, moves only the first). Counts (open fds and threads of each process, /dev/shm regions):
-flat when the median of the last 3 samples after the warm-up is at most `--max-count-rise` above the median of
-the first 3 (bench.trend.level): a publish raises them for a moment, a leak for good. A process started during the
-run (a published version's stubs) gets a warm-up of its own from its first sample.
+Memory needs both slopes above the limit (bench.trend): one step, such as an arena grown once, moves only the
+least-squares one. A process started during the run (a published version's stubs) gets a warm-up of its own.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The soak's load: every model through both paths at once, each answer checked, the rate split by capacity.
 
-A stream is one model through one path (the facade's `Predict`, or Triton's KServe `ModelInfer` direct) with a
-target that checks every answer, its capacity, offered rate and open loop. The targets send four requests each
-(seeded images, or token sequences for a model whose inputs are INT64), run through ONNX Runtime in this process once;
-every answer is decoded, compared output by output by name, and counted by the model version that answered (a publish
-swaps versions under the load).
-
-How the load is split: each stream's capacity is measured alone (closed loop), and each of the N streams is offered
-`load_fraction / N` of its own capacity. A stream at rate r with capacity c keeps the machine busy r / c of the time,
-so the streams together keep it busy `load_fraction` of the time, and each gets the same share of it, whatever its
-model costs (equal request rates would hand resnet50 nearly all of it).
+Each of the N streams is offered `load_fraction / N` of its own capacity: a stream at rate r with capacity c keeps the
+machine busy r / c of the time, so each gets the same share of it whatever its model costs (equal request rates would
+hand resnet50 nearly all of it). Answers are counted by the model version that gave them (a publish swaps versions).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The soak's run on a started stack: streams opened and checked, capacities, the burst, then the paced load.
 
-The paced load takes a sample every --interval and publishes a version every --publish-every: the same graph,
-published again as a model's next version, model after model, through tritonnx.server.versions.publish as
-`tritonnx-models publish` does. Triton loads it beside the serving one and unloads the old one once the new one is
-READY; the answers stay the same, so the load's checks hold across the swap.
+The publishes go through tritonnx.server.versions.publish as `tritonnx-models publish` does; the answers stay the
+same, so the load's checks hold across the swap.
 """
 
 from __future__ import annotations

@@ -63,12 +63,11 @@ def run_to_ready(
         "TRITONNX_TRITON_LOAD_MODELS": models,
     }
     started = time.perf_counter()
-    docker(
-        "run", "-d", "--name", name, "--network", "host", "--shm-size", "512m",
-        "-v", f"{cache_volume}:/tmp/tritonnx/ort-cache",
-        *(["-v", f"{repository.resolve()}:/models:ro"] if repository else []),  # docker takes absolute paths only
-        *(f"--env={k}={v}" for k, v in env.items()), image,
-    )  # fmt: skip
+    volumes = [f"{cache_volume}:/tmp/tritonnx/ort-cache"]
+    if repository:
+        volumes.append(f"{repository.resolve()}:/models:ro")  # docker takes absolute paths only
+    options = [f"--name={name}", "--network=host", "--shm-size=512m", *(f"--volume={v}" for v in volumes)]
+    docker("run", "-d", *options, *(f"--env={k}={v}" for k, v in env.items()), image)
     try:
         while True:
             try:
