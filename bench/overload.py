@@ -149,10 +149,8 @@ async def measure(
         await target.close()
 
     rejected = load.total.ms(REJECTIONS[path])
-    (accepted_p50, accepted_p99), (rejection_p99,) = (
-        percentiles(accepted, [50, 99], 0.0),
-        percentiles(rejected, [99], 0.0),
-    )
+    accepted_p50, accepted_p99 = percentiles(accepted, [50, 99], 0.0)
+    (rejection_p99,) = percentiles(rejected, [99], 0.0)
     result = OverloadResult(
         path=path,
         model=target.model,

@@ -197,14 +197,8 @@ def gates(results: dict) -> list[Gate]:
         assert high is not None  # among the same layouts as `best`
         verdict, best_high = best[1] > 0 and mine >= ratio * best[1], high[1]
         if verdict != (mine_high >= ratio * best_high):
-            judged.append(
-                Gate(
-                    name,
-                    False,
-                    f"not judged ({detail}): without the generator's lag, {mine_high:.1f} "
-                    f"vs {best_high:.1f} req/s says otherwise",
-                )
-            )
+            otherwise = f"without the generator's lag, {mine_high:.1f} vs {best_high:.1f} req/s says otherwise"
+            judged.append(Gate(name, False, f"not judged ({detail}): {otherwise}"))
         else:
             judged.append(Gate(name, verdict, detail))
     for model, data in results["models"].items():
@@ -313,14 +307,12 @@ def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         if behind:
             lines += [
                 f"The generator fell behind its schedule by more than {LAG_SHARE:.0%} of the objective (lag p99) "
-                "in these steps, whose latencies hold its own lag too: " + "; ".join(behind) + ".",
+                f"in these steps, whose latencies hold its own lag too: {'; '.join(behind)}.",
                 "",
             ]
         if failed:
             lines += [
-                "Calls failed with other statuses (each an error of its step, whatever the rate): "
-                + "; ".join(failed)
-                + ".",
+                f"Calls failed with other statuses (each an error of its step, whatever the rate): {'; '.join(failed)}.",
                 "",
             ]
         lines += [f"![{model}]({model}_open.png)", ""]
