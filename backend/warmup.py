@@ -1,9 +1,9 @@
 """The first run of each instance, done at load so that no caller pays for it.
 
 ONNX Runtime allocates its buffers on a session's first run. Warm-up feeds ones (True, "1"),
-because zeros are not valid input for every model: an integer division by zero raises SIGFPE,
-which kills the Python stub before any Python code can catch it, and the model never becomes
-ready. Where the graph divides at all (ops in `TRAPPING_OPS`), the warm-up first runs in a forked
+because zeros are not valid input for every model: an integer division that traps (by zero on ONNX
+Runtime 1.23, the smallest integer by -1 on every release) raises SIGFPE, which kills the Python stub
+before any Python code can catch it, and the model never becomes ready. Where the graph divides at all (ops in `TRAPPING_OPS`), the warm-up first runs in a forked
 child process: if the child dies, the instance logs it and serves without warm-up.
 
 The shapes tried, in turn until one runs (`warm_up_candidates`): every dynamic dim of one size,

@@ -71,7 +71,7 @@ engine() {
 wheelhouse() {
     local stamp=$WHEELHOUSE/.complete
     if [ -f "$stamp" ] && [ "$stamp" -nt deploy/docker/requirements-image.txt ] && [ "$stamp" -nt pyproject.toml ] \
-        && [ -z "$(find backend client -newer "$stamp" -name '*.py' -print -quit)" ]; then
+        && [ -z "$(find backend client tritonnx -newer "$stamp" -name '*.py' -print -quit)" ]; then
         say "wheelhouse $WHEELHOUSE is up to date"
         return
     fi
@@ -81,8 +81,25 @@ wheelhouse() {
     local platform=(--only-binary=:all: --python-version "$WHEEL_PYTHON" --implementation cp
                     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64
                     --platform manylinux_2_35_x86_64)
-    $PY -m pip download -q --no-deps "${platform[@]}" -d "$WHEELHOUSE" -r deploy/docker/requirements-image.txt \
-        -r deploy/docker/requirements-models.txt -r requirements-triton.txt pip==24.3.1 2>&1 | { grep -v '^WARNING: Location' || true; }
+    # pip evaluates environment markers for its own Python, not the target's: resolve them for $WHEEL_PYTHON.
+    local pinned=$WHEELHOUSE/.pins.txt
+    $PY - "$WHEEL_PYTHON" deploy/docker/requirements-image.txt deploy/docker/requirements-models.txt \
+        requirements-triton.txt > "$pinned" <<'EOF'
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+for name in sys.argv[2:]:
+    for line in Path(name).read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            marker = Requirement(line).marker
+            if marker is None or marker.evaluate({"python_version": sys.argv[1]}):
+                print(line.split(";")[0].strip())
+EOF
+    $PY -m pip download -q --no-deps "${platform[@]}" -d "$WHEELHOUSE" -r "$pinned" pip==24.3.1 2>&1 \
+        | { grep -v '^WARNING: Location' || true; }
     [ "${PIPESTATUS[0]}" = 0 ] || die "pip download failed"
     rm -rf build/lib  # setuptools builds there and would ship a module removed since
     $PY -m pip wheel -q --no-deps -w "$WHEELHOUSE" .  # tritonnx itself

@@ -113,10 +113,15 @@ def zero_dims() -> onnx.ModelProto:
 
 
 def divides() -> onnx.ModelProto:
-    """y = x / (x - 1) over INT64: ones (or zeros) as warm-up would raise SIGFPE in the stub."""
-    one = numpy_helper.from_array(np.array(1, np.int64), "one")
-    nodes = [helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])]
-    return _model(nodes, [value("x", TensorProto.INT64, [2])], [value("y", TensorProto.INT64, [2])], [one])
+    """y = x * MIN / (x - 2) over INT64: ones as warm-up divide the smallest int64 by -1, a SIGFPE in the stub."""
+    smallest = numpy_helper.from_array(np.array(np.iinfo(np.int64).min, np.int64), "smallest")
+    two = numpy_helper.from_array(np.array(2, np.int64), "two")
+    nodes = [
+        helper.make_node("Mul", ["x", "smallest"], ["n"]),
+        helper.make_node("Sub", ["x", "two"], ["d"]),
+        helper.make_node("Div", ["n", "d"], ["y"]),
+    ]
+    return _model(nodes, [value("x", TensorProto.INT64, [2])], [value("y", TensorProto.INT64, [2])], [smallest, two])
 
 
 def with_default() -> onnx.ModelProto:

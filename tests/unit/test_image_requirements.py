@@ -5,7 +5,6 @@ and requirements-serving.txt name those packages without a version and take the 
 """
 
 import importlib.metadata
-import re
 from pathlib import Path
 
 import tomllib
@@ -21,20 +20,23 @@ REQUIREMENT_FILES = [
     "deploy/docker/requirements-image.txt",
     "deploy/docker/requirements-models.txt",
 ]
-_PACKAGE = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?(?:==([^\s#]+))?\s*(?:#.*)?$")
 
 
 def _name(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
-def requirements(path: Path) -> dict[str, str | None]:
-    """The packages the file names, with the version it pins (None when it pins none)."""
+def requirements(path: Path, python: str | None = None) -> dict[str, str | None]:
+    """The packages the file names for `python` (default: this one), with the version it pins (None: none)."""
     found: dict[str, str | None] = {}
     for line in path.read_text().splitlines():
-        match = _PACKAGE.match(line.strip())
-        if match:
-            found[_name(match.group(1))] = match.group(2)
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"python_version": python} if python else None):
+            exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+            found[_name(requirement.name)] = exact[0] if exact else None
     return found
 
 
@@ -113,3 +115,18 @@ def test_the_packages_ranges_admit_the_pinned_versions():
         if not dependency.specifier.contains(version, prereleases=True):
             outside[dependency.name] = (str(dependency.specifier), version)
     assert outside == {}
+
+
+def test_each_image_python_gets_one_version_of_each_package():
+    """The NGC image's Python 3.10 and the others' 3.11 each take exactly one pin of every package the images name."""
+    for file in ("deploy/docker/requirements-image.txt", "deploy/docker/requirements-models.txt"):
+        lines = [line.split("#", 1)[0].strip() for line in (ROOT / file).read_text().splitlines()]
+        named = {_name(Requirement(line).name) for line in lines if line and not line.startswith("-")}
+        for python in ("3.10", "3.11"):
+            taken = [
+                _name(requirement.name)
+                for requirement in (Requirement(line) for line in lines if line and not line.startswith("-"))
+                if requirement.marker is None or requirement.marker.evaluate({"python_version": python})
+            ]
+            assert sorted(taken) == sorted(named), (file, python)
+    assert requirements(ROOT / "deploy/docker/requirements-image.txt", "3.10")["onnxruntime"] == "1.23.2"

@@ -212,19 +212,26 @@ def test_a_graph_found_at_load_to_reduce_over_the_batch_axis_runs_each_request_a
 
 
 def test_a_warm_up_that_would_kill_the_process_is_caught_in_a_child(tmp_path):
-    # y = x / (x - 1) over int64: ones divide by zero, a SIGFPE no Python code survives.
-    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    # y = x * MIN / (x - 2) over int64: ones divide the smallest int64 by -1, a SIGFPE no Python code survives
+    # (ONNX Runtime refuses a division by zero with an error, not this overflow).
+    smallest = numpy_helper.from_array(np.array(np.iinfo(np.int64).min, np.int64), "smallest")
+    two = numpy_helper.from_array(np.array(2, np.int64), "two")
     path = save_graph(
         tmp_path / "fpe.onnx",
-        [helper.make_node("Sub", ["x", "one"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
+        [
+            helper.make_node("Mul", ["x", "smallest"], ["n"]),
+            helper.make_node("Sub", ["x", "two"], ["d"]),
+            helper.make_node("Div", ["n", "d"], ["y"]),
+        ],
         [value("x", TensorProto.INT64, ["n"])],
         [value("y", TensorProto.INT64, ["n"])],
-        [one],
+        [smallest, two],
     )
     lines = []
     runner = OnnxModelRunner.load(path, "fpe", SETTINGS, max_batch_size=0, log=lines.append)
     assert lines == ["model 'fpe': warm-up with ones was killed by SIGFPE in a child process; serving without warm-up"]
-    np.testing.assert_array_equal(runner.infer([{"x": np.array([3, 5], np.int64)}])[0]["y"], [1, 1])
+    request = {"x": np.array([3, 5], np.int64)}
+    np.testing.assert_array_equal(runner.infer([request])[0]["y"], reference(path, request)[0])
 
 
 def test_a_warm_up_no_shape_fits_is_skipped_with_a_log_line(tmp_path):
@@ -415,15 +422,20 @@ def test_a_check_whose_values_the_model_rejects_keeps_the_rules_verdict(tmp_path
 
 
 def test_the_check_of_a_graph_that_divides_runs_in_a_child_first(tmp_path):
-    # y = x / (x - 2) over int64: ones (the warm-up's) divide by -1, the check's small values by zero, a SIGFPE no
-    # Python code survives.
-    two = numpy_helper.from_array(np.array(2, np.int64), "two")
+    # y = x * MIN / (x - 4) over int64: ones (the warm-up's) pass, the check's small values (0-3) divide the smallest
+    # int64 by -1, a SIGFPE no Python code survives.
+    smallest = numpy_helper.from_array(np.array(np.iinfo(np.int64).min, np.int64), "smallest")
+    four = numpy_helper.from_array(np.array(4, np.int64), "four")
     path = save_graph(
         tmp_path / "fpe.onnx",
-        [helper.make_node("Sub", ["x", "two"], ["d"]), helper.make_node("Div", ["x", "d"], ["y"])],
+        [
+            helper.make_node("Mul", ["x", "smallest"], ["n"]),
+            helper.make_node("Sub", ["x", "four"], ["d"]),
+            helper.make_node("Div", ["n", "d"], ["y"]),
+        ],
         [value("x", TensorProto.INT64, ["n"])],
         [value("y", TensorProto.INT64, ["n"])],
-        [two],
+        [smallest, four],
     )
     lines: list[str] = []
     runner = OnnxModelRunner.load(path, "fpe", SETTINGS, max_batch_size=8, log=lines.append)
@@ -432,4 +444,7 @@ def test_the_check_of_a_graph_that_divides_runs_in_a_child_first(tmp_path):
         "stands: it batches"
     ]
     assert not runner.coupled
-    np.testing.assert_array_equal(runner.infer([{"x": np.array([3, 4], np.int64)}])[0]["y"], [[3], [2]])
+    request = {"x": np.array([[1], [2]], np.int64)}
+    np.testing.assert_array_equal(
+        runner.infer([request])[0]["y"], reference(path, {"x": request["x"].ravel()})[0][:, None]
+    )
