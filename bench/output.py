@@ -55,10 +55,15 @@ class Gate:
     detail: str = ""
 
 
+def head(columns: str) -> list[str]:
+    """A markdown table's header and rule: `head("a | b")`."""
+    return [f"| {columns} |", "|" + "---|" * (columns.count("|") + 1)]
+
+
 def gates_section(gates: list[Gate]) -> str:
     """The report's `## Gates` section: every gate, passed or FAILED, with the figures it was judged on."""
     rows = [f"| {g.name} | {'passed' if g.passed else '**FAILED**'} | {g.detail} |" for g in gates]
-    return "\n".join(["## Gates", "", "| gate | verdict | judged on |", "|---|---|---|", *rows]) + "\n"
+    return "\n".join(["## Gates", "", *head("gate | verdict | judged on"), *rows]) + "\n"
 
 
 def verdict(gates: list[Gate]) -> int:

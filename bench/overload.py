@@ -18,7 +18,7 @@ import argparse
 import asyncio
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +71,7 @@ class OverloadResult:
     late_rejections: int
     memory_idle_mib: dict[str, float]
     memory_after_mib: dict[str, float]
-    problems: list[str]
+    problems: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -169,7 +169,6 @@ async def measure(
         late_rejections=int((rejected > REJECTION_SECONDS * 1000).sum()),
         memory_idle_mib=idle,
         memory_after_mib=after,
-        problems=[],
     )
     result.judge()
     return result

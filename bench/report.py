@@ -14,7 +14,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from bench.cpu import ROLES  # noqa: E402
-from bench.output import write_json  # noqa: E402
+from bench.output import head, write_json  # noqa: E402
 
 
 def value_range(values: list[float], digits: int = 0) -> str:
@@ -31,14 +31,10 @@ def counted(points: list[dict]) -> list[dict]:
 
 
 def servers_table(limits: list[float], servers: dict, concurrency: int = 16) -> list[str]:
-    """Every server beside the limit: its counted throughputs at `concurrency` and c=1 p50s, each a range over rounds.
-
-    The ratio is to the limit's mean.
-    """
+    """Every server's counted throughputs at `concurrency` (and vs the limit's mean), c=1 p50s: ranges over rounds."""
     limit = sum(limits) / len(limits) if limits else 0.0
     lines = [
-        f"| server | img/s at c={concurrency} | vs limit | p50 ms at c=1 | setup |",
-        "|---|---|---|---|---|",
+        *head(f"server | img/s at c={concurrency} | vs limit | p50 ms at c=1 | setup"),
         f"| limit: in-process ONNX Runtime | {value_range(limits)} | 1.00x | | same .onnx, same cores, best layout |",
     ]
     for name, server in servers.items():
@@ -175,8 +171,7 @@ def cpu_rows(data: dict) -> list[str]:
         "time nobody used. Ceiling: cores / busy CPU per image. The serving floor: the same server and config with a "
         "model that computes nothing; its ceiling adds in-process ONNX Runtime's CPU per image.",
         "",
-        "| path | stubs | tritonserver | facade | client | idle | busy total | ceiling | ceiling vs limit |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *head("path | stubs | tritonserver | facade | client | idle | busy total | ceiling | ceiling vs limit"),
         f"| in-process ONNX Runtime ({limit['layout']}) | {limit['cpu_ms_per_image']:.2f} | - | - | - | - | "
         f"{limit['cpu_ms_per_image']:.2f} | {cores * 1000 / limit['cpu_ms_per_image']:.0f} img/s | - |",
     ]
@@ -222,8 +217,7 @@ def write_report(out: Path, results: dict) -> None:
         lines += [
             f"## {model}",
             "",
-            "| what | throughput | vs limit | other |",
-            "|---|---|---|---|",
+            *head("what | throughput | vs limit | other"),
             *summary_rows(data),
             "",
             f"Limit before / after the servers: {data['limit']['before']:.1f} / {data['limit']['after']:.1f} img/s "
@@ -231,8 +225,7 @@ def write_report(out: Path, results: dict) -> None:
             "",
             "### Triton direct (perf_analyzer, KServe gRPC, inputs in system shared memory)",
             "",
-            "| c | img/s | p50 ms | p95 ms | p99 ms | queue ms | compute in/infer/out ms | avg batch | client CPU |",
-            "|---|---|---|---|---|---|---|---|---|",
+            *head("c | img/s | p50 ms | p95 ms | p99 ms | queue ms | compute in/infer/out ms | avg batch | client CPU"),
             *(
                 f"| {p['concurrency']} | {p['throughput']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | {p['p99_ms']:.2f} | "
                 f"{p['server_queue_ms']:.2f} | {p['server_compute_input_ms']:.2f} / {p['server_compute_infer_ms']:.2f} / "
@@ -244,8 +237,7 @@ def write_report(out: Path, results: dict) -> None:
             "",
             "Client CPU is the load generator's own share of one core (it runs on the same cores).",
             "",
-            "| target | c | img/s | p50 ms | p95 ms | p99 ms | client CPU | errors |",
-            "|---|---|---|---|---|---|---|---|",
+            *head("target | c | img/s | p50 ms | p95 ms | p99 ms | client CPU | errors"),
             *(
                 f"| {name} | {p['concurrency']} | {p['images_per_s']:.1f} | {p['p50_ms']:.2f} | {p['p95_ms']:.2f} | "
                 f"{p['p99_ms']:.2f} | {p['client_cpu']:.2f} | {sum(p['errors'].values()) or ''} |"
@@ -269,8 +261,7 @@ def write_report(out: Path, results: dict) -> None:
             "tritonserver starts twice: first with the model files wherever the kernel's page cache left them, then "
             "warm; memory is the warm start's, idle after warm-up.",
             "",
-            "| server | ready s | first start, ready s | RSS MiB | PSS MiB | processes |",
-            "|---|---|---|---|---|---|",
+            *head("server | ready s | first start, ready s | RSS MiB | PSS MiB | processes"),
             *(
                 f"| {name} | {item.get('ready_seconds', 'n/a')} | {item.get('first_ready_seconds', 'n/a')} | "
                 f"{item['rss_mib']} | {item['pss_mib']} | {item['processes']} |"

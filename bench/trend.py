@@ -51,11 +51,7 @@ def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> floa
 
 
 def theil_sen_slope(times: Sequence[float], values: Sequence[float]) -> float:
-    """Median of the slopes between every pair of samples.
-
-    A single step (a cache or arena filled once) moves it little, steady growth moves it as much as the least-squares
-    line. NaN for fewer than 2 distinct times.
-    """
+    """Median of the pairwise slopes (NaN for < 2 times): one step moves it little, steady growth fully."""
     t, v = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
     i, j = np.triu_indices(len(t), k=1)
     dt = t[j] - t[i]
@@ -76,10 +72,9 @@ def trend(
     min_samples: int = 3,
     since: float | None = None,
 ) -> Trend:
-    """Fit the samples at or after `since` (default: the second half) with least squares and Theil-Sen; flag growth.
+    """Fit the samples from `since` (default: the second half) with least squares and Theil-Sen, NaNs left out.
 
-    Flagged when both projected 10-minute growths exceed both thresholds (a fraction threshold of 0 leaves the absolute
-    one alone). NaN values (a sample of a process that was not there yet) are left out.
+    Flagged when both 10-minute growths exceed both thresholds (a fraction threshold of 0: the absolute one alone).
     """
     points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
     nan = math.nan

@@ -112,10 +112,9 @@ def shm_usage(names: set[str], directory: Path = SHM_DIR) -> tuple[int, int, int
 
 
 class Watcher:
-    """The facade, tritonserver, its stubs and the supervisor's process, sampled: memory, CPU, open fds and threads.
+    """The serving processes sampled: memory, CPU, fds, threads, and the /dev/shm files they use.
 
-    Each stub is named `<instance>@v<version>`: a published version's stubs are other processes than the version's
-    before, not the same ones restarted. The /dev/shm files any of them uses are followed too.
+    Stubs are named `<instance>@v<version>`: a published version's stubs are new processes, not restarted ones.
     """
 
     def __init__(self, triton_pid: int, facade_pid: int, supervisor_pid: int | None = None) -> None:
@@ -149,11 +148,8 @@ class Watcher:
         return found
 
     def died(self) -> set[str]:
-        """The missing stubs that were not replaced on purpose.
-
-        A stub is replaced on purpose when a newer version of its model has live stubs (a publish unloaded the old
-        version), or when it was the auto-complete stub Triton runs while a version loads (it exits by itself).
-        """
+        """The missing stubs not replaced on purpose."""
+        # On purpose: by a publish's newer version, or a version's auto-complete stub (it exits once the version loads).
         live = [self.stub_versions[label] for label in set(self.stub_pids) - self.missing]
         died = set()
         for label in self.missing:
@@ -165,10 +161,7 @@ class Watcher:
         return died
 
     def sample(self, elapsed: float) -> dict:
-        """One row: `rss_mib.`, `pss_mib.`, `fds.`, `threads.`, `cpu.` (cores since the last sample) of each label.
-
-        Then the PSS total and /dev/shm: its regions, their bytes allocated and their sizes.
-        """
+        """One row: memory, fds, threads, cpu (cores since the last sample) of each label; PSS total; /dev/shm."""
         row: dict = {}
         pss_total = 0.0
         for label, process in self.processes().items():

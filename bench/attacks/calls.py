@@ -120,10 +120,9 @@ class Held(Calls):
 
 
 def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threading.Event) -> tuple[Call, int]:
-    """A PredictStream written with `body` as fast as gRPC sends it for `seconds`, its responses never read.
+    """A PredictStream written with `body` for `seconds` (or until the facade ends it or `stop` is set), never read.
 
-    Ends early when the facade ends it or `stop` is set (the campaign's memory guard); then the attacker cancels it.
-    The stream's end, and the messages handed to gRPC (which asks for the next once the one before is on its way).
+    Returns the stream's end and the messages handed to gRPC (which asks for the next once the one before is sent).
     """
     messages = 0
     deadline = time.monotonic() + seconds

@@ -163,10 +163,7 @@ def until(condition: Callable[[], object], timeout: float) -> bool:
 
 
 def held(limit_body: bool) -> Callable[[Context], Outcome]:
-    """Calls that send their headers and no body (or a body at the limit that stalls near its end).
-
-    Then, while they are held, a Predict at priority 1, the level the facade keeps slots for.
-    """
+    """Calls that send headers and no body (or a body at the limit that stalls), then a priority-1 Predict."""
 
     def run(ctx: Context) -> Outcome:
         with ExitStack() as closing:  # the channels close first: their connections end, the facade lets go
@@ -205,7 +202,7 @@ def repeated_field(name: str, element: bytes, what: str, size: str) -> list[Atta
 def attacks() -> list[Attack]:
     """Every attack, each of the hand-measured ones at its size and at the limit."""
     junk_at_limit: Body = lambda c: version_junk(at_limit(c.limit))  # noqa: E731
-    found = [
+    return [
         Attack(
             "version_junk",
             'Predicts whose model_version is "1" followed by junk, one after the other',
@@ -216,9 +213,6 @@ def attacks() -> list[Attack]:
             "the same, at the limit",
             crafted(junk_at_limit, lambda c: c.sizes.junk_calls_at_limit),
         ),
-    ]
-    return [
-        *found,
         *repeated_field("priority_fields", PRIORITY_FIELD, "`priority` fields", "priority_fields"),
         *repeated_field("unpacked_floats", UNPACKED_FLOAT, "unpacked `data` floats", "unpacked_floats"),
         *repeated_field("empty_output_names", EMPTY_OUTPUT_NAME, "empty `output_names`", "output_names"),

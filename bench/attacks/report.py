@@ -13,7 +13,7 @@ from bench.attacks.calls import Call
 from bench.attacks.campaign import AttackResult, Campaign, statuses
 from bench.attacks.catalog import Outcome
 from bench.attacks.watch import KINDS, ProbeSummary
-from bench.output import Gate, gates_section, machine, settings
+from bench.output import Gate, gates_section, head, machine, settings
 from tritonnx.client.facade.errors import FacadeError
 
 ANSWER_S = 1.0  # every attack call answered within this
@@ -142,12 +142,12 @@ def _probe(result: AttackResult) -> str:
     return "; ".join(parts)
 
 
-def mb(size: int) -> str:
-    return f"{size / 1e6:,.1f} MB"
-
-
 def _sent(outcome: Outcome) -> str:
-    return f"{outcome.count:,} x {mb(outcome.body_bytes)}" if outcome.body_bytes else f"{outcome.count:,}, headers only"
+    return (
+        f"{outcome.count:,} x {outcome.body_bytes / 1e6:,.1f} MB"
+        if outcome.body_bytes
+        else f"{outcome.count:,}, headers only"
+    )
 
 
 def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
@@ -173,8 +173,7 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
             'is a call the attacker cancelled or that reached the attacker\'s own deadline; "held": calls without '
             "their whole body (or the unread stream), which the facade ends at its body deadline or the attacker stops.",
             "",
-            "| attack | sent | statuses | slowest answer | probe during it | facade peak RSS rise |",
-            "|---|---|---|---|---|---|",
+            *head("attack | sent | statuses | slowest answer | probe during it | facade peak RSS rise"),
             *rows,
             "",
             f"Facade RSS: {campaign.rss_start_mib:,.0f} MiB at the start, "
@@ -190,28 +189,22 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
     )
 
 
+def _attack(r: AttackResult) -> dict:
+    found = {"name": r.name, "what": r.attack.what, **asdict(r), **asdict(r.outcome)}
+    del found["attack"], found["outcome"], found["held"]
+    return found | {
+        "calls": [asdict(call) for call in r.calls],  # answered, then held
+        "statuses": statuses(r.outcome.calls),
+        "held_statuses": statuses(r.outcome.held),
+        "undocumented": undocumented(r),
+        "rss_rise_mib": round(r.rss_rise_mib, 1),
+    }
+
+
 def results(campaign: Campaign, args: argparse.Namespace) -> dict:
     """What results.json keeps (finish adds the gates)."""
-    found = {key: value for key, value in asdict(replace(campaign, results=[])).items() if key != "results"}
+    found = asdict(replace(campaign, results=[]))
     found["rss_after_idle_mib"] = None if campaign.exited else round(campaign.rss_after_idle_mib, 1)
-    attacks = [
-        {
-            "name": r.name,
-            "what": r.attack.what,
-            "count": r.outcome.count,
-            "body_bytes": r.outcome.body_bytes,
-            "notes": r.outcome.notes,
-            "seconds": round(r.seconds, 3),
-            "statuses": statuses(r.outcome.calls),
-            "held_statuses": statuses(r.outcome.held),
-            "undocumented": undocumented(r),
-            "probe": {kind: asdict(summary) for kind, summary in r.probe.items()},
-            "rss_before_mib": round(r.rss_before_mib, 1),
-            "rss_peak_mib": round(r.rss_peak_mib, 1),
-            "rss_rise_mib": round(r.rss_rise_mib, 1),
-            "guarded": r.guarded,
-            "calls": [asdict(call) for call in r.calls],
-        }
-        for r in campaign.results
-    ]
-    return {"settings": settings(args), "machine": machine(), **found, "attacks": attacks}
+    found["attacks"] = [_attack(r) for r in campaign.results]
+    del found["results"]
+    return {"settings": settings(args), "machine": machine(), **found}

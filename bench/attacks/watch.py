@@ -22,9 +22,9 @@ from google.protobuf.message import DecodeError
 
 from bench.attacks.calls import Metadata, channel
 from bench.attacks.payloads import MODEL, PREDICT, valid_predict
+from bench.usage import MIB, gone
 from tritonnx.client.proto import inference_pb2
 
-MIB = 2**20
 PROBE_INTERVAL_S = 0.5
 PROBE_LIMIT_S = 2.0
 RSS_INTERVAL_S = 0.05
@@ -41,10 +41,7 @@ class Target:
     metadata: Metadata = ()
 
     def alive(self) -> bool:
-        try:
-            return psutil.Process(self.pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+        return not gone(self.pid)
 
 
 @dataclass(frozen=True)

@@ -67,10 +67,7 @@ def shares(split: Mapping[int, float]) -> list[float]:
 
 
 def spread(split: Mapping[int, float], concurrency: int, min_share_of_even: float = MIN_SHARE_OF_EVEN) -> bool | None:
-    """Whether every worker did its share of the run; None where that cannot be asked.
-
-    One worker, or fewer connections than workers (a lone request runs on one worker by design).
-    """
+    """Whether every worker did its share; None for one worker or fewer connections than workers (by design)."""
     workers = len(split)
     if workers < 2 or concurrency < workers:
         return None

@@ -41,10 +41,7 @@ def encode(request: Request) -> tuple[bytes, dict[str, str]]:
 
 
 class HttpTarget:
-    """POST {url}/predict with [batch, 3, 224, 224] random images, or the requests given; expects batch x 1000 floats.
-
-    `images` and `expected` as `GrpcTarget`'s (`expected` also sets the output size checked); one aiohttp session.
-    """
+    """POST {url}/predict with random images or the requests given (as `GrpcTarget`'s); one aiohttp session."""
 
     def __init__(
         self,

@@ -61,11 +61,7 @@ async def run_load(
     *,
     verify: bool = True,
 ) -> LoadResult:
-    """Closed-loop load: `concurrency` workers, each send -> await -> record.
-
-    Opens the target (in this event loop) unless it is open, and closes what it opened. The first call is verified
-    and raises `VerificationError` if wrong, unless `verify` is off (a target that checks every answer needs none).
-    """
+    """Closed-loop load; opens the target unless open. `verify`: check the first answer (VerificationError)."""
     if concurrency < 1 or max_requests < 1 or not duration_s > 0 or warmup_s < 0:
         raise ValueError(
             f"concurrency, max_requests and duration_s must be positive, warmup_s not negative: "
@@ -158,11 +154,7 @@ async def _drive(
 
 
 def arrival_offsets(rate: float, poisson: bool = False, seed: int = 0) -> Iterator[float]:
-    """Send times (seconds from the start) of an endless schedule at `rate` a second: every 1/rate, or `poisson`.
-
-    Poisson arrivals have exponential gaps of mean 1/rate, drawn in blocks from a generator seeded with `seed`, so a
-    run's schedule can be replayed.
-    """
+    """Send times (s from the start) at `rate` a second: every 1/rate, or Poisson, seeded so a run can be replayed."""
     if not poisson:
         yield from (scheduled / rate for scheduled in itertools.count())
     rng, offset = np.random.default_rng(seed), 0.0
@@ -173,16 +165,12 @@ def arrival_offsets(rate: float, poisson: bool = False, seed: int = 0) -> Iterat
 
 
 class OpenLoop:
-    """Starts `target.call()` on a fixed schedule, `rate` a second, with a bound on calls in flight; in this event loop.
+    """Calls `target.call()` on a schedule, `rate` a second, until `duration`, `max_calls` or `stop()`.
 
-    It runs from `run(duration)` until the schedule reaches `duration`, `max_calls` or `stop()`, with at most
-    `max_outstanding` in flight. A call due while that many are pending is skipped and counted, so the offered load
-    never queues up (the soak); with `wait_when_full` it is sent as soon as one of them ends, so exactly the scheduled
-    calls are sent (the overload).
-
-    The schedule is even, or a seeded Poisson process (`poisson`). A call's latency is timed from its actual send, or
-    with `from_schedule` from the time it was due: then a server that answers slowly, or a generator that falls behind,
-    is charged for the wait (no coordinated omission). How late each send was is kept in `lags`: the generator's lag.
+    A call due while `max_outstanding` are pending is skipped and counted, so the offered load never queues up (the
+    soak); with `wait_when_full` it waits for one to end, so exactly the scheduled calls are sent (the overload).
+    With `from_schedule` latency is timed from when a call was due, charging a slow server or a generator that fell
+    behind for the wait (no coordinated omission). `lags`: how late each send was.
     """
 
     def __init__(

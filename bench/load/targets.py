@@ -75,11 +75,7 @@ def close_enough(actual: np.ndarray, expected: np.ndarray) -> bool:
 
 
 class GrpcTarget:
-    """One gRPC method called with prebuilt requests, in turn.
-
-    `images` (each an FP32 array of `batch` images, or a request's arrays by input name) replace the random data;
-    `expected` (the flat first output each should get) makes every answer checked.
-    """
+    """One gRPC method called with prebuilt requests in turn: random, or `images` (checked if `expected`)."""
 
     name: str
     method_path: str
@@ -263,10 +259,8 @@ class FacadeTarget(GrpcTarget):
         message = inference_pb2.PredictRequest(model_name=self.model)
         for name, array in request.items():
             datatype = datatype_name(array.dtype)
-            raw, dtype = (
-                array.astype(RAW_DTYPES[datatype], copy=False).tobytes(),
-                inference_pb2.ElementType.Value(datatype),
-            )
+            raw = array.astype(RAW_DTYPES[datatype], copy=False).tobytes()
+            dtype = inference_pb2.ElementType.Value(datatype)
             message.inputs.add(name=name, dtype=dtype, shape=array.shape, raw_data=raw)
         return message.SerializeToString()
 

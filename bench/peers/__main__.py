@@ -89,14 +89,8 @@ def write_report(out: Path, results: dict) -> None:
 def open_loop(args: argparse.Namespace) -> int:
     """Goodput per model and server at the objective; the report, its plots and gates; 1 when a gate failed."""
     started, out = run_folder(args.out, "peers-open")
-    objective_settings = {"factor": args.objective_factor, "floor_ms": args.objective_floor_ms, "why": OBJECTIVE_WHY}
-    results: dict[str, Any] = {
-        "started": started,
-        "machine": machine(),
-        "settings": settings(args),
-        "objective": objective_settings,
-        "models": {},
-    }
+    results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
+    results["objective"] = {"factor": args.objective_factor, "floor_ms": args.objective_floor_ms, "why": OBJECTIVE_WHY}
     for model in args.models:
         onnx_file, workdir = REPOSITORY / model / "1" / "model.onnx", out / "logs" / model
         workdir.mkdir(parents=True, exist_ok=True)

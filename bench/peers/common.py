@@ -33,11 +33,7 @@ def run(onnx_session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
 
 
 def decode_named(header: str, body: bytes) -> dict[str, np.ndarray]:
-    """The named inputs of an `x-inputs` request (`bench.load.http.named_raw`).
-
-    The header is `name:DATATYPE:d0,d1;...`, the body their raw bytes one after another in that order. ValueError when
-    the header is malformed or does not account for the body.
-    """
+    """The named inputs of an `x-inputs` request (`name:DATATYPE:d0,d1;...`, raw bytes in that order); ValueError."""
     arrays: dict[str, np.ndarray] = {}
     offset = 0
     try:
@@ -55,10 +51,7 @@ def decode_named(header: str, body: bytes) -> dict[str, np.ndarray]:
 
 
 def run_grouped(onnx_session: ort.InferenceSession, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """The first output of each request's named inputs, in order: requests of the same shapes run as one batch.
-
-    Sequences of different lengths cannot share a batch without padding, which this peer does not do.
-    """
+    """The first output of each request's named inputs: requests of the same shapes (no padding) run as one batch."""
     groups: dict[tuple, list[int]] = {}
     for index, feed in enumerate(feeds):
         groups.setdefault(tuple((name, array.shape) for name, array in feed.items()), []).append(index)

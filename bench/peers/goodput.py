@@ -51,19 +51,15 @@ def objective_ms(single_p50_ms: float, factor: float = OBJECTIVE_FACTOR, floor_m
 
 
 def within(step: dict, objective: float, lag_free: bool = False) -> bool:
-    """The step kept its promise: answers came, their p99 within the objective, errors at most MAX_ERROR_SHARE.
-
-    `lag_free`: judged on the p99 less the generator's lag p99, as were the generator never late.
-    """
+    """Answers came, their p99 (`lag_free`: less the generator's lag p99) within the objective, few errors."""
     p99 = step["p99_ms"] - (step["lag_p99_ms"] if lag_free else 0.0)
     return step["answered"] > 0 and p99 <= objective and step["error_share"] <= MAX_ERROR_SHARE
 
 
 def goodput(steps: Sequence[dict], objective: float, lag_free: bool = False) -> float:
-    """The highest offered rate (req/s) of the steps that kept the objective; 0 when none did.
+    """The highest rate of the steps that kept the objective, or 0.
 
-    `lag_free`: an upper bound of the server's own goodput where the generator fell behind its schedule (on these 2
-    shared cores it does at the small models' rates); without it, the lower one.
+    `lag_free`: an upper bound where the generator fell behind (it does at the small models' rates); else the lower.
     """
     return max((step["offered_rps"] for step in steps if within(step, objective, lag_free)), default=0.0)
 

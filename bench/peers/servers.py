@@ -50,11 +50,7 @@ def sample_images(count: int = 4, seed: int = 1) -> list[np.ndarray]:
 
 
 def sample_sequences(count: int = 4, seed: int = 1) -> list[dict[str, np.ndarray]]:
-    """`count` single-sequence requests for the text models, of mixed lengths (SEQUENCE_LENGTHS in turn).
-
-    Ids in [1, 1000) (the demo models' vocabulary), the mask all ones: a server may batch sequences of different
-    lengths, and each answer must still be the sequence's own.
-    """
+    """`count` text requests of mixed lengths: a server may batch them, each answer must still be its own."""
     rng = np.random.default_rng(seed)
     return [
         {"input_ids": rng.integers(1, 1000, size=(1, length)), "attention_mask": np.ones((1, length), np.int64)}
@@ -81,11 +77,7 @@ def check_answers(target: Target, samples: int) -> None:
 
 @dataclass(frozen=True)
 class Policy:
-    """How the servers batch and how many workers they run, the same for all where they offer it.
-
-    `max_batch_size` and PyTriton's instances, threads and queue delay are the model's own config.pbtxt (the policy
-    tritonnx serves it with); the other peers run one worker per core, as their docs advise.
-    """
+    """How the servers batch and run workers: the model's config.pbtxt (PyTriton too), else a core each, as advised."""
 
     max_batch_size: int
     triton_instances: int
@@ -134,10 +126,7 @@ class Server(ABC):
 
 @dataclass(frozen=True)
 class LatencyBound:
-    """A model's policy for a latency objective: wait at most half of it in the queue, run batches that fit the rest.
-
-    docs/benchmarks.md (`triton-bounded`) says why; a batch of 16 resnet50 images takes most of a second on 2 cores.
-    """
+    """A policy for a latency objective: wait at most half of it, run batches that fit the rest (docs/benchmarks.md)."""
 
     queue_timeout_ms: float
     max_batch_size: int
@@ -263,10 +252,7 @@ class FastApi(Server):
 
 @dataclass(eq=False)
 class VenvPeer(Server):
-    """A peer's `server.py` run by its venv's Python, in its own process group.
-
-    Called over KServe v2 gRPC, or over HTTP (`ready_path`: a GET that answers 200 once it serves).
-    """
+    """A peer's `server.py` run by its venv's Python: KServe v2 gRPC, or HTTP with `ready_path` (200 once serving)."""
 
     name: str
     peer: str  # folder under bench/peers/
@@ -300,11 +286,8 @@ class VenvPeer(Server):
         return [str(python), "-m", f"bench.peers.{self.peer}.server", *flags(options)]
 
     def start(self) -> None:
-        """Start the peer; once more, said, when it exits before it is ready.
-
-        A peer's own start-up race is not what the benchmark measures (PyTriton's handshake between its server and
-        its model's stub was refused once in CI); a second exit is reported as the peer's failure.
-        """
+        """Start the peer; once more when it exits before it is ready."""
+        # Its own start-up race (PyTriton's handshake was refused once in CI) is not what the benchmark measures.
         try:
             self._start_once()
         except ServerError as error:
@@ -400,11 +383,7 @@ def peer(name: str, model: str, onnx_file: Path, policy: Policy, workdir: Path) 
 def measured(
     server: Server, requests: Sequence[Request], expected: Sequence[np.ndarray], measure: Callable[[], dict]
 ) -> dict:
-    """Start the server, check its answers to `requests`, `measure()` it, read its memory, stop it.
-
-    What goes wrong is recorded (`error`), not raised: a server that does not start, or answers unlike in-process
-    ONNX Runtime, is left out of the figures.
-    """
+    """Start the server, check its answers, `measure()` it, read its memory, stop it; failures recorded (`error`)."""
     started = time.monotonic()
     try:
         server.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from bench.output import Gate
@@ -99,10 +100,7 @@ def load_gates(
     paths = [totals.get("paths", {}).get(p, {}) for p in PATHS]
     wrong, ok = [p.get("wrong", 0) for p in paths], [p.get("ok", 0) for p in paths]
     sent = sum(p.get("sent", 0) for p in paths)
-    errors: dict[str, int] = {}
-    for p in paths:
-        for status, count in p.get("errors", {}).items():
-            errors[status] = errors.get(status, 0) + count
+    errors = sum((Counter(p.get("errors", {})) for p in paths), Counter[str]())
     unexpected = {k: v for k, v in errors.items() if k not in DOCUMENTED_REJECTIONS}
     rejected = sum(v for k, v in errors.items() if k in DOCUMENTED_REJECTIONS)
     share = rejected / sent if sent else 0.0

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.output import Gate, gates_section, write_json
+from bench.output import Gate, gates_section, head, write_json
 from bench.soak.load import DEADLINE_S, MAX_OUTSTANDING, PATHS
 
 SINCE = "seconds since the paced load started"
@@ -193,8 +193,7 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         "published again from its own version 1 (`tritonnx-models publish`'s code path): Triton loads the new version "
         "beside the serving one and unloads the old one (version_policy latest 1).",
         "",
-        "| t s | model | version | seconds | serving after it / error |",
-        "|---|---|---|---|---|",
+        *head("t s | model | version | seconds | serving after it / error"),
     ]
     for p in results.get("publishes", []):
         lines.append(
@@ -212,8 +211,7 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         f"median of the last 3 samples ends more than {s['max_count_rise']:g} above that of the first 3. Short runs' "
         "slopes are noise. PSS moves when processes start or stop (a publish); RSS is the per-process signal.",
         "",
-        "| series | samples | start | end | peak | mean | growth / 10 min: least squares | Theil-Sen | failed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *head("series | samples | start | end | peak | mean | growth / 10 min: least squares | Theil-Sen | failed"),
     ]
     for t in results.get("trends", []):
         lines.append(
@@ -222,7 +220,7 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
             f"{fmt(t['robust_growth_per_10min'], 2)} | {'**yes**' if t['flagged'] else 'no'}"
             f"{' (' + t['note'] + ')' if t.get('note') else ''} |"
         )
-    lines += ["", "| count | samples | first | last | peak | rise | failed |", "|---|---|---|---|---|---|---|"]
+    lines += ["", *head("count | samples | first | last | peak | rise | failed")]
     for lv in results.get("levels", []):
         lines.append(
             f"| {lv['series']} | {lv['samples']} | {fmt(lv['first'], 0)} | {fmt(lv['last'], 0)} | "

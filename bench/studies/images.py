@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import REPOSITORY
-from bench.output import Gate, finish, gates_section, run_folder, say
+from bench.output import Gate, finish, gates_section, head, run_folder, say
 from tritonnx.server.process import free_ports
 
 IMAGES = ("tritonnx:demo", "tritonnx:ngc")  # each serving every model it carries
@@ -47,10 +47,7 @@ def docker(*args: str, timeout: float = 120) -> str:
 def run_to_ready(
     image: str, cache_volume: str, models: str = "*", repository: Path | None = None, timeout: float = 120
 ) -> tuple[float, float]:
-    """Seconds from `docker run` to READY in a new container, and its idle PSS in MiB.
-
-    The container serves `models` (comma-separated; "*" for all) of its /models, or of `repository` mounted there.
-    """
+    """Seconds from `docker run` to READY serving `models` ("*": all) of /models, and its idle PSS in MiB."""
     http, grpc, metrics, supervisor = free_ports(4)
     name = f"tritonnx-startup-{http}"
     env = {
@@ -122,8 +119,7 @@ def report(results: list[dict], judged: list[Gate]) -> str:
         "First: a new container, its optimized-model cache empty. Warm: a new container reusing that cache "
         "through a named volume. Memory: the container's processes' PSS, idle after start-up.",
         "",
-        "| image | serving | size (MB) | first start (s) | warm start (s) | idle PSS (MiB) |",
-        "|---|---|---|---|---|---|",
+        *head("image | serving | size (MB) | first start (s) | warm start (s) | idle PSS (MiB)"),
     ]
     for r in results:
         warm = ", ".join(f"{s:.2f}" for s in r["ready_warm_s"])
@@ -135,8 +131,7 @@ def report(results: list[dict], judged: list[Gate]) -> str:
         "",
         "Seed 003's deployment table (one MobileNetV3-Small, Apple M2 Max, 4 cores per container):",
         "",
-        "| server | image size (MB) | application start (s) |",
-        "|---|---|---|",
+        *head("server | image size (MB) | application start (s)"),
         *(f"| {name} | {size} | {start} |" for name, (size, start) in SEED_003.items()),
         "",
     ]
