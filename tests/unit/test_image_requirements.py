@@ -26,15 +26,22 @@ def _name(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
+def _named(path: Path) -> list[Requirement]:
+    """Every requirement line of the file (comments, -r and -c lines left out), markers kept."""
+    lines = (line.split("#", 1)[0].strip() for line in path.read_text().splitlines())
+    return [Requirement(line) for line in lines if line and not line.startswith("-")]
+
+
+def _taken(requirement: Requirement, python: str | None) -> bool:
+    """Whether `python` (default: this one) installs it: no marker, or one that holds there."""
+    return requirement.marker is None or requirement.marker.evaluate({"python_version": python} if python else None)
+
+
 def requirements(path: Path, python: str | None = None) -> dict[str, str | None]:
     """The packages the file names for `python` (default: this one), with the version it pins (None: none)."""
     found: dict[str, str | None] = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-"):
-            continue
-        requirement = Requirement(line)
-        if requirement.marker is None or requirement.marker.evaluate({"python_version": python} if python else None):
+    for requirement in _named(path):
+        if _taken(requirement, python):
             exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
             found[_name(requirement.name)] = exact[0] if exact else None
     return found
@@ -120,13 +127,8 @@ def test_the_packages_ranges_admit_the_pinned_versions():
 def test_each_image_python_gets_one_version_of_each_package():
     """The NGC image's Python 3.10 and the others' 3.11 each take exactly one pin of every package the images name."""
     for file in ("deploy/docker/requirements-image.txt", "deploy/docker/requirements-models.txt"):
-        lines = [line.split("#", 1)[0].strip() for line in (ROOT / file).read_text().splitlines()]
-        named = {_name(Requirement(line).name) for line in lines if line and not line.startswith("-")}
+        named = _named(ROOT / file)
         for python in ("3.10", "3.11"):
-            taken = [
-                _name(requirement.name)
-                for requirement in (Requirement(line) for line in lines if line and not line.startswith("-"))
-                if requirement.marker is None or requirement.marker.evaluate({"python_version": python})
-            ]
-            assert sorted(taken) == sorted(named), (file, python)
+            taken = sorted(_name(r.name) for r in named if _taken(r, python))
+            assert taken == sorted({_name(r.name) for r in named}), (file, python)
     assert requirements(ROOT / "deploy/docker/requirements-image.txt", "3.10")["onnxruntime"] == "1.23.2"

@@ -27,7 +27,7 @@ def imported_subpackages(source: Path) -> set[str]:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
-    return {name.split(".")[1] for name in names if name.startswith("tritonnx.") and name.count(".") >= 1}
+    return {name.split(".")[1] for name in names if name.startswith("tritonnx.")}
 
 
 def test_imports_between_subpackages_go_one_way():
