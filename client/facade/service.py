@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
@@ -73,6 +74,19 @@ class Endpoint(Protocol):
 
     async def run(self, request: Any, time_remaining: float | None, trace: CallTrace) -> tuple[str, Any]:
         """The model's name (a metrics label) and the response; failures as FacadeError."""
+
+
+if sys.version_info >= (3, 11):
+
+    async def read_within(context: grpc.aio.ServicerContext, seconds: float) -> Any:
+        """The call's message, or TimeoutError after `seconds`; unlike wait_for, no task is made per call."""
+        async with asyncio.timeout(seconds):
+            return await context.read()
+
+else:  # the NGC image's Python 3.10 has no asyncio.timeout
+
+    async def read_within(context: grpc.aio.ServicerContext, seconds: float) -> Any:
+        return await asyncio.wait_for(context.read(), seconds)
 
 
 async def _ready(request: Any) -> Any:
@@ -243,7 +257,7 @@ class InferenceServicer:
             async def receive() -> Any:
                 with self.admission.receive_place(context.peer()):
                     try:
-                        request = await asyncio.wait_for(context.read(), self.body_timeout)
+                        request = await read_within(context, self.body_timeout)
                     except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on; the NGC image has 3.10
                         raise DeadlineExceeded(
                             f"the request's body did not arrive within {self.body_timeout:g} s of the call's start"
