@@ -99,6 +99,24 @@ class FacadeMetrics:
             registry=self.registry,
         )
         self.cache_bytes = Gauge("tritonnx_facade_cache_bytes", "Bytes the result cache holds", registry=self.registry)
+        # An answered request's four series, per model: `labels()` takes a lock and checks its labels on every call.
+        self._answered: dict[str, tuple[Histogram, Histogram, Histogram, Counter]] = {}
+
+    def answered(self, model: str, seconds: float, received_bytes: int, sent_bytes: int) -> None:
+        """Count an answered request: its latency and sizes, then (last: a request is OK or failed, never both) OK."""
+        series = self._answered.get(model)
+        if series is None:
+            series = self._answered[model] = (
+                self.latency.labels(model),
+                self.request_bytes.labels(model),
+                self.response_bytes.labels(model),
+                self.requests.labels(model, "OK"),
+            )
+        latency, received, sent, ok = series
+        latency.observe(seconds)
+        received.observe(received_bytes)
+        sent.observe(sent_bytes)
+        ok.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -196,12 +196,7 @@ class InferenceServicer:
                 model, response = await endpoint.run(request, time_remaining(), trace)
             finally:
                 self.admission.release(ticket)
-            self.metrics.latency.labels(model).observe(time.perf_counter() - started)
-            received_bytes, sent_bytes = endpoint.sizes(request, response)
-            self.metrics.request_bytes.labels(model).observe(received_bytes)
-            self.metrics.response_bytes.labels(model).observe(sent_bytes)
-            # Counted last: a request is OK or failed, never both.
-            self.metrics.requests.labels(model, grpc.StatusCode.OK.name).inc()
+            self.metrics.answered(model, time.perf_counter() - started, *endpoint.sizes(request, response))
             trace.end(grpc.StatusCode.OK)
             return response
         except FacadeError as error:

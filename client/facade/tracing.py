@@ -27,7 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -185,17 +185,18 @@ class CallTrace:
     def sampled(self) -> bool:
         return self.root is not None
 
+    def span(self, name: str, client: bool = False) -> AbstractContextManager[Span | None]:
+        """A child span of the call around the block; one the block leaves by an exception ends with an error status.
+
+        Not sampled: one shared context manager that does nothing, so an untraced call makes no generator per block.
+        """
+        return _NO_SPAN if self._tracer is None else self._child(self._tracer, name, client)
+
     @contextmanager
-    def span(self, name: str, client: bool = False) -> Iterator[Span | None]:
-        """A child span of the call around the block; one the block leaves by an exception ends with an error status."""
-        if self._tracer is None:
-            yield None
-            return
+    def _child(self, tracer: Tracer, name: str, client: bool) -> Iterator[Span]:
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        span = self._tracer.start_span(
-            name, context=self._parent, kind=SpanKind.CLIENT if client else SpanKind.INTERNAL
-        )
+        span = tracer.start_span(name, context=self._parent, kind=SpanKind.CLIENT if client else SpanKind.INTERNAL)
         try:
             yield span
         except BaseException as error:
@@ -228,6 +229,7 @@ class CallTrace:
         self.root.end()
 
 
+_NO_SPAN: AbstractContextManager[None] = nullcontext()
 NOT_TRACED = CallTrace()
 
 
