@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
+
+import uvloop
 
 from tritonnx.client.facade.server import StartupError, run_until_signalled, tune_allocator
 from tritonnx.client.facade.settings import add_arguments, from_arguments
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_allocator()
     try:
-        asyncio.run(run_until_signalled(settings))
+        uvloop.run(run_until_signalled(settings))
     except StartupError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
