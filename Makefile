@@ -109,7 +109,7 @@ bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline, PyTri
 bench-peers: setup ## Every server beside the limit: tritonnx, FastAPI, PyTriton, Ray Serve, MLServer (venvs under build/peers/; ~25 min; PEERS_ARGS="--smoke"; "--open-loop": goodput at a latency objective, Poisson arrivals)
 	$(PY) -m bench.peers $(PEERS_ARGS)
 
-tune: setup ## Tune a model's policy with perf_analyzer and write it into its config.pbtxt (MODEL=..., TUNE_ARGS=...)
+tune: setup ## Pick a model's policy by open-loop goodput at its latency objective, into its config.pbtxt (MODEL=..., TUNE_ARGS=...)
 	@[ -n "$(MODEL)" ] || { echo "usage: make tune MODEL=mobilenet_v3_small [TUNE_ARGS='--instances 1 2 3']"; exit 2; }
 	$(PY) -m bench.tune --model $(MODEL) $(TUNE_ARGS)
 

@@ -1,4 +1,4 @@
-"""python -m bench.tune: sweep a model's serving policy with perf_analyzer and keep the best.
+"""python -m bench.tune: sweep a model's serving policy and keep the one with the highest open-loop goodput.
 
 docs/benchmarks.md#tuning-a-models-policy says how. The lone-request budget exists because one intra-op thread per
 instance serves more under load but makes a lone request slower.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import re
-import shutil
 import sys
 import tempfile
 import time
@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import REPOSITORY
-from bench.perf import PerfAnalyzerError, run_perf_analyzer
-from tritonnx.server.repository import link_models
-from tritonnx.server.stack import ServingStack
+from bench.output import say
+from bench.peers import goodput, servers
+from tritonnx.server.repository import CONFIG_FILE, link_models
 
 
 @dataclass(frozen=True)
@@ -59,38 +59,50 @@ def apply(config: str, candidate: Candidate) -> str:
     return config
 
 
-def measure(model: str, repository: Path, candidate: Candidate, args: argparse.Namespace) -> dict:
-    """perf_analyzer at each concurrency against `model` served alone with the candidate's policy."""
-    workdir = Path(tempfile.mkdtemp(prefix="tritonnx-tune-"))
-    try:
-        config = apply((repository / model / "config.pbtxt").read_text(), candidate)
-        repo = link_models(workdir / "repo", {model: repository / model}, {model: config})
-        with ServingStack(repo, workdir, with_facade=False) as stack:
-            measurement_ms, shapes, server = int(args.seconds * 1000), tuple(args.shape), stack.triton
-            return {
-                c: run_perf_analyzer(
-                    model, server.grpc_url, c, measurement_ms, shapes, args.input_data, server.admin_headers
-                ).as_dict()
-                for c in args.concurrency
-            }
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def measure(args: argparse.Namespace, candidate: Candidate, objective: float) -> dict:
+    """The model served alone by Triton (no facade) under the candidate's policy: lone p50, capacity, goodput steps."""
+    model, repository = args.model, args.repository
+    with tempfile.TemporaryDirectory(prefix="tritonnx-tune-", ignore_cleanup_errors=True) as folder:
+        config = apply((repository / model / CONFIG_FILE).read_text(), candidate)
+        served = link_models(Path(folder) / "repository", {model: repository / model}, {model: config})
+        server = servers.Tritonnx(served, model, Path(folder))
+        onnx_file = repository / model / "1" / "model.onnx"
+        # No overloads: they say how the server degrades, not which policy serves most within the objective.
+        return goodput.measure_open(server, model, onnx_file, objective, args, (), lone_seconds=args.capacity_seconds)
 
 
-Points = dict[int, dict]  # concurrency -> perf_analyzer point (PerfPoint.as_dict())
+Result = tuple[Candidate, dict]  # a candidate and its measure_open record
 
 
-def choose(
-    results: list[tuple[Candidate, Points]], p99_budget_ms: float, lone_p50_budget_ms: float | None = None
-) -> tuple[Candidate, Points] | None:
-    """The highest throughput at the highest concurrency, its p99 there and its lone p50 within the budgets; or None."""
+def choose(results: list[Result], objective: float, lone_p50_budget_ms: float | None = None) -> Result | None:
+    """The highest goodput on the recorded steps, a lone request's p50 within the budget; None if none has one."""
+    scored = [
+        (goodput.goodput(record.get("steps", []), objective), candidate, record)
+        for candidate, record in results
+        if lone_p50_budget_ms is None or record.get("lone", {}).get("p50_ms", math.nan) <= lone_p50_budget_ms
+    ]
+    best = max(scored, key=lambda score: score[0], default=None)
+    return None if best is None or best[0] <= 0 else best[1:]
 
-    def qualifies(points: Points) -> bool:
-        top, lone = points[max(points)], points[min(points)]
-        return top["p99_ms"] <= p99_budget_ms and (lone_p50_budget_ms is None or lone["p50_ms"] <= lone_p50_budget_ms)
 
-    within = [(candidate, points) for candidate, points in results if qualifies(points)]
-    return max(within, key=lambda item: item[1][max(item[1])]["throughput"], default=None)
+def figures(record: dict, objective: float) -> str:
+    """A measured record's goodput, capacity and lone p50, or why it has none."""
+    if "error" in record:
+        return record["error"]
+    lone = f", a lone request's p50 {record['lone']['p50_ms']:.2f} ms" if "lone" in record else ""
+    return (
+        f"goodput {goodput.goodput(record['steps'], objective):.1f} req/s at p99 <= {objective:.1f} ms, "
+        f"capacity {record['capacity_rps']:.1f} req/s (c={goodput.CAPACITY_CONCURRENCY}){lone}"
+    )
+
+
+def note(chosen: Result, objective: float, candidates: int) -> str:
+    """The date, the choice and what it was chosen on, for config.pbtxt's first line."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    return (
+        f"{stamp}: {chosen[0].describe()} gave {figures(chosen[1], objective)}. "
+        f"Open-loop Poisson, answers checked; candidates: {candidates}."
+    )
 
 
 def write_choice(config_file: Path, candidate: Candidate, note: str) -> None:
@@ -102,65 +114,49 @@ def write_choice(config_file: Path, candidate: Candidate, note: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.tune",
-        description="Sweep instances x threads x queue delay x preferred batch sizes for one model with perf_analyzer, "
-        "and write the best policy under a p99 budget into its config.pbtxt.",
-        epilog="Example: python -m bench.tune --model mobilenet_v3_small --instances 1 2 3 --delays 0 1000",
+        description="Serve a model alone under each policy (instances x threads x queue delay x preferred batch sizes), "
+        "measure its open-loop goodput at the latency objective, answers checked, and write the best into config.pbtxt.",
+        epilog="Example (about a minute a candidate): python -m bench.tune --model mobilenet_v3_small "
+        "--instances 2 3 --threads 1 --delays 0 --lone-p50-budget-ms 6 --dry-run",
     )
     add = parser.add_argument
-    add("--model", required=True)
-    add("--repository", type=Path, default=REPOSITORY)
-    add("--instances", nargs="+", type=int, default=[1, 2, 3])
-    add("--threads", nargs="+", type=int, default=[0], help="intra-op threads; 0 = cores / instances")
-    add("--delays", nargs="+", type=int, default=[0, 500, 2000], help="max_queue_delay_microseconds")
-    add("--preferred", nargs="*", default=["none"], help="preferred batch size lists, e.g. none 4,8")
-    add("--concurrency", nargs="+", type=int, default=[1, 16])
-    add("--seconds", type=float, default=4.0, help="perf_analyzer measurement window")
-    add("--p99-budget-ms", type=float, default=100.0, help="at the highest concurrency")
-    add("--lone-p50-budget-ms", type=float, help="p50 budget at the lowest concurrency (a lone request); default: none")
-    add("--shape", nargs="*", default=[], help="perf_analyzer shapes of variable inputs, e.g. input_ids:16")
-    add("--input-data", default="random", help='perf_analyzer --input-data; "zero" for token ids')
+    add("--model", required=True, help="a model of the repository, e.g. mobilenet_v3_small")
+    add("--repository", type=Path, default=REPOSITORY, help="default: %(default)s")
+    add("--instances", nargs="+", type=int, default=[1, 2, 3], help="instance counts; default: 1 2 3")
+    add("--threads", nargs="+", type=int, default=[0], help="intra-op threads, 0 = cores / instances; default: 0")
+    add("--delays", nargs="+", type=int, default=[0, 500, 2000], help="queue delays (us); default: 0 500 2000")
+    add("--preferred", nargs="*", default=["none"], help="preferred batch size lists, e.g. none 4,8; default: none")
+    add("--objective-ms", type=float, help="answered p99 objective; default: 5x the in-process p50, at least 25 ms")
+    add("--step-seconds", type=float, default=3.0, help="per offered rate; default: %(default)s")
+    add("--capacity-seconds", type=float, default=3.0, help="per closed loop (in-process, c=1, c=16); default: 3.0")
+    add("--lone-p50-budget-ms", type=float, help="a lone request's served p50 must be within it; default: none")
     add("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
     args = parser.parse_args(argv)
 
+    objective = args.objective_ms
+    if objective is None:
+        onnx_file = args.repository / args.model / "1" / "model.onnx"
+        single_p50, _ = goodput.single_request_ms(args.model, onnx_file, args.capacity_seconds)
+        objective = goodput.objective_ms(single_p50)
+        say(f"{args.model}: in-process single request p50 {single_p50:.2f} ms")
+    say(f"objective: answered p99 <= {objective:.1f} ms")
     preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
-    candidates = [
-        Candidate(*values) for values in itertools.product(args.instances, args.threads, args.delays, preferred)
-    ]
-    top = max(args.concurrency)
+    candidates = [Candidate(*each) for each in itertools.product(args.instances, args.threads, args.delays, preferred)]
     results = []
     for index, candidate in enumerate(candidates, 1):
         started = time.monotonic()
-        print(f"[{index}/{len(candidates)}] {candidate.describe()} ...", flush=True)
-        try:
-            points = measure(args.model, args.repository, candidate, args)
-        except PerfAnalyzerError as error:
-            print(f"  failed: {error}", flush=True)
-            continue
-        results.append((candidate, points))
-        said = [
-            f"c={c}: {p['throughput']:.1f}/s p50 {p['p50_ms']:.1f} p99 {p['p99_ms']:.1f} ms batch {p['avg_batch']:.1f}"
-            for c, p in points.items()
-        ]
-        print(f"  {'; '.join(said)} ({time.monotonic() - started:.0f}s)", flush=True)
-    lone = min(args.concurrency)
-    chosen = choose(results, args.p99_budget_ms, args.lone_p50_budget_ms)
+        say(f"[{index}/{len(candidates)}] {candidate.describe()}: lone request, capacity, open-loop steps ...")
+        results.append((candidate, measure(args, candidate, objective)))
+        say(f"  {figures(results[-1][1], objective)} ({time.monotonic() - started:.0f} s)")
+    chosen = choose(results, objective, args.lone_p50_budget_ms)
     if chosen is None:
-        lone_budget = f" and p50 within {args.lone_p50_budget_ms} ms at c={lone}" if args.lone_p50_budget_ms else ""
-        print(f"no candidate kept p99 within {args.p99_budget_ms} ms at c={top}{lone_budget}", file=sys.stderr)
-        return 1
-    best, points = chosen
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-    lone_budget = f", budget {args.lone_p50_budget_ms:.0f} ms" if args.lone_p50_budget_ms else ""
-    note = (
-        f"{stamp}: {best.describe()} gave {points[top]['throughput']:.1f} infer/s at c={top} "
-        f"(p99 {points[top]['p99_ms']:.1f} ms, budget {args.p99_budget_ms:.0f} ms); c={lone} p50 "
-        f"{points[lone]['p50_ms']:.2f} ms{lone_budget}. perf_analyzer, gRPC, system shared memory, "
-        f"{len(results)} candidates."
-    )
-    print(f"best: {note}", flush=True)
+        budget = f" and a lone p50 within {args.lone_p50_budget_ms} ms" if args.lone_p50_budget_ms else ""
+        parser.exit(1, f"no candidate had a goodput at p99 <= {objective:.1f} ms{budget}\n")
+    said = note(chosen, objective, len(candidates))
+    say(f"best: {said}")
     if not args.dry_run:
-        write_choice(args.repository / args.model / "config.pbtxt", best, note)
-        print(f"wrote {args.repository / args.model / 'config.pbtxt'}", flush=True)
+        write_choice(config_file := args.repository / args.model / CONFIG_FILE, chosen[0], said)
+        say(f"wrote {config_file}")
     return 0
 
 

@@ -84,7 +84,11 @@ async def settle(server_cpu: ServerCpu) -> float:
 
 
 async def _capacity_and_steps(
-    target: Target, args: argparse.Namespace, objective: float, server_cpu: ServerCpu
+    target: Target,
+    args: argparse.Namespace,
+    objective: float,
+    server_cpu: ServerCpu,
+    overloads: Sequence[float] = OVERLOADS,
 ) -> dict:
     await target.open(MAX_OUTSTANDING)
     try:
@@ -102,7 +106,7 @@ async def _capacity_and_steps(
         await _refine(target, steps, capacity, objective, args, server_cpu)
         record["goodput_rps"] = good = goodput(steps, objective)
         say(f"    goodput {good:.1f} req/s (objective p99 <= {objective:.1f} ms)")
-        for index, factor in enumerate(OVERLOADS if good > 0 else ()):
+        for index, factor in enumerate(overloads if good > 0 else ()):
             record["overloads"][str(factor)] = await _step(target, good * factor, args, 100 + index, server_cpu)
         return record
     finally:
@@ -140,9 +144,18 @@ async def _step(target: Target, rate: float, args: argparse.Namespace, seed: int
 
 
 def measure_open(
-    server: servers.Server, model: str, onnx_file: Path, objective: float, args: argparse.Namespace
+    server: servers.Server,
+    model: str,
+    onnx_file: Path,
+    objective: float,
+    args: argparse.Namespace,
+    overloads: Sequence[float] = OVERLOADS,
+    lone_seconds: float = 0.0,
 ) -> dict:
-    """Capacity, the steps and the overloads of one server (`servers.measured`), every answer checked."""
+    """Capacity, the steps and the `overloads` of one server (`servers.measured`), every answer checked.
+
+    `lone_seconds`: first a lone request's latency, a closed loop at c=1 for that long (the record's `lone`).
+    """
     requests = sample_sequences(10) if "text" in model else sample_images()
     expected = reference_outputs(onnx_file, requests)
 
@@ -150,7 +163,9 @@ def measure_open(
         target = server.target(requests, expected)
         target.timeout_s = DEADLINE_S
         cpu = lambda: sum(tree_cpu_seconds(pid) for pid in server.pids)  # noqa: E731
-        return {**asyncio.run(_capacity_and_steps(target, args, objective, cpu)), "wrong": target.wrong}
+        lone = {"lone": loops.run(target, 1, lone_seconds, warmup_s=0.5).as_dict()} if lone_seconds > 0 else {}
+        record = asyncio.run(_capacity_and_steps(target, args, objective, cpu, overloads))
+        return {**lone, **record, "wrong": target.wrong}
 
     return servers.measured(server, requests, expected, steps)
 

@@ -1,8 +1,12 @@
-"""make tune's choice and its rewrite of config.pbtxt, on recorded points (no server)."""
+"""make tune's choice on recorded goodput steps, its note and its rewrite of config.pbtxt (no server)."""
 
+import re
 from pathlib import Path
 
-from bench.tune import Candidate, apply, choose, write_choice
+import pytest
+
+from bench import tune
+from bench.tune import Candidate, apply, choose, note, write_choice
 
 CONFIG = """# Tuned by `make tune` on 2026-01-01: an older note.
 # Policy only: inputs, outputs, dtypes and dims are auto-completed from 1/model.onnx.
@@ -15,33 +19,46 @@ dynamic_batching {
 instance_group [ { kind: KIND_CPU, count: 4 } ]
 parameters { key: "intra_op_thread_count" value: { string_value: "0" } }
 """
+OBJECTIVE = 250.0
 
 
-def points(lone_p50: float, top_throughput: float, top_p99: float) -> dict:
-    return {
-        1: {"p50_ms": lone_p50, "p99_ms": lone_p50 * 2, "throughput": 20.0},
-        16: {"p50_ms": 700.0, "p99_ms": top_p99, "throughput": top_throughput},
-    }
+def step(rate: float, p99_ms: float, error_share: float = 0.0) -> dict:
+    return {"offered_rps": rate, "p99_ms": p99_ms, "answered": 100, "error_share": error_share}
+
+
+def record(lone_p50: float, *steps: dict) -> dict:
+    return {"lone": {"p50_ms": lone_p50}, "capacity_rps": 25.0, "steps": list(steps)}
 
 
 ONE_THREAD = Candidate(2, 1, 0, ())
 TWO_THREADS = Candidate(2, 2, 0, ())
-SLOW_TAIL = Candidate(1, 2, 0, ())
-RESULTS = [
-    (ONE_THREAD, points(lone_p50=83.0, top_throughput=22.2, top_p99=1450.0)),
-    (TWO_THREADS, points(lone_p50=46.0, top_throughput=20.8, top_p99=1430.0)),
-    (SLOW_TAIL, points(lone_p50=45.0, top_throughput=23.0, top_p99=2500.0)),
+ERRORS = Candidate(1, 2, 0, ())
+RESULTS = [  # one thread keeps the objective at a higher rate, but a lone request is slower
+    (ONE_THREAD, record(83.0, step(10, 120), step(20, 240), step(24, 900))),
+    (TWO_THREADS, record(46.0, step(10, 110), step(18, 230), step(22, 400))),
+    (ERRORS, record(45.0, step(10, 100), step(30, 200, error_share=0.01))),  # its faster step had too many errors
+    (Candidate(3, 1, 0, ()), {"error": "did not start: no model"}),
 ]
 
 
-def test_the_fastest_candidate_within_the_p99_budget_wins():
-    assert choose(RESULTS, p99_budget_ms=2000)[0] == ONE_THREAD
-    assert choose(RESULTS, p99_budget_ms=3000)[0] == SLOW_TAIL
+def test_the_highest_goodput_at_the_objective_wins():
+    chosen = choose(RESULTS, OBJECTIVE)
+    assert chosen is not None and chosen[0] == ONE_THREAD  # 20 req/s; 30 had errors, 24 missed the objective
+    assert choose(RESULTS, objective=1000.0)[0] == ONE_THREAD  # 24 req/s now counts
+    assert choose(RESULTS, objective=235.0)[0] == TWO_THREADS  # 18 req/s; one thread's 20 missed it
+    assert choose(RESULTS, objective=50.0) is None  # no step kept it: no goodput, no choice
 
 
 def test_a_lone_request_budget_keeps_single_request_latency():
-    assert choose(RESULTS, p99_budget_ms=2000, lone_p50_budget_ms=60)[0] == TWO_THREADS
-    assert choose(RESULTS, p99_budget_ms=2000, lone_p50_budget_ms=40) is None
+    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=60)[0] == TWO_THREADS
+    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=40) is None
+
+
+def test_the_note_says_what_was_chosen_on_what_and_how():
+    said = note((ONE_THREAD, RESULTS[0][1]), OBJECTIVE, candidates=4)
+    assert re.match(r"\d{4}-\d\d-\d\d: instances=2 threads=1 delay=0us preferred=none gave goodput 20.0 req/s", said)
+    assert "at p99 <= 250.0 ms, capacity 25.0 req/s (c=16), a lone request's p50 83.00 ms." in said
+    assert said.endswith("Open-loop Poisson, answers checked; candidates: 4.")
 
 
 def test_apply_sets_instances_threads_delay_and_preferred_sizes():
@@ -60,3 +77,17 @@ def test_write_choice_replaces_only_the_previous_note(tmp_path: Path):
     assert lines[0] == "# Tuned by `make tune` on 2026-11-22: the new measurement."
     assert lines[1].startswith("# Policy only:")  # the file's own comments stay
     assert "older note" not in config.read_text() and "count: 2 }" in config.read_text()
+
+
+def test_a_sweep_writes_its_choice_and_without_a_goodput_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "m").mkdir()
+    (config := tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
+    recorded = dict(RESULTS)
+    monkeypatch.setattr(tune, "measure", lambda args, candidate, objective: recorded[candidate])
+    sweep = ["--model", "m", "--repository", str(tmp_path), "--instances", "2", "--threads", "1", "2", "--delays", "0"]
+    with pytest.raises(SystemExit) as exited:
+        tune.main([*sweep, "--objective-ms", "50"])
+    assert exited.value.code == 1 and config.read_text() == CONFIG
+    assert tune.main([*sweep, "--objective-ms", "250", "--lone-p50-budget-ms", "60"]) == 0
+    first = config.read_text().splitlines()[0]
+    assert "instances=2 threads=2" in first and "goodput 18.0 req/s" in first and first.endswith("candidates: 2.")
