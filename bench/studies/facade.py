@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or not args.seconds > 0:
         parser.error("--rounds and --seconds must be positive")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stopped, it cleans up as on Ctrl-C
     started, out = run_folder(args.out, "facade")
     changed = " with changes" if git("status", "--porcelain", "--", "client", "backend", "tritonnx") else ""
     trees = {"current": f"working tree at {git('rev-parse', '--short', 'HEAD')}{changed}"}
