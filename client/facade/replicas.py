@@ -125,7 +125,9 @@ class Replicas:
         self._replicas: dict[str, Replica] = {}
         self._next = 0
         self._resolved_at = 0.0
-        found = {entry: socket.getaddrinfo(*entry, type=socket.SOCK_STREAM) for entry in self._names()}
+        # The entries that are names, found once: telling a name from an address parses it (each call refreshes).
+        self._names = [(host, port) for host, port in self._entries if not _is_literal(host)]
+        found = {entry: socket.getaddrinfo(*entry, type=socket.SOCK_STREAM) for entry in self._names}
         self._update(_addresses(self._entries, found))
 
     @property
@@ -148,16 +150,13 @@ class Replicas:
         if gone:
             log.info("Triton replicas now: %s (gone: %s)", ", ".join(self._replicas), ", ".join(gone))
 
-    def _names(self) -> list[tuple[str, int]]:
-        return [(host, port) for host, port in self._entries if not _is_literal(host)]
-
     async def refresh(self) -> None:
         """Resolve the names again when `RESOLVE_SECONDS` have passed (a no-op for addresses)."""
-        if not self._names() or time.monotonic() - self._resolved_at < RESOLVE_SECONDS:
+        if not self._names or time.monotonic() - self._resolved_at < RESOLVE_SECONDS:
             return
         loop = asyncio.get_running_loop()
         try:
-            found = {entry: await loop.getaddrinfo(*entry, type=socket.SOCK_STREAM) for entry in self._names()}
+            found = {entry: await loop.getaddrinfo(*entry, type=socket.SOCK_STREAM) for entry in self._names}
         except OSError as error:  # keep the replicas known so far
             log.warning("cannot resolve the Triton address again (%s); keeping %s", error, ", ".join(self._replicas))
             self._resolved_at = time.monotonic()
@@ -166,6 +165,8 @@ class Replicas:
 
     def pick(self, avoid: Replica | None = None) -> Replica:
         """The next replica in turn, skipping those known down (and `avoid`) while others are left."""
+        if len(self._replicas) == 1:  # the only one, down or not: the common layout skips the turn's checks
+            return next(iter(self._replicas.values()))
         replicas = list(self._replicas.values())
         for _ in range(len(replicas)):
             replica = replicas[self._next % len(replicas)]
