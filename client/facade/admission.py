@@ -59,7 +59,10 @@ class Admission:
         self.receiving = 0
         self._receiving_by_connection: dict[str, int] = {}  # only connections with a call waiting: bounded
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
-        self._metrics = metrics
+        # Read when scraped: setting a gauge takes its lock, three times a call's start and again at its end.
+        metrics.in_flight.set_function(lambda: self.in_flight)
+        metrics.in_flight_bytes.set_function(lambda: self.in_flight_bytes)
+        metrics.receiving.set_function(lambda: self.receiving)
 
     def _overloaded(self, what: str, kind: type[Overloaded] = Overloaded) -> Overloaded:
         return kind(
@@ -81,7 +84,6 @@ class Admission:
             )
         self.receiving += 1
         self._receiving_by_connection[connection] = mine + 1
-        self._metrics.receiving.set(self.receiving)
         try:
             yield
         finally:
@@ -91,7 +93,6 @@ class Admission:
                 self._receiving_by_connection[connection] = left
             else:
                 del self._receiving_by_connection[connection]
-            self._metrics.receiving.set(self.receiving)
 
     def admit(self, nbytes: int, priority: int) -> Ticket:
         """A slot for a call whose body (`nbytes`) arrived, or Overloaded; every ticket is paired with one release.
@@ -113,14 +114,8 @@ class Admission:
             )
         self.in_flight += 1
         self.in_flight_bytes += nbytes
-        self._report()
         return Ticket(nbytes)
 
     def release(self, ticket: Ticket) -> None:
         self.in_flight -= 1
         self.in_flight_bytes -= ticket.nbytes
-        self._report()
-
-    def _report(self) -> None:
-        self._metrics.in_flight.set(self.in_flight)
-        self._metrics.in_flight_bytes.set(self.in_flight_bytes)
