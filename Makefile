@@ -8,8 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The stub's libpython, perf_analyzer's libb64, Prometheus and promtool for the monitoring stack, ip and nft for the
-# network-fault tests (Triton in a namespace of their own), curl for the docs' recipes (run by the tests).
-APT_PACKAGES := libpython3.11 libb64-0d prometheus iproute2 nftables curl
+# network-fault tests (Triton in a namespace of their own), curl for the docs' recipes (run by the tests), perf for
+# tritonserver's native frames in the profile study (bench/studies/profile.py).
+APT_PACKAGES := libpython3.11 libb64-0d prometheus iproute2 nftables curl linux-perf
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
@@ -37,7 +38,7 @@ setup: venv proto models ## Install everything, generate the protobuf code and t
 	@# Commit subjects of at most 72 characters (.githooks/commit-msg), in a git checkout of this project only.
 	@if [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$(CURDIR)" ]; then git config core.hooksPath .githooks; fi
 
-apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service), iproute2, nftables and curl
+apt: ## Install the Debian packages: the stub's libpython3.11, perf_analyzer's libb64, prometheus (not started as a service), iproute2, nftables, curl and perf
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo ">> apt-get install $$missing"; \
