@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -116,9 +117,13 @@ def perf_stacks(out: Path) -> Counter[tuple[str, ...]]:
 
 def profile_model(model: str, args: argparse.Namespace, out: Path) -> dict:
     """The model served alone, loaded through the facade while each process is sampled."""
-    repository = link_models(out / model / "repository", {model: REPOSITORY / model})
     facade_args = ["--default-model", model, "--health-interval", "30", "--max-in-flight", "1024"]
-    with ServingStack(repository, out / model, facade_args=facade_args) as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="tritonnx-profile-") as folder,
+        ServingStack(
+            link_models(Path(folder), {model: REPOSITORY / model}), out / model, facade_args=facade_args
+        ) as stack,
+    ):
         assert stack.facade is not None
         processes = {"facade": stack.facade.pid, "tritonserver": stack.triton.pid}
         processes |= {f"stub {stub.instance}": pid for pid, stub in live_stubs(stack.triton.pid).items()}
