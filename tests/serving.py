@@ -3,6 +3,7 @@ test Triton (the fixtures themselves are in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tritonnx.server import facade as facade_process
@@ -40,3 +41,14 @@ def start_facade(triton: TritonServer, workdir: Path, *extra: str) -> FacadeProc
 
 def onnx_file(model: str) -> Path:
     return MODEL_REPOSITORY / model / "1" / "model.onnx"
+
+
+def demo_config(model: str, instances: int) -> str:
+    """A demo model's config.pbtxt with `instances` in its one instance group, whatever the committed count."""
+    config, found = re.subn(
+        r"(instance_group\s*\[\s*\{[^}]*count:\s*)\d+",
+        rf"\g<1>{instances}",
+        (MODEL_REPOSITORY / model / "config.pbtxt").read_text(),
+    )
+    assert found == 1, f"{model}'s config.pbtxt has no instance count"
+    return config

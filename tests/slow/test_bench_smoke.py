@@ -80,12 +80,13 @@ def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp
 
     model = "mobilenet_v3_small"
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
-    pytriton = servers.peer("pytriton", model, onnx_file, servers.Policy.of(REPOSITORY / model, 2), tmp_path)
+    policy = servers.Policy.of(REPOSITORY / model, 2)
+    pytriton = servers.peer("pytriton", model, onnx_file, policy, tmp_path)
     record = servers.closed_loop(pytriton, onnx_file, [1, 4], 1.0)
     assert "points" in record, record  # neither left out (no venv) nor failed (answers unlike ONNX Runtime)
     assert [p["concurrency"] for p in record["points"]] == [1, 4]
     assert not any(p["errors"] for p in record["points"]), record["points"]
-    assert "3 instances" in pytriton.description  # the model's own config.pbtxt policy
+    assert f"{policy.triton_instances} instances" in pytriton.description  # the model's own config.pbtxt policy
     assert record["ready_seconds"] > 0 and record["memory"]["processes"] >= 3  # Triton, its proxy, the model
 
 

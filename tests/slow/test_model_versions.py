@@ -34,7 +34,7 @@ from bench.load.loops import LoadResult, run_load
 from bench.load.targets import FacadeTarget, KServeTarget, close_enough
 from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
-from tests.serving import MODEL_REPOSITORY
+from tests.serving import MODEL_REPOSITORY, demo_config
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.common.admin import ADMIN_KEY_ENV
 from tritonnx.common.paths import REPOSITORY_ENV
@@ -49,9 +49,7 @@ CLIENTS = 8  # per path
 IMAGES = [np.random.default_rng(seed).standard_normal((1, 3, 224, 224), dtype=np.float32) for seed in range(4)]
 # Two instances (four stubs while two versions are loaded, on 2 cores). The input listed by hand, as a
 # ragged input would be, is what a new file without it cannot load with: Triton refuses it.
-CONFIG = (MODEL_REPOSITORY / M / "config.pbtxt").read_text().replace("count: 3", "count: 2") + (
-    '\ninput [ { name: "input" } ]\n'
-)
+CONFIG = demo_config(M, 2) + ('\ninput [ { name: "input" } ]\n')
 TWO_VERSIONS = "\nversion_policy: { latest: { num_versions: 2 } }\n"
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import wait_until
-from tests.serving import CHECKOUT, MODEL_REPOSITORY
+from tests.serving import CHECKOUT, MODEL_REPOSITORY, demo_config
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.common.admin import new_admin_key
 from tritonnx.server.facade import start_facade
@@ -30,7 +30,7 @@ from tritonnx.server.supervisor import live_stubs
 
 MONITORING = CHECKOUT / "deploy" / "monitoring"
 MODEL = "mobilenet_v3_small"
-CONFIG = (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text().replace("count: 3", "count: 1")
+CONFIG = demo_config(MODEL, 1)
 # Grafana's interval variables, as Grafana would fill them for a short time range.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$__range": "5m", "$__interval": "5s"}
 

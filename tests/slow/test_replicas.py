@@ -22,7 +22,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.helpers import metrics, time_of, wait_until
-from tests.serving import MODEL_REPOSITORY, onnx_file
+from tests.serving import MODEL_REPOSITORY, demo_config, onnx_file
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.common.admin import new_admin_key
 from tritonnx.server.facade import start_facade
@@ -30,8 +30,8 @@ from tritonnx.server.repository import link_models
 from tritonnx.server.stack import ServingStack
 
 MODEL = "mobilenet_v3_small"
-# One instance each: three replicas of three instances would be nine stubs on two cores.
-CONFIG = (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text().replace("count: 3", "count: 1")
+# One instance each: three replicas of the committed instances would be too many stubs for two cores.
+CONFIG = demo_config(MODEL, 1)
 IMAGES = [np.random.default_rng(seed).standard_normal((1, 3, 224, 224), dtype=np.float32) for seed in range(4)]
 CLIENTS = 8
 
