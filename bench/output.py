@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 from bench import RESULTS
 
 CORES = len(os.sched_getaffinity(0))
+LEVEL = 0.9  # the coverage a median's interval needs for a verdict on it
 
 
 def say(message: str) -> None:
@@ -83,3 +85,17 @@ def finish(out: Path, text: str, judged: list[Gate], results: dict | None = None
     print(text)
     print(f"report: {out / 'report.md'}")
     return verdict(judged)
+
+
+def median_interval(n: int) -> tuple[int, float]:
+    """The median's interval [r_(k), r_(n-k+1)] of n values as (k, its coverage from binomial(n, 0.5)).
+
+    Distribution-free (the values' order statistics, taken as independent draws): the narrowest covering at least
+    LEVEL; with too few values for that, the widest: [min, max].
+    """
+
+    def coverage(k: int) -> float:
+        return sum(math.comb(n, i) for i in range(k, n - k + 1)) / 2**n
+
+    k = max((k for k in range(1, (n + 1) // 2 + 1) if coverage(k) >= LEVEL), default=1)
+    return k, coverage(k)

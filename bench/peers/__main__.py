@@ -99,17 +99,27 @@ def open_loop(args: argparse.Namespace) -> int:
         objective = goodput.objective_ms(single_p50, args.objective_factor, args.objective_floor_ms)
         say(f"  p50 {single_p50:.2f} ms, p99 {single_p99:.2f} ms: objective p99 <= {objective:.1f} ms")
         data: dict = {"single_p50_ms": single_p50, "single_p99_ms": single_p99, "objective_ms": objective}
-        data["servers"] = {}
+        data["servers"], data["rounds"] = {}, []
         results["models"][model] = data
+        if model in goodput.IN_PROCESS_SHARE:
+            say(f"{model}: in-process limit ...")
+            limit = measure_limit(onnx_file, model, CORES, seconds=args.limit_seconds)
+            data["in_process_rps"] = limit.best[1]
         max_batch = servers.Policy.of(REPOSITORY / model, CORES).max_batch_size
         bound = servers.LatencyBound.for_objective(objective, single_p50, max_batch)
-        for server in make_servers(args.servers, model, workdir, bound):
-            say(f"{model}: {server.name} ({server.description}) ...")
-            record = goodput.measure_open(server, model, onnx_file, objective, args)
-            if "error" in record:
-                say(f"  {server.name}: {record['error']}")
-            data["servers"][server.name] = {"setup": server.description, **record}
-            write_json(out / "results.json", results)  # what is done so far survives an interruption
+        made = make_servers(args.servers, model, workdir, bound)
+        for index in range(args.rounds):
+            data["rounds"].append({})
+            for server in made[index % len(made) :] + made[: index % len(made)]:  # the order rotates
+                say(f"{model}, round {index + 1}/{args.rounds}: {server.name} ({server.description}) ...")
+                record = goodput.measure_open(
+                    server, model, onnx_file, objective, args, lone_seconds=args.capacity_seconds
+                )
+                if "error" in record:
+                    say(f"  {server.name}: {record['error']}")
+                data["servers"][server.name] = {"setup": server.description, **record}  # the latest round's
+                data["rounds"][-1][server.name] = goodput.figures(record, objective)
+                write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput.gates(results)
     return finish(out, goodput.open_report(out, results, judged), judged, results)

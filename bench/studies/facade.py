@@ -27,13 +27,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from bench.load import loops
 from bench.load.targets import IMAGE_CLASSES, IMAGE_SHAPE, FacadeTarget
-from bench.output import Gate, finish, gates_section, head, machine, run_folder, say, settings
+from bench.output import LEVEL, Gate, finish, gates_section, head, machine, median_interval, run_folder, say, settings
 from bench.usage import tree_cpu_seconds
 from tritonnx.server.facade import FacadeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "mobilenet_v3_small"
-LEVEL = 0.9  # the coverage the median's interval needs for a verdict "outside noise"
 # metric -> (column, whether higher is better)
 METRICS = {
     "c1_p50_ms": ("c=1 p50 (ms)", False),
@@ -133,19 +132,6 @@ def measure(facade: TreeFacade, seconds: float) -> dict:
     figures = [lone.p50_ms, busy.throughput_rps, busy.p99_ms, 1000 * cpu / answered if answered else math.nan]
     errors = sum(lone.errors.values()) + sum(busy.errors.values())
     return {**dict(zip(METRICS, figures, strict=True)), "calls": lone.requests + busy.requests, "errors": errors}
-
-
-def median_interval(n: int) -> tuple[int, float]:
-    """The median's interval [r_(k), r_(n-k+1)] of n values as (k, its coverage from binomial(n, 0.5)).
-
-    The narrowest covering at least LEVEL; with too few values for that, the widest: [min, max].
-    """
-
-    def coverage(k: int) -> float:
-        return sum(math.comb(n, i) for i in range(k, n - k + 1)) / 2**n
-
-    k = max((k for k in range(1, (n + 1) // 2 + 1) if coverage(k) >= LEVEL), default=1)
-    return k, coverage(k)
 
 
 def compare(pairs: list[tuple[float, float]], higher_is_better: bool) -> dict:

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from bench.studies.facade import compare, median_interval
+from bench.output import median_interval
+from bench.studies.facade import compare
 
 
 @pytest.mark.parametrize(

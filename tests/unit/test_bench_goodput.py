@@ -12,7 +12,7 @@ import pytest
 
 from bench.output import finish
 from bench.peers import goodput
-from bench.peers.goodput import best_fastapi, gates, objective_ms, within
+from bench.peers.goodput import DIRECT, FACADE, best_fastapi, gates, objective_ms, within
 
 
 def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
@@ -49,26 +49,36 @@ def test_the_objective_is_a_multiple_of_the_in_process_latency_with_a_floor():
     assert objective_ms(3.0, factor=10, floor_ms=1) == 30.0
 
 
-def _record(good: float, at_2x_p99: float | None = None) -> dict:
+def _record(good: float, at_2x_p99: float | None = None, lone: float = 1.0) -> dict:
     steps = [_step(good / 2, 5), _step(good, 9), _step(good * 2, 80, errors=0.2)]
     overloads = {"1.5": _step(good * 1.5, 20, errors=0.1), "2.0": _step(good * 2, at_2x_p99 or 50, errors=0.4)}
-    return {"setup": "s", "capacity_rps": good * 1.3, "goodput_rps": good, "steps": steps, "overloads": overloads}
+    record = {"setup": "s", "capacity_rps": good * 1.3, "goodput_rps": good, "steps": steps, "overloads": overloads}
+    return record | {"lone": {"p50_ms": lone}}
+
+
+def _one_round(results: dict) -> dict:
+    """Each model's rounds: one, its figures read from the servers' records."""
+    for data in results["models"].values():
+        data["rounds"] = [{n: goodput.figures(r, data["objective_ms"]) for n, r in data["servers"].items()}]
+    return results
 
 
 def _results() -> dict:
-    return {
+    return _one_round({
         "started": "20261125T000000Z",
         "machine": "test machine",
-        "settings": {"servers": ["triton", "facade", "fastapi"], "capacity_seconds": 3.0, "step_seconds": 5.0},
+        "settings": {"servers": ["triton", "facade", "fastapi"], "capacity_seconds": 3.0, "step_seconds": 5.0,
+                     "rounds": 1},
         "objective": {"factor": 5.0, "floor_ms": 10.0, "why": "a reason"},
         "models": {
             "resnet50": {
                 "single_p50_ms": 40.0,
                 "single_p99_ms": 45.0,
                 "objective_ms": 200.0,
+                "in_process_rps": 40.0,
                 "servers": {
-                    "tritonnx, Triton direct": _record(30.0, at_2x_p99=150),
-                    "tritonnx facade": _record(20.0, at_2x_p99=250),
+                    DIRECT: _record(30.0, at_2x_p99=150, lone=41.5),
+                    FACADE: _record(20.0, at_2x_p99=250),
                     "FastAPI 2x1": _record(20.0),
                     "FastAPI 1x2": _record(15.0),
                     "Ray Serve": {"setup": "s", "error": "did not start: no venv"},
@@ -78,44 +88,65 @@ def _results() -> dict:
                 "single_p50_ms": 0.2,
                 "single_p99_ms": 0.4,
                 "objective_ms": 10.0,
-                "servers": {"tritonnx, Triton direct": _record(300.0, at_2x_p99=8)},
+                "servers": {DIRECT: _record(300.0, at_2x_p99=8, lone=1.5)},
             },
         },
-    }
+    })  # fmt: skip
 
 
 def test_gates_judge_the_goals_on_the_runs_figures_and_fail_what_they_cannot_judge():
     results = _results()
-    assert best_fastapi(results["models"]["resnet50"]) == ("FastAPI 2x1", 20.0)
+    assert best_fastapi(results["models"]["resnet50"]["rounds"][0]) == ("FastAPI 2x1", 20.0)
     verdicts = {gate.name: gate for gate in gates(results)}
-    assert verdicts["resnet50: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"].passed  # 30 / 20
-    facade = verdicts["resnet50: tritonnx facade goodput >= 1.1x the best FastAPI layout"]
-    assert not facade.passed and "20.0 vs FastAPI 2x1 20.0" in facade.detail
-    text = verdicts["text_classifier: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"]
-    assert not text.passed and text.detail == "not judged: no FastAPI layout has a goodput in this run"
-    assert verdicts["resnet50: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
-    assert not verdicts["resnet50: tritonnx facade at 2x its goodput, answered p99 <= objective"].passed
-    assert verdicts["text_classifier: tritonnx, Triton direct at 2x its goodput, answered p99 <= objective"].passed
+    name = f"resnet50: {DIRECT} goodput >= 1.0x the best FastAPI layout"
+    assert verdicts[name].passed and verdicts[name].detail.startswith("median 1.50x")  # 30 / 20
+    text = verdicts[f"text_classifier: {DIRECT} goodput >= 1.3x the best FastAPI layout, interval's low end >= 1.1x"]
+    assert not text.passed and text.detail == "not judged: 1 of 1 rounds without both goodputs"
+    assert verdicts[f"resnet50: {DIRECT} lone request p50 <= in-process + 2 ms"].passed  # 41.5 against 40
+    lone = verdicts[f"text_classifier: {DIRECT} lone request p50 <= in-process + 1 ms"]
+    assert not lone.passed and lone.detail == "median 1.50 ms, in-process 0.20 ms"
+    capacity = verdicts[f"resnet50: {DIRECT} capacity at c=16 >= 0.9x the best in-process batch"]
+    assert capacity.passed and capacity.detail == "0.97x of 40.0 req/s"  # 39 against 40
+    at_2x = "at 2x its goodput, answered p99 <= objective (the last round)"
+    assert verdicts[f"resnet50: {DIRECT} {at_2x}"].passed
+    assert not verdicts[f"resnet50: {FACADE} {at_2x}"].passed
+    assert verdicts[f"text_classifier: {DIRECT} {at_2x}"].passed
     # Without the generator's lag FastAPI would have kept the 200 ms objective at 40 req/s (p99 230 less a 40 ms lag),
     # Triton direct not above 30: the verdict depends on counting the lag, so it is not judged.
     fastapi_above = results["models"]["resnet50"]["servers"]["FastAPI 2x1"]["steps"][2]
     fastapi_above.update(p99_ms=230.0, lag_p99_ms=40.0, error_share=0.0)
-    name = "resnet50: tritonnx, Triton direct goodput >= 1.3x the best FastAPI layout"
-    lagged = {g.name: g for g in gates(results)}[name]
-    assert not lagged.passed and lagged.detail.startswith("not judged (30.0 vs FastAPI 2x1 20.0 req/s)")
-    assert "without the generator's lag, 30.0 vs 40.0 req/s says otherwise" in lagged.detail
+    lagged = {g.name: g for g in gates(_one_round(results))}[name]
+    assert not lagged.passed and lagged.detail.startswith("not judged (median 1.50x, 0% interval 1.50-1.50x")
+    assert "without the generator's lag, median 0.75x, interval 0.75-0.75x says otherwise" in lagged.detail
     fastapi_above["lag_p99_ms"] = 20.0  # 230 - 20 ms is over the objective: FastAPI missed it itself
-    assert {g.name: g for g in gates(results)}[name].passed
+    assert {g.name: g for g in gates(_one_round(results))}[name].passed
     fastapi_above.update(lag_p99_ms=40.0, error_share=0.01)  # errors broke that step, not the lag
-    assert {g.name: g for g in gates(results)}[name].passed
+    assert {g.name: g for g in gates(_one_round(results))}[name].passed
     # A run without FastAPI (a smoke of one server) claims no ratio to it.
     results["settings"]["servers"] = ["triton"]
     assert not any("FastAPI" in gate.name for gate in gates(results))
 
 
+def test_a_ratio_goal_is_judged_on_the_rounds_median_and_its_intervals_low_end():
+    def round_of(mine: float) -> dict:
+        figures = {"goodput_rps": mine, "lag_free_rps": mine, "capacity_rps": mine, "lone_p50_ms": 2.0}
+        fastapi = {"goodput_rps": 100.0, "lag_free_rps": 100.0, "capacity_rps": 100.0, "lone_p50_ms": 1.0}
+        return {DIRECT: figures, "FastAPI 2x1": fastapi, "FastAPI 1x2": {"error": "did not start"}}
+
+    data = {"single_p50_ms": 1.5, "objective_ms": 25.0, "servers": {DIRECT: {}, "FastAPI 2x1": {}}}
+    results = {"settings": {"servers": ["triton", "fastapi"]}, "models": {"mobilenet_v3_small": data}}
+    name = f"mobilenet_v3_small: {DIRECT} goodput >= 1.3x the best FastAPI layout, interval's low end >= 1.1x"
+    data["rounds"] = [round_of(mine) for mine in (150.0, 140.0, 120.0, 135.0, 132.0)]
+    gate = {g.name: g for g in gates(results)}[name]
+    assert gate.passed and gate.detail == "median 1.35x, 94% interval 1.20-1.50x over 5 rounds"
+    data["rounds"][2] = round_of(100.0)  # the median holds, the interval's low end does not
+    assert not {g.name: g for g in gates(results)}[name].passed
+    assert goodput.rounds_table(data)[2:4] == ["| 1 | 150.0 | 100.0 | 1.50x |", "| 2 | 140.0 | 100.0 | 1.40x |"]
+
+
 def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     results = _results()
-    text_record = results["models"]["text_classifier"]["servers"]["tritonnx, Triton direct"]
+    text_record = results["models"]["text_classifier"]["servers"][DIRECT]
     text_record["steps"][1]["lag_p99_ms"] = 3.0  # over a tenth of the 10 ms objective
     text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
     text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
@@ -124,6 +155,8 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     assert finish(tmp_path, text, judged, results) == 1  # a gate failed
     assert text == (tmp_path / "report.md").read_text()
     assert "## resnet50" in text and "## text_classifier" in text
+    assert "| 1 | 30.0 | 20.0 | 20.0 | 15.0 | n/a | 1.50x | 1.00x |" in text  # the round, then the last round's detail
+    assert f"- {DIRECT}: median ratio 1.50x" in text and "over the best in-process batch's 40.0 req/s" in text
     assert "objective: p99 <= **200.0 ms**" in text and "at least 10 ms (a reason)" in text
     # goodput, its ratio to the best FastAPI, the capacity, 1.5x and 2x goodput, the generator's worst lag
     assert "| tritonnx, Triton direct | 30.0 | 1.50x | 39.0 | 10.0 / 20.0 | 10.0% / 0.0% | 75.0 / 150.0 | " in text
