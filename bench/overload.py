@@ -25,24 +25,23 @@ import numpy as np
 
 from bench import REPOSITORY
 from bench.load.loops import OpenLoop, run_load
+from bench.load.offered import MAX_OUTSTANDING
 from bench.load.stats import OK, percentiles
 from bench.load.targets import FacadeTarget, GrpcTarget, KServeTarget
 from bench.output import run_folder, say, write_json
 from bench.peers.servers import reference_outputs as expected_outputs
+from bench.peers.servers import sample_images
 from bench.usage import tree_memory
 from tritonnx.server.stack import ServingStack
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
-IMAGE_SHAPE = [1, 3, 224, 224]
-MAX_OUTSTANDING = 1024  # calls in flight at most: the open loop then waits for one to end
 
 
 def checked_images(model: str, count: int = 4, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """`count` random single images for a demo model, and its in-process outputs for each."""
-    rng = np.random.default_rng(seed)
-    images = [rng.standard_normal(IMAGE_SHAPE, dtype=np.float32) for _ in range(count)]
+    images = sample_images(count, seed)
     return images, expected_outputs(REPOSITORY / model / "1" / "model.onnx", images)
 
 

@@ -1,9 +1,9 @@
-"""Does a series grow? The soak's check of memory (and p99) samples for leaks, and of counts for a rise.
+"""Does a series grow? The soak's and the fuzz campaign's check of memory samples for leaks, and of counts for a rise.
 
 The samples after the warm-up (the second half of the run unless the caller names its end) are fitted with a
 least-squares line and the Theil-Sen slope (one late step, such as an arena grown once, barely moves it; steady
-growth moves it fully); a series is flagged when both slopes, projected to 10 minutes, exceed BOTH an absolute growth
-and a fraction of its mean. A count is judged by `level`: where it ends against where it started after the warm-up.
+growth moves it fully); a series is flagged when both slopes, projected to 10 minutes, exceed a limit. A count is
+judged by `level`: where it ends against where it started after the warm-up.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 GROWTH_MIB_PER_10MIN = 10.0
-GROWTH_FRACTION = 0.05
 TEN_MINUTES = 600.0
 
 
 @dataclass
 class Trend:
-    series: str
-    unit: str
+    series: str  # a memory series, in MiB
     samples: int  # samples in the fit window (after the warm-up)
     start: float  # first sample of the whole run
     end: float  # last sample
@@ -30,8 +28,7 @@ class Trend:
     mean: float  # over the fit window
     growth_per_10min: float  # least-squares slope over the fit window x 600 s
     robust_growth_per_10min: float  # Theil-Sen slope (median of the pairwise slopes) x 600 s
-    growth_fraction: float  # the smaller of the two growths / mean
-    flagged: bool  # both growths above both thresholds
+    flagged: bool  # both growths above the limit
     note: str = ""
 
     def as_dict(self) -> dict:
@@ -66,20 +63,18 @@ def trend(
     times: Sequence[float],
     values: Sequence[float],
     *,
-    unit: str = "MiB",
-    abs_threshold: float = GROWTH_MIB_PER_10MIN,
-    fraction_threshold: float = GROWTH_FRACTION,
+    limit: float = GROWTH_MIB_PER_10MIN,
     min_samples: int = 3,
     since: float | None = None,
 ) -> Trend:
     """Fit the samples from `since` (default: the second half) with least squares and Theil-Sen, NaNs left out.
 
-    Flagged when both 10-minute growths exceed both thresholds (a fraction threshold of 0: the absolute one alone).
+    Flagged when both growths per 10 minutes exceed `limit`.
     """
     points = [(t, v) for t, v in zip(times, values, strict=False) if v is not None and math.isfinite(v)]
     nan = math.nan
     if not points:
-        return Trend(series, unit, 0, nan, nan, nan, nan, nan, nan, nan, False, "no samples")
+        return Trend(series, 0, nan, nan, nan, nan, nan, nan, False, "no samples")
     start, end = points[0][1], points[-1][1]
     peak = max(v for _, v in points)
     middle = (points[0][0] + points[-1][0]) / 2 if since is None else since
@@ -88,21 +83,16 @@ def trend(
     mean = float(np.mean(window_v)) if window_v else nan
     if len(window_t) < min_samples:
         note = f"fewer than {min_samples} samples after the warm-up: not judged"
-        return Trend(series, unit, len(window_t), start, end, peak, mean, nan, nan, nan, False, note)
+        return Trend(series, len(window_t), start, end, peak, mean, nan, nan, False, note)
     growth = least_squares_slope(window_t, window_v) * TEN_MINUTES
     robust = theil_sen_slope(window_t, window_v) * TEN_MINUTES
-    smaller = min(growth, robust)
-    fraction = smaller / mean if mean else (math.inf if smaller > 0 else 0.0)
-    over = [
-        g > abs_threshold and (fraction_threshold <= 0 or (g / mean if mean else math.inf) > fraction_threshold)
-        for g in (growth, robust)
-    ]
+    over = [growth > limit, robust > limit]
     note = ""
     if over[0] and not over[1]:
         note = "least squares rises but the pairwise median does not: a step, not a steady trend"
     elif over[1] and not over[0]:
         note = "the pairwise median rises but least squares does not"
-    return Trend(series, unit, len(window_t), start, end, peak, mean, growth, robust, fraction, all(over), note)
+    return Trend(series, len(window_t), start, end, peak, mean, growth, robust, all(over), note)
 
 
 @dataclass

@@ -23,7 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     add("--quick", action="store_true", help="small sizes and no idle period: a smoke run")
     add("--attacks", nargs="+", choices=NAMES, default=NAMES, metavar="NAME", help=f"{', '.join(NAMES)}")
     add("--idle-seconds", type=float, help="after the last attack, before RSS is judged; default: 60, --quick: 0")
-    add("--max-message-bytes", type=int, help="the facade's message limit; default: its --help's")
     add("--rss-cap-mib", type=float, default=6144, help="an attack stops above this facade RSS; default: %(default)s")
     add("--available-floor-mib", type=float, default=2048, help="or below this memory left; default: %(default)s")
     add("--out", type=Path, help="default: bench/results/<UTC timestamp>-attacks")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
@@ -53,7 +52,6 @@ class AttackResult:
 
 @dataclass
 class Campaign:
-    facade_source: str
     limit: int
     rss_start_mib: float
     rss_after_idle_mib: float
@@ -61,7 +59,6 @@ class Campaign:
     baseline: dict[str, ProbeSummary]
     results: list[AttackResult]
     guarded: list[str]
-    samples: list[tuple[float, float]]  # (seconds, RSS MiB) of the campaign's facade
     exited: str  # the attack during which a facade exited (the campaign stopped there); "": none did
 
 
@@ -113,16 +110,8 @@ def message_limit() -> int:
     text = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     found = re.search(r"^\s+--max-message-bytes\b.*?default: (\d+)", text, re.MULTILINE | re.DOTALL)
     if found is None:
-        raise RuntimeError("the facade's --help states no --max-message-bytes default: give --max-message-bytes")
+        raise RuntimeError("the facade's --help states no --max-message-bytes default")
     return int(found[1])
-
-
-def facade_source(pid: int) -> str:
-    """The folder of the code the facade runs: its package as imported from the facade's working directory."""
-    command = [sys.executable, "-c", "import tritonnx.client.facade; print(tritonnx.client.facade.__file__)"]
-    cwd = os.readlink(f"/proc/{pid}/cwd")
-    found = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=60, check=True).stdout
-    return str(Path(found.strip()).parent)
 
 
 def run(args: argparse.Namespace, out: Path) -> Campaign:
@@ -133,9 +122,8 @@ def run(args: argparse.Namespace, out: Path) -> Campaign:
         facade = stack.facade
         assert facade is not None
         main = Target(facade.grpc_url, facade.http_url, facade.pid)
-        source = facade_source(facade.pid)
-        limit = args.max_message_bytes or message_limit()
-        say(f"facade {main.grpc_url} runs {source}; its message limit {limit:,} bytes")
+        limit = message_limit()
+        say(f"facade {main.grpc_url}: its message limit {limit:,} bytes")
         _warm(main)
         results = []
         with Watch(main, args.rss_cap_mib, args.available_floor_mib) as watch:
@@ -170,7 +158,4 @@ def run(args: argparse.Namespace, out: Path) -> Campaign:
                 say(f"idle for {args.idle_seconds:g} s ...")
                 time.sleep(args.idle_seconds)
                 rss_after = watch.rss_now()
-            samples = [(round(s.seconds, 2), round(s.rss_mib, 1)) for s in watch.samples if s.pid == main.pid]
-        return Campaign(
-            source, limit, rss_start, rss_after, args.idle_seconds, baseline, results, watch.guarded, samples, exited
-        )
+        return Campaign(limit, rss_start, rss_after, args.idle_seconds, baseline, results, watch.guarded, exited)

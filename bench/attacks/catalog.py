@@ -52,7 +52,6 @@ class Sizes:
     held_calls: int = 64
     held_calls_at_limit: int = 64
     unauthenticated_calls: int = 32
-    flood_calls: int = 1000
     baseline_seconds: float = 10.0
 
 
@@ -69,7 +68,6 @@ QUICK = replace(
     stream_seconds=3.0,
     held_calls_at_limit=4,
     unauthenticated_calls=4,
-    flood_calls=200,
     baseline_seconds=3.0,
 )
 
@@ -99,9 +97,6 @@ class Attack:
     run: Callable[[Context], Outcome]
     facade_args: tuple[str, ...] = ()  # a facade of its own, started with these flags (and stopped after)
     metadata: tuple[tuple[str, str], ...] = ()  # what the probe's calls to that facade carry
-    # Valid calls beyond the facade's slots: load, not a crafted cost. The probe's calls still get in (priority 1),
-    # but wait behind the flood in Triton's queue, so their latency is not judged.
-    overload: bool = False
 
 
 Body = Callable[[Context], bytes]
@@ -244,12 +239,6 @@ def attacks() -> list[Attack]:
             concurrent(junk_at_limit, lambda c: c.sizes.unauthenticated_calls),
             facade_args=("--auth-token", TOKEN),
             metadata=(("authorization", f"Bearer {TOKEN}"),),
-        ),
-        Attack(
-            "stream_flood",
-            "valid Predicts at once on one connection",
-            concurrent(lambda _: valid_predict(), lambda c: c.sizes.flood_calls),
-            overload=True,
         ),
     ]
 

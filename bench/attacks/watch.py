@@ -56,7 +56,6 @@ class ProbeCall:
 class Sample:
     phase: str
     pid: int
-    seconds: float  # since the watch started
     rss_mib: float
 
 
@@ -87,10 +86,9 @@ class Watch:
         self.samples: list[Sample] = []
         self.guard = threading.Event()  # set by the memory guard: the attack running stops
         self.guarded: list[str] = []  # why the guard was set, per phase
-        self._started = time.monotonic()
         self._stop = threading.Event()
-        # Priority 1, the documented way through an overload: an attack that fills the slots with valid calls
-        # (stream_flood) is backpressure for default-priority callers, and the probe asks whether others get in.
+        # Priority 1, the documented way through a full facade: calls an attack holds can fill the slots of default
+        # priority, and the probe asks whether others still get in.
         self._body = valid_predict(priority=1)
         self._channels: dict[str, grpc.Channel] = {}
         self._threads = [
@@ -188,7 +186,7 @@ class Watch:
             mib = rss_mib(target.pid)
         except psutil.Error:
             return  # the facade is gone (an attack killed it, or its facade was stopped)
-        self.samples.append(Sample(phase, target.pid, time.monotonic() - self._started, mib))
+        self.samples.append(Sample(phase, target.pid, mib))
         available = psutil.virtual_memory().available / MIB
         if not self.guard.is_set() and (mib > self.rss_cap_mib or available < self.available_floor_mib):
             self.guarded.append(f"{phase}: facade RSS {mib:.0f} MiB, {available:.0f} MiB available")

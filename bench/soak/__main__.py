@@ -22,8 +22,8 @@ import psutil
 from bench import REPOSITORY
 from bench.load.targets import VerificationError
 from bench.output import Gate, flags, machine, run_folder, say, settings, verdict
-from bench.soak.judge import DOCUMENTED_REJECTIONS, judge
-from bench.soak.load import DEADLINE_S, make_streams
+from bench.soak.judge import judge
+from bench.soak.load import make_streams
 from bench.soak.report import write_outputs
 from bench.soak.run import Publisher, Soak, load_phases
 from bench.usage import SHM_DIR, Watcher
@@ -101,7 +101,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         description="Soak: every model through the facade and Triton direct at --load-fraction of the measured "
         "capacity, a version published every --publish-every seconds, every process sampled every --interval "
         "seconds; growth after the warm-up, flat counts, right answers and failures judged.",
-        epilog="Writes report.md (with its Gates), results.json, samples.csv and plots. Exit code: 0 every gate passed; "
+        epilog="Writes report.md (with its Gates), results.json and samples.csv. Exit code: 0 every gate passed; "
         "1 a gate failed; 2 the stack could not start or be measured; 130 interrupted. A quick check: "
         "python -m bench.soak --duration 60 --interval 5 --publish-every 30",
     )
@@ -112,7 +112,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     add("--load-fraction", type=float, default=0.7, help="of the machine's capacity, offered; default: %(default)s")
     add("--capacity-concurrency", type=int, default=16, help="of each capacity run; default: %(default)s")
     add("--capacity-seconds", type=float, default=10.0, help="of each capacity run; default: %(default)s")
-    add("--burst-seconds", type=float, default=10.0, help="every stream at once, before; default: %(default)s")
     add("--publish-every", type=float, default=600.0, help="seconds between version publishes; default: %(default)s")
     add("--publish-models", nargs="+", help="the publish rotation; default: --models")
     add("--warmup", type=float, help="seconds of each process's samples not judged; default: min(600, --duration / 3)")
@@ -141,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
         "command": command,
         "machine": machine(),
         "settings": settings(args),
-        "documented_rejections": list(DOCUMENTED_REJECTIONS),
         "publishes_due": math.ceil(args.duration / args.publish_every) - 1,
     }
     rows: list[dict] = []
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         triton_pid, facade_pid = serve.children()
         watcher = Watcher(triton_pid, facade_pid, serve.pid)
         say(f"serving: supervisor pid {serve.pid}, tritonserver pid {triton_pid}, facade pid {facade_pid}")
-        streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url, DEADLINE_S)
+        streams = make_streams(args.models, REPOSITORY, serve.facade_url, serve.triton_grpc_url)
         asyncio.run(load_phases(Soak(args, streams, watcher, publisher, stop, rows, results, incidents)))
     except (ServerError, VerificationError, OSError) as error:
         problem = f"{type(error).__name__}: {error}"
@@ -180,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
         gates.append(Gate("the stack started and was measured", False, problem))
     if stop.requested:
         gates.append(Gate("the run was not interrupted", False, "SIGINT/SIGTERM"))
-    results["samples"] = rows
     text = write_outputs(out, results, rows, gates)
     say(f"report: {out / 'report.md'} ({len(text.splitlines())} lines)")
     code = verdict(gates)

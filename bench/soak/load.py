@@ -37,7 +37,6 @@ SEEDS = range(4)  # four different images (or token sequences) per stream, in tu
 PATHS = ("facade", "triton")
 DEADLINE_S = 10.0  # every call's
 MAX_OUTSTANDING = 32  # calls in flight per stream at most; a call due beyond it is skipped and counted
-BURST_CONCURRENCY = 8  # calls in flight per stream in the burst
 
 
 def requests_of(session: ort.InferenceSession) -> list[Request]:
@@ -119,14 +118,12 @@ class Stream:
         return f"{self.path}.{self.model}"
 
 
-def make_streams(
-    models: Sequence[str], repository: Path, facade_url: str, triton_url: str, deadline: float
-) -> list[Stream]:
+def make_streams(models: Sequence[str], repository: Path, facade_url: str, triton_url: str) -> list[Stream]:
     streams = []
     for model in models:
         reference = common.session(repository / model / "1" / "model.onnx")
-        streams.append(Stream(model, "facade", CheckedFacade(facade_url, model, reference, timeout_s=deadline)))
-        streams.append(Stream(model, "triton", CheckedTriton(triton_url, model, reference, timeout_s=deadline)))
+        streams.append(Stream(model, "facade", CheckedFacade(facade_url, model, reference, timeout_s=DEADLINE_S)))
+        streams.append(Stream(model, "triton", CheckedTriton(triton_url, model, reference, timeout_s=DEADLINE_S)))
     return streams
 
 
@@ -166,42 +163,26 @@ def interval_row(tally: Tally, seconds: float, prefix: str = "") -> dict:
 
 
 def take_intervals(streams: Sequence[Stream], seconds: float) -> dict:
-    """The interval's columns per path (`facade.rps`, ...) and each stream's rate and p99; a new interval starts."""
+    """The interval's columns per path (`facade.rps`, ...); a new interval starts."""
     taken = {s.label: s.loop.take() for s in streams if s.loop is not None}
     row: dict = {}
     for path in PATHS:
         row |= interval_row(merged([t for label, t in taken.items() if label.startswith(path)]), seconds, f"{path}.")
-    for label, tally in taken.items():
-        stream_row = interval_row(tally, seconds)
-        row[f"rps.{label}"], row[f"p99_ms.{label}"] = stream_row["rps"], stream_row["p99_ms"]
     return row
 
 
-def summary(tally: Tally, sent: int, seconds: float) -> dict:
-    latencies = tally.ms()
-    p50, p99 = percentiles(latencies, [50, 99])
-    return {
-        "scheduled": sent + tally.skipped,
-        "sent": sent,
-        "ok": tally.count(),
-        "errors": tally.errors,
-        "skipped": tally.skipped,
-        "ok_rps": tally.count() / seconds if seconds > 0 else 0.0,
-        "p50_ms": p50,
-        "p99_ms": p99,
-        "max_ms": float(latencies.max()) if len(latencies) else float("nan"),
-        "max_lag_ms": tally.max_lag * 1000,
-    }
-
-
 def totals(streams: Sequence[Stream], seconds: float) -> dict:
-    """The paced load's totals, per stream and per path."""
+    """The paced load's totals, per stream and per path: an interval row of the whole load, with the calls sent."""
+
+    def summary(tally: Tally, sent: int) -> dict:
+        return {**interval_row(tally, seconds), "sent": sent, "errors": tally.errors}
+
     paced = [s for s in streams if s.loop is not None]
     found: dict = {"streams": {}, "paths": {}}
     for s in paced:
         assert s.loop is not None
         found["streams"][s.label] = {
-            **summary(s.loop.total, s.loop.sent, seconds),
+            **summary(s.loop.total, s.loop.sent),
             "offered_rps": s.rate,
             "wrong": s.target.wrong,
             "wrong_examples": s.target.wrong_examples,
@@ -210,7 +191,7 @@ def totals(streams: Sequence[Stream], seconds: float) -> dict:
     for path in PATHS:
         mine = [(s, s.loop) for s in paced if s.path == path and s.loop is not None]
         found["paths"][path] = {
-            **summary(merged([loop.total for _, loop in mine]), sum(loop.sent for _, loop in mine), seconds),
+            **summary(merged([loop.total for _, loop in mine]), sum(loop.sent for _, loop in mine)),
             "wrong": sum(s.target.wrong for s, _ in mine),
         }
     return found

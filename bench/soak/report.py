@@ -1,7 +1,6 @@
 """What the soak says and writes.
 
-A progress line per sample; samples.csv, results.json, report.md (with its `## Gates`) and the plots: memory of each
-process, its open fds and threads, /dev/shm, latency and throughput per path; each marks the version publishes.
+A progress line per sample; samples.csv (every sample, for plotting), results.json and report.md (with its `## Gates`).
 """
 
 from __future__ import annotations
@@ -10,12 +9,9 @@ import csv
 import math
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from bench.output import Gate, gates_section, head, write_json
 from bench.soak.load import DEADLINE_S, MAX_OUTSTANDING, PATHS
-
-SINCE = "seconds since the paced load started"
 
 
 def progress_line(row: dict) -> str:
@@ -61,83 +57,9 @@ def write_outputs(out: Path, results: dict, rows: list[dict], gates: list[Gate])
         writer.writerows(rows)
     results["gates"] = [asdict(g) for g in gates]
     write_json(out / "results.json", results)
-    if rows:
-        plot(out, rows, results)
-    text = report(results, rows, gates)
+    text = report(results, gates)
     (out / "report.md").write_text(text)
     return text
-
-
-def _labels(rows: list[dict], kind: str) -> list[str]:
-    labels: list[str] = []
-    for row in rows:
-        labels += [k.split(".", 1)[1] for k in row if k.startswith(f"{kind}.") and k.split(".", 1)[1] not in labels]
-    return [label for label in labels if label != "total"]
-
-
-def plot(out: Path, rows: list[dict], results: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    publishes, warmup = [p["t_s"] for p in results.get("publishes", [])], results["settings"].get("warmup")
-
-    def axes_of(name: str, count: int, size: tuple[float, float]) -> list:
-        figure, axes = plt.subplots(count, 1, figsize=size, sharex=True, squeeze=False)
-        figures[name] = figure
-        return list(axes[:, 0])
-
-    def finish(axis: Any, legend: bool = True, **labels: str) -> None:
-        """Publishes dotted, the warm-up shaded, labels, the y axis from 0, a light grid, a legend right of it."""
-        for t in publishes:
-            axis.axvline(t, color="grey", linestyle=":", linewidth=0.8)
-        if warmup:
-            axis.axvspan(0, warmup, color="grey", alpha=0.08)
-        axis.set(**labels)
-        axis.set_ylim(bottom=0)
-        axis.grid(alpha=0.3)
-        if legend:
-            axis.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-
-    figures: dict = {}
-    for name, kinds in (
-        ("memory.png", {"rss_mib": "RSS MiB", "pss_mib": "PSS MiB"}),
-        ("counts.png", {"fds": "open fds", "threads": "threads"}),
-    ):
-        for axis, (kind, ylabel) in zip(axes_of(name, 2, (11, 8)), kinds.items(), strict=True):
-            for label in _labels(rows, kind):
-                axis.plot(*series(rows, f"{kind}.{label}"), marker=".", markersize=3, label=label)
-            finish(axis, ylabel=ylabel, title=f"soak: {ylabel} of each process (dotted: publishes; shaded: warm-up)")
-        axis.set(xlabel=SINCE)
-
-    [axis] = axes_of("shm.png", 1, (9, 4))
-    axis.plot(*series(rows, "shm_mib"), marker=".", label="allocated MiB")
-    axis.plot(*series(rows, "shm_size_mib"), linestyle="--", label="file sizes MiB")
-    right = axis.twinx()
-    right.plot(*series(rows, "shm_files"), color="black", linestyle=":", label="regions")
-    right.set(ylabel="regions")
-    right.set_ylim(bottom=0)
-    finish(axis, legend=False, xlabel=SINCE, ylabel="MiB", title="soak: /dev/shm regions of these servers")
-    handles, more = axis.get_legend_handles_labels(), right.get_legend_handles_labels()
-    axis.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="lower right")
-
-    load_rows = rows[1:]
-    latency, each, rate = axes_of("latency.png", 3, (11, 10))
-    for path in PATHS:
-        latency.plot(*series(load_rows, f"{path}.p50_ms"), marker=".", label=f"{path} p50")
-        latency.plot(*series(load_rows, f"{path}.p99_ms"), marker=".", label=f"{path} p99")
-        rate.plot(*series(load_rows, f"{path}.rps"), marker=".", label=f"{path} OK req/s")
-    for label in _labels(load_rows, "p99_ms"):
-        each.plot(*series(load_rows, f"p99_ms.{label}"), marker=".", markersize=3, label=label)
-    finish(latency, ylabel="ms (per interval)", title="soak: latency per path, all models")
-    finish(each, ylabel="p99 ms (per interval)", title="p99 of each stream (path.model)")
-    finish(rate, xlabel=SINCE, ylabel="OK requests / s", title="throughput per path, all models")
-
-    for name, figure in figures.items():
-        figure.tight_layout()
-        figure.savefig(out / name, dpi=110)
-        plt.close(figure)
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
@@ -146,7 +68,7 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return f"{value:.{digits}f}"
 
 
-def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
+def report(results: dict, gates: list[Gate]) -> str:
     s = results["settings"]
     failed = [g.name for g in gates if not g.passed]
     lines = [
@@ -184,9 +106,6 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
         )
     lines += [
         "",
-        f"Generator CPU: {fmt(results.get('generator_cpu'), 2)} of a core over "
-        f"{fmt(results.get('load_seconds'), 0)} s of paced load.",
-        "",
         "## Versions published",
         "",
         f"Every {s['publish_every']:.0f} s the next model of the rotation ({', '.join(s['publish_models'])}) was "
@@ -215,7 +134,7 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
     ]
     for t in results.get("trends", []):
         lines.append(
-            f"| {t['series']} ({t['unit']}) | {t['samples']} | {fmt(t['start'])} | {fmt(t['end'])} | "
+            f"| {t['series']} (MiB) | {t['samples']} | {fmt(t['start'])} | {fmt(t['end'])} | "
             f"{fmt(t['peak'])} | {fmt(t['mean'])} | {fmt(t['growth_per_10min'], 2)} | "
             f"{fmt(t['robust_growth_per_10min'], 2)} | {'**yes**' if t['flagged'] else 'no'}"
             f"{' (' + t['note'] + ')' if t.get('note') else ''} |"
@@ -227,33 +146,9 @@ def report(results: dict, rows: list[dict], gates: list[Gate]) -> str:
             f"{fmt(lv['peak'], 0)} | {fmt(lv['rise'], 0)} | {'no' if lv['flat'] else '**yes**'}"
             f"{' (' + lv['note'] + ')' if lv.get('note') else ''} |"
         )
-    leftover = results.get("leftover_shm")
     lines += [
         "",
-        f"/dev/shm regions of these processes seen during the run: {len(results.get('shm_files_seen', []))}; "
-        + ("left after the stop: **" + ", ".join(leftover) + "**" if leftover else "none left after the stop")
-        + ". Stub processes: "
-        + (
-            ", ".join(f"{n} pid {'→'.join(map(str, p))}" for n, p in sorted(results.get("stub_pids", {}).items()))
-            or "none seen"
-        )
-        + ".",
-        "",
         gates_section(gates),
-        "## Samples",
-        "",
-        "| t s | facade OK req/s | facade p99 ms | triton OK req/s | triton p99 ms | errors | RSS triton | "
-        "RSS facade | RSS supervisor | PSS total | /dev/shm MiB | regions |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "Every sample (each process's memory, fds and threads, /dev/shm, each path's load) is in samples.csv.",
     ]
-    for row in rows:
-        errors = " ".join(str(row.get(f"{p}.errors_by_status") or "") for p in ("facade", "triton")).strip()
-        lines.append(
-            f"| {row['t_s']:.0f} | {fmt(row.get('facade.rps'))} | {fmt(row.get('facade.p99_ms'))} | "
-            f"{fmt(row.get('triton.rps'))} | {fmt(row.get('triton.p99_ms'))} | {errors} | "
-            f"{fmt(row.get('rss_mib.tritonserver'))} | {fmt(row.get('rss_mib.facade'))} | "
-            f"{fmt(row.get('rss_mib.supervisor'))} | {fmt(row.get('pss_mib.total'))} | {fmt(row.get('shm_mib'), 2)} | "
-            f"{row.get('shm_files', '')} |"
-        )
-    lines += ["", *(f"![{name}]({name}.png)\n" for name in ("memory", "counts", "shm", "latency"))]
     return "\n".join(lines)

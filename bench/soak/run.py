@@ -1,4 +1,4 @@
-"""The soak's run on a started stack: streams opened and checked, capacities, the burst, then the paced load.
+"""The soak's run on a started stack: streams opened and checked, capacities, then the paced load.
 
 The publishes go through tritonnx.server.versions.publish as `tritonnx-models publish` does; the answers stay the
 same, so the load's checks hold across the swap.
@@ -17,7 +17,7 @@ from pathlib import Path
 from bench.load.loops import OpenLoop, run_load
 from bench.output import say
 from bench.soak.judge import DOCUMENTED_REJECTIONS
-from bench.soak.load import BURST_CONCURRENCY, MAX_OUTSTANDING, Stream, split_rates, take_intervals, totals
+from bench.soak.load import MAX_OUTSTANDING, Stream, split_rates, take_intervals, totals
 from bench.soak.report import progress_line
 from bench.usage import Watcher, gone
 from tritonnx.client.model_control import ControlError, TritonControl
@@ -141,7 +141,7 @@ async def paced(soak: Soak) -> None:
 
 
 async def load_phases(soak: Soak) -> None:
-    """Open and check every stream, measure each one's capacity alone, the burst, then the paced load."""
+    """Open and check every stream, measure each one's capacity alone, then the paced load."""
     args, streams, stop, results = soak.args, soak.streams, soak.stop, soak.results
     try:
         for s in streams:
@@ -161,19 +161,7 @@ async def load_phases(soak: Soak) -> None:
         for s, rate in zip(streams, rates, strict=True):
             s.rate = rate
         results["capacities"] = {label: capacity.as_dict() for label, capacity in capacities.items()}
-        if args.burst_seconds > 0 and not stop.requested:
-            # Every stream at once in a closed loop: buffers sized by the peak grow before the samples start.
-            say(f"warm-up burst: every stream at once, {BURST_CONCURRENCY} concurrent each, {args.burst_seconds:.0f} s")
-            burst = [run_load(s.target, BURST_CONCURRENCY, args.burst_seconds, 0.0, verify=False) for s in streams]
-            done = await asyncio.gather(*burst)
-            results["burst"] = [r.as_dict() for r in done]
-            results["burst_failures"] = {
-                f"{s.label} {status}": count
-                for s, r in zip(streams, done, strict=True)
-                for status, count in r.errors.items()
-                if status not in DOCUMENTED_REJECTIONS
-            }
-        # The load's totals are the paced load's; wrong answers of the capacity runs and the burst are kept apart.
+        # The load's totals are the paced load's; wrong answers of the capacity runs are kept apart.
         results["wrong_before_paced"] = {s.label: s.target.wrong for s in streams if s.target.wrong}
         for s in streams:
             s.target.wrong = 0
@@ -181,10 +169,9 @@ async def load_phases(soak: Soak) -> None:
         say("offering " + ", ".join(f"{s.label} {s.rate:.1f}" for s in streams) + f" req/s for {args.duration:.0f} s")
         if stop.requested:
             raise ServerError("interrupted before the paced load")
-        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        wall_before = time.perf_counter()
         await paced(soak)
         results["load_seconds"] = time.perf_counter() - wall_before
-        results["generator_cpu"] = (time.process_time() - cpu_before) / results["load_seconds"]
         results["totals"] = totals(streams, results["load_seconds"])
     finally:
         for s in streams:

@@ -345,7 +345,7 @@ def test_your_own_repository_under_compose_takes_versions_published_from_the_hos
 def test_size_and_start_up_are_measured_and_reported(images, tmp_path):
     from bench.studies.images import main
 
-    code = main(["--warm-runs", "1", "--out", str(tmp_path)])
+    code = main(["--out", str(tmp_path)])
     gates = judged(tmp_path, code, ["| `tritonnx:cpu` | mobilenet_v3_small, mounted |"])
     assert len(gates) == 2  # size and start-up: their figures are the study's to judge
     results = json.loads((tmp_path / "results.json").read_text())["results"]
@@ -355,6 +355,6 @@ def test_size_and_start_up_are_measured_and_reported(images, tmp_path):
         ("tritonnx:cpu", "mobilenet_v3_small"),
     ]
     for r in results:
-        assert r["size_mb"] > 50 and r["ready_first_s"] > 0 and r["ready_warm_s"][0] > 0 and r["idle_pss_mib"] > 100
+        assert r["size_mb"] > 50 and r["ready_s"] > 0 and r["idle_pss_mib"] > 100
     assert results[2]["size_mb"] < results[0]["size_mb"]  # the demo image is the slim one plus its models
     assert not (tmp_path / "repository").exists()

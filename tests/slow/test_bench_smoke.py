@@ -6,11 +6,10 @@ benchmark runnable from a clean clone, with every stage and section of its repor
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
-
-import pytest
 
 from tests.helpers import judged
 
@@ -41,36 +40,19 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())["models"]["mobilenet_v3_small"]
     # Every stage ran and left its point; what the figures are is `make bench`'s business.
-    assert {"before", "after", "images_per_s", "single_p50_ms", "cpu_ms_per_image"} <= set(data["limit"])
-    for sweep in ("perf_analyzer", "loadgen_kserve", "facade", "floor"):
+    assert {"before", "after", "images_per_s", "single_p50_ms"} <= set(data["limit"])
+    for sweep in ("perf_analyzer", "loadgen_kserve", "facade"):
         assert [point["concurrency"] for point in data[sweep]] == [1], sweep
     for sweep in ("loadgen_kserve", "facade"):
         assert not data[sweep][0]["errors"], (sweep, data[sweep][0])  # every answer came back
     fastapi = {name: peer["rounds"][0] for name, peer in data["peers"].items() if name.startswith("FastAPI")}
     assert [len(record["points"]) for record in fastapi.values()] == [1, 1], fastapi
-    assert {"before_p50_ms", "after_p50_ms"} <= set(data["single_image_beside_c1"])
-    startup = next(
-        item for name, item in data["servers"].items() if name.startswith("tritonserver (mobilenet_v3_small only")
-    )
-    assert {"ready_seconds", "first_ready_seconds", "pss_mib"} <= set(startup)
-    # Where the CPU went, measured on the real processes: every role on each path was found and summed.
-    for sweep, roles in (
-        ("perf_analyzer", ("stubs", "tritonserver", "client")),
-        ("loadgen_kserve", ("stubs", "tritonserver", "client")),
-        ("facade", ("stubs", "tritonserver", "facade", "client")),
-        ("floor", ("stubs", "tritonserver", "client")),
-    ):
-        cpu = data[sweep][0]["cpu_ms_per_image"]
-        assert set(roles) <= set(cpu), (sweep, cpu)
-        assert cpu["total"] == pytest.approx(sum(cpu[role] for role in roles), abs=0.01), (sweep, cpu)
+    assert {"tritonserver (all models, after load)", "facade (after load)"} <= set(data["servers"])
     report = (out / "report.md").read_text()
-    assert "| c=1 p50, Triton direct vs in-process single image (measured beside it) |" in report
-    assert "| c=1 p50, serving floor: same server and config, a model that computes nothing |" in report
-    assert "| serving floor, perf_analyzer (a model that computes nothing; batch " in report
-    assert "| limit: in-process ONNX Runtime" in report and "vs Triton direct (same generator)" in report
-    assert "### Where the CPU goes at c=1" in report and "| facade, project load generator |" in report
-    assert (out / "mobilenet_v3_small_throughput.png").stat().st_size > 1000
-    assert (out / "mobilenet_v3_small_latency.png").stat().st_size > 1000
+    assert "| limit: in-process ONNX Runtime" in report and "| tritonnx, Triton direct, perf_analyzer |" in report
+    assert "The facade against Triton direct at c=1, the same load generator:" in report
+    for section in ("### Triton direct (perf_analyzer", "### Project load generator", "### Memory after load"):
+        assert section in report
 
 
 def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp_path):
@@ -95,10 +77,10 @@ def test_the_soak_runs_every_phase_publishes_under_load_and_is_judged(tmp_path):
     out = tmp_path / "soak"
     command = [sys.executable, "-m", "bench.soak", "--duration", "30", "--interval", "2", "--publish-every", "15",
                "--publish-models", "mobilenet_v3_small", "--capacity-seconds", "1", "--capacity-concurrency", "4",
-               "--burst-seconds", "2", "--out", str(out)]  # fmt: skip
+               "--out", str(out)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     print(done.stdout[-5000:], done.stderr[-3000:])
-    sections = ["## Load", "## Versions published", "## Growth after the warm-up", "## Samples"]
+    sections = ["## Load", "## Versions published", "## Growth after the warm-up"]
     gates = judged(out, done.returncode, sections)
     # Behaviour, not figures: the slopes of a 30 s run are noise, and its gates say so in the report.
     assert gates["every answer right (each output against in-process ONNX Runtime)"]
@@ -111,12 +93,12 @@ def test_the_soak_runs_every_phase_publishes_under_load_and_is_judged(tmp_path):
         for path in ("facade", "triton")
         for model in ("resnet50", "mobilenet_v3_small", "text_classifier", "token_classifier")
     )
-    assert len(results["capacities"]) == 8 and len(results["samples"]) >= 10
-    sampled = set().union(*results["samples"])
+    with open(out / "samples.csv", newline="") as handle:
+        samples = list(csv.DictReader(handle))
+    assert len(results["capacities"]) == 8 and len(samples) >= 10
+    sampled = {column for row in samples for column, value in row.items() if value != ""}
     for process in ("tritonserver", "facade", "supervisor", "mobilenet_v3_small_0_0@v2"):
         assert {f"rss_mib.{process}", f"pss_mib.{process}", f"fds.{process}", f"threads.{process}"} <= sampled
-    for name in ("memory.png", "counts.png", "shm.png", "latency.png"):
-        assert (out / name).stat().st_size > 1000
     assert not (out / "repository").exists()  # the scratch copy with the published versions is removed
 
 

@@ -52,7 +52,7 @@ def load_point(concurrency: int, images: float, p50: float) -> dict:
 UNSPREAD = {"shares": [0.95, 0.05], "spread": False, "runs": 2, "cpu_seconds": [1.9, 0.1]}
 
 
-def test_report_gives_ratios_tables_and_plots(tmp_path):
+def test_report_sets_every_server_beside_the_limit_and_gives_the_tables(tmp_path):
     perf = parse("mobilenet_v3_small", CSV, STDOUT).as_dict()
     perf_c1 = dict(perf, concurrency=1, throughput=120.0, p50_ms=3.0)
     results = {
@@ -68,37 +68,9 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
                     "layout": "2x1thread b4",
                     "single_p50_ms": 2.0,
                     "single_p99_ms": 3.0,
-                    "cpu_ms_per_image": 2.5,
                     "cores": 2,
                 },
-                "perf_analyzer": [
-                    perf_c1,
-                    dict(
-                        perf,
-                        cpu_ms_per_image={
-                            "stubs": 3.0,
-                            "tritonserver": 0.5,
-                            "client": 0.5,
-                            "idle": 0.2,
-                            "total": 4.0,
-                            "images": 900,
-                        },
-                    ),
-                ],
-                "floor": [
-                    dict(perf_c1, p50_ms=0.7),
-                    dict(
-                        perf,
-                        cpu_ms_per_image={
-                            "stubs": 0.3,
-                            "tritonserver": 0.4,
-                            "client": 0.3,
-                            "idle": 0.1,
-                            "total": 1.0,
-                            "images": 900,
-                        },
-                    ),
-                ],
+                "perf_analyzer": [perf_c1, perf],
                 "loadgen_kserve": [load_point(1, 110.0, 3.5), load_point(16, 400.0, 40.0)],
                 "facade": [load_point(1, 100.0, 4.0), load_point(16, 380.0, 42.0)],
                 "peers": {
@@ -119,13 +91,7 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
                     "PyTriton": {"setup": "p", "rounds": [{"error": "did not start: no venv"}]},
                 },
                 "servers": {
-                    "tritonserver": {
-                        "ready_seconds": 1.5,
-                        "first_ready_seconds": 3.2,
-                        "rss_mib": 200.0,
-                        "pss_mib": 150.0,
-                        "processes": 3,
-                    },
+                    "tritonserver": {"rss_mib": 200.0, "pss_mib": 150.0, "processes": 3},
                     "facade": {"rss_mib": 90.0, "pss_mib": 70.0, "processes": 1},
                 },
             }
@@ -133,43 +99,29 @@ def test_report_gives_ratios_tables_and_plots(tmp_path):
     }
     write_report(tmp_path, results)
     report = (tmp_path / "report.md").read_text()
-    assert "| Triton direct, perf_analyzer (best, c=16) | 433.4 img/s | 0.54x | 1.44x vs FastAPI |" in report
-    assert "| facade vs Triton direct at c=16 | 380.0 vs 400.0 img/s | 0.95x | p50 +2.00 ms |" in report
-    assert (
-        "| c=1 p50, Triton direct vs in-process single image (with the limit) | 3.00 vs 2.00 ms | | +1.00 ms |"
-        in report
-    )
-    # Served 3.0 ms at c=1, 0.7 ms of it the floor: 2.3 ms for the model, 2.0 ms in-process.
-    assert (
-        "| c=1 p50, serving floor: same server and config, a model that computes nothing | 0.70 ms | | "
-        "served minus floor 2.30 ms vs the model's 2.00 ms in-process |"
-    ) in report
-    # The floor's 1.0 ms plus in-process ONNX Runtime's 2.5 ms: 2 cores serve at most 571 img/s, 0.71x.
-    assert (
-        "| serving floor, perf_analyzer (a model that computes nothing; batch 5.12) | 0.30 | 0.40 | - | 0.30 | 0.10 | "
-        "1.00 | 571 img/s with in-process ONNX Runtime | 0.71x |"
-    ) in report
-    assert "| tritonserver | 1.5 | 3.2 | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | n/a | 90.0 |" in report
-    assert "| FastAPI 2x1 (after load) | 2.5 | n/a | 300.0 | 250.0 | 3 |" in report
+    assert "Limit, in-process ONNX Runtime (2x1thread b4): 790.0 img/s before the servers, 810.0 after" in report
+    # Against the limit's 800 img/s at c=16; perf_analyzer's points beside the load generator's.
+    assert "| limit: in-process ONNX Runtime | 790-810 | 1.00x |" in report
+    assert "| tritonnx, Triton direct, perf_analyzer | 433 | 0.54x | 3.0 |" in report
+    assert "| tritonnx, Triton direct | 400 | 0.50x | 3.5 | the model's config.pbtxt |" in report
+    assert "| tritonnx facade | 380 | 0.47x | 4.0 |" in report
+    assert "the same load generator: 0.95x the throughput, p50 +2.00 ms." in report
+    assert "| tritonserver | n/a | 200.0 | 150.0 | 3 |" in report and "| facade | n/a | 90.0 | 70.0 | 1 |" in report
+    assert "| FastAPI 2x1 (after load) | 2.5 | 300.0 | 250.0 | 3 |" in report
     # Every server beside the limit: FastAPI 1x2's unspread run is left out, PyTriton's error said.
     assert "| FastAPI 2x1 | 300 | 0.38x | 5.0 | 2 worker(s) x 1 thread(s) |" in report
     assert "| FastAPI 1x2 | n/a | n/a | n/a |" in report and "- PyTriton, round 1: did not start: no venv" in report
     assert "- FastAPI 1x2, round 1, c=16: 95% / 5% (not spread: not counted)" in report
     assert "| FastAPI 1x2 | 16 | 900.0 |" in report  # measured all the same
-    # 2 cores / 4.0 ms per image = 500 img/s at best, 0.62x of the 800 img/s limit.
-    assert "### Where the CPU goes at c=16" in report
-    assert "| in-process ONNX Runtime (2x1thread b4) | 2.50 | - | - | - | - | 2.50 | 800 img/s | - |" in report
-    assert "| Triton direct, perf_analyzer | 3.00 | 0.50 | - | 0.50 | 0.20 | 4.00 | 500 img/s | 0.62x |" in report
+    assert "| 16 | 433.4 | 35.62 | 63.48 | 78.98 | 5.18 | 0.67 / 23.51 / 2.32 | 5.12 | 0.00 |" in report
     assert json.loads((tmp_path / "results.json").read_text())["models"]["mobilenet_v3_small"]["limit"]["layout"]
-    for name in ("mobilenet_v3_small_throughput.png", "mobilenet_v3_small_latency.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
-    # Measured just before and after the c=1 point, the in-process figure is the one compared.
-    results["models"]["mobilenet_v3_small"]["single_image_beside_c1"] = {"p50_ms": 2.5, "p99_ms": 3.5}
+    # A run without c=16 sets the servers beside the limit at its highest concurrency.
+    data = results["models"]["mobilenet_v3_small"]
+    for key in ("perf_analyzer", "loadgen_kserve", "facade"):
+        data[key] = data[key][:1]
+    data["peers"] = {}
     write_report(tmp_path, results)
     report = (tmp_path / "report.md").read_text()
-    assert (
-        "| c=1 p50, Triton direct vs in-process single image (measured beside it) | 3.00 vs 2.50 ms | | +0.50 ms |"
-        in report
-    )
-    assert "served minus floor 2.30 ms vs the model's 2.50 ms in-process |" in report
+    assert "| server | img/s at c=1 |" in report and "| tritonnx facade | 100 | 0.12x | 4.0 |" in report
+    assert "the same load generator: 0.91x the throughput, p50 +0.50 ms." in report

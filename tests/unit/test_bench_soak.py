@@ -145,13 +145,12 @@ def test_wrong_answers_failed_calls_rejections_and_incidents_fail_their_gates():
     }
 
 
-def test_wrong_answers_and_failures_before_the_paced_load_fail_their_gates():
-    results = {**_results(), "wrong_before_paced": {"facade.m": 1}, "burst_failures": {"triton.m INTERNAL": 2}}
+def test_wrong_answers_before_the_paced_load_fail_their_gate():
+    results = {**_results(), "wrong_before_paced": {"facade.m": 1}}
     gates = {g.name: g for g in judge(_rows(), results, _args(), [])}
     answers = gates["every answer right (each output against in-process ONNX Runtime)"]
     assert not answers.passed and "wrong before the paced load" in answers.detail
-    failed = gates["no call failed but the documented rejections"]
-    assert not failed.passed and "in the burst" in failed.detail
+    assert gates["no call failed but the documented rejections"].passed
 
 
 def test_a_publish_counts_only_once_both_paths_answered_from_the_new_version():
@@ -189,11 +188,11 @@ def test_the_command_line_defaults_to_an_hour_with_a_publish_every_ten_minutes()
         parse(["--publish-models", "nope"])
 
 
-def test_the_report_has_every_section_and_the_plots_are_drawn(tmp_path):
+def test_the_report_has_every_section_and_the_samples_are_kept(tmp_path):
     rows = _rows()
     for row in rows[1:]:
         row.update({"facade.rps": 10.0, "facade.p50_ms": 5.0, "facade.p99_ms": 9.0, "triton.rps": 11.0})
-        row.update({"triton.p50_ms": 4.0, "triton.p99_ms": 8.0, "p99_ms.facade.m": 9.0, "shm_size_mib": 300.0})
+        row.update({"triton.p50_ms": 4.0, "triton.p99_ms": 8.0})
     results = {
         **_results(),
         "started": "20260101T000000Z",
@@ -219,10 +218,9 @@ def test_the_report_has_every_section_and_the_plots_are_drawn(tmp_path):
         path.update(skipped=0, p50_ms=5.0, p99_ms=9.0)
     gates = judge(rows, results, _args(), [])
     text = write_outputs(tmp_path, results, rows, gates)
-    for section in ("## Load", "## Versions published", "## Growth after the warm-up", "## Gates", "## Samples"):
+    for section in ("## Load", "## Versions published", "## Growth after the warm-up", "## Gates"):
         assert section in text
     assert "**Verdict: PASS**" in text and "| facade.m |" in text and "| RSS m_0_0@v2 (MiB) |" in text
     assert json.loads((tmp_path / "results.json").read_text())["gates"][0]["passed"] is True
     assert (tmp_path / "samples.csv").read_text().startswith("t_s,")
-    for name in ("memory.png", "counts.png", "shm.png", "latency.png"):
-        assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
+    assert "| no process died or restarted; nothing left behind after the stop | passed |" in text
