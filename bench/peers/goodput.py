@@ -339,14 +339,25 @@ def _steps(record: dict) -> list[dict]:
     return record.get("steps", []) + list(record.get("overloads", {}).values())
 
 
+def _cpu_at(record: dict) -> str:
+    """The server's and the generator's CPU ms per answered request in the step that set the goodput."""
+    good = record["goodput_rps"]
+    at = next((s for s in record["steps"] if s["offered_rps"] == good and "server_cpu_s" in s), None)
+    return (
+        f"{1000 * at['server_cpu_s'] / at['answered']:.2f} / {1000 * at['client_cpu_s'] / at['answered']:.2f}"
+        if at
+        else "n/a"
+    )
+
+
 def model_table(data: dict) -> list[str]:
     """The last round, one row per server: goodput, its ratio to the best FastAPI layout, what 1.5x and 2x did."""
     best = best_fastapi(data["rounds"][-1])
     header = " | ".join(f"at {factor}x goodput: p50 / p99 ms | refused / timed out" for factor in OVERLOADS)
     lines = [
         f"| server | goodput req/s | vs best FastAPI | capacity req/s (c={CAPACITY_CONCURRENCY}) | {header} | "
-        "generator lag p99 / max ms |",
-        "|---|---|---|---|" + "---|---|" * len(OVERLOADS) + "---|",
+        "generator lag p99 / max ms | CPU ms per request at goodput: server / generator |",
+        "|---|---|---|---|" + "---|---|" * len(OVERLOADS) + "---|---|",
     ]
     for name, record in data["servers"].items():
         if "goodput_rps" not in record:
@@ -357,7 +368,7 @@ def model_table(data: dict) -> list[str]:
         steps = _steps(record)
         lag = f"{max(s['lag_p99_ms'] for s in steps):.1f} / {max(s['lag_max_ms'] for s in steps):.1f}" if steps else ""
         good, capacity = f"{record['goodput_rps']:.1f}", f"{record['capacity_rps']:.1f}"
-        lines.append(f"| {name} | {good} | {ratio} | {capacity} | {overloads} | {lag or 'n/a'} |")
+        lines.append(f"| {name} | {good} | {ratio} | {capacity} | {overloads} | {lag or 'n/a'} | {_cpu_at(record)} |")
     return lines
 
 

@@ -150,6 +150,7 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     text_record["steps"][1]["lag_p99_ms"] = 3.0  # over a tenth of the 10 ms objective
     text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
     text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
+    results["models"]["resnet50"]["servers"][DIRECT]["steps"][1].update(server_cpu_s=0.3, client_cpu_s=0.1)
     judged = gates(results)
     text = goodput.open_report(tmp_path, results, judged)
     assert finish(tmp_path, text, judged, results) == 1  # a gate failed
@@ -160,7 +161,7 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     assert "objective: p99 <= **200.0 ms**" in text and "at least 10 ms (a reason)" in text
     # goodput, its ratio to the best FastAPI, the capacity, 1.5x and 2x goodput, the generator's worst lag
     assert "| tritonnx, Triton direct | 30.0 | 1.50x | 39.0 | 10.0 / 20.0 | 10.0% / 0.0% | 75.0 / 150.0 | " in text
-    assert "| 40.0% / 0.0% | 0.5 / 2.0 |" in text
+    assert "| 40.0% / 0.0% | 0.5 / 2.0 | 3.00 / 1.00 |" in text  # CPU per request at the goodput's step
     steps = len(text_record["steps"]) + len(text_record["overloads"])
     late = f"tritonnx, Triton direct: 1 of {steps} steps, from 300 req/s, the worst 3.0 ms at 300 req/s"
     assert late in text and text.count("fell behind") == 1  # resnet50's lag is within its objective's tenth
