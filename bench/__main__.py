@@ -24,7 +24,7 @@ from tritonnx.server.stack import ServingStack
 
 
 def triton_and_facade(model: str, args: argparse.Namespace, workdir: Path, data: dict) -> None:
-    """perf_analyzer on Triton direct, then the load generator on it and on the facade; their memory."""
+    """perf_analyzer on Triton direct, then the load generator on it and on the facade (answers checked); memory."""
     with ServingStack(
         REPOSITORY,
         workdir / model,
@@ -46,10 +46,13 @@ def triton_and_facade(model: str, args: argparse.Namespace, workdir: Path, data:
         # Only now: perf_analyzer unregisters every shared-memory region when it exits, the facade's among them.
         facade = stack.start_facade()
         warmup = min(1.0, args.duration / 4)
+        images = servers.sample_images()
+        expected = servers.reference_outputs(REPOSITORY / model / "1" / "model.onnx", images)
         for key, label, kind, url in (
             ("loadgen_kserve", "Triton direct", KServeTarget, triton.grpc_url),
             ("facade", "facade", FacadeTarget, facade.grpc_url),
         ):
+            servers.check_answers(kind(url, model, 1, images=images, expected=expected), len(images))
             data[key] = [
                 servers.said(label, loops.run(kind(url, model, 1), c, args.duration, warmup).as_dict())
                 for c in args.concurrency
