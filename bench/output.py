@@ -7,7 +7,9 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -99,3 +101,10 @@ def median_interval(n: int) -> tuple[int, float]:
 
     k = max((k for k in range(1, (n + 1) // 2 + 1) if coverage(k) >= LEVEL), default=1)
     return k, coverage(k)
+
+
+def median_and_interval(values: Sequence[float]) -> tuple[float, float, float, float]:
+    """The median of `values`, the ends of its `median_interval` and that interval's coverage."""
+    ordered = sorted(values)
+    k, coverage = median_interval(len(ordered))
+    return statistics.median(ordered), ordered[k - 1], ordered[-k], coverage

@@ -23,7 +23,7 @@ from bench.limit import measure_single_image
 from bench.load import loops
 from bench.load.offered import MAX_OUTSTANDING, offer, summary
 from bench.load.targets import Target
-from bench.output import CORES, Gate, gates_section, head, median_interval, say
+from bench.output import CORES, Gate, gates_section, head, median_and_interval, say
 from bench.peers import servers
 from bench.peers.servers import reference_outputs, sample_images, sample_sequences
 from bench.usage import tree_cpu_seconds
@@ -213,13 +213,6 @@ def ratios(data: dict, server: str, key: str = "goodput_rps") -> list[float]:
     return found
 
 
-def median_and_interval(values: Sequence[float]) -> tuple[float, float, float, float]:
-    """The median of `values`, its distribution-free interval's ends and that interval's coverage."""
-    ordered = sorted(values)
-    k, coverage = median_interval(len(ordered))
-    return statistics.median(ordered), ordered[k - 1], ordered[-k], coverage
-
-
 def _ratio_gate(data: dict, server: str, model: str, goal: float, low_goal: float | None) -> Gate:
     name = f"{model}: {server} goodput >= {goal}x the best FastAPI layout" + (
         f", interval's low end >= {low_goal}x" if low_goal else ""
@@ -235,15 +228,16 @@ def _ratio_gate(data: dict, server: str, model: str, goal: float, low_goal: floa
 
     median, low, high, coverage = median_and_interval(counted)
     detail = f"median {median:.2f}x, {coverage:.0%} interval {low:.2f}-{high:.2f}x over {len(counted)} rounds"
+    verdict = holds(counted)
     # The verdict must hold whether or not the generator's lag is counted against each server.
-    if holds(counted) != holds(lag_free):
+    if verdict != holds(lag_free):
         free = median_and_interval(lag_free)
         return Gate(name, False, f"not judged ({detail}): without the generator's lag, median {free[0]:.2f}x, "
                     f"interval {free[1]:.2f}-{free[2]:.2f}x says otherwise")  # fmt: skip
-    return Gate(name, holds(counted), detail)
+    return Gate(name, verdict, detail)
 
 
-def _medians(data: dict, server: str, key: str) -> list[float]:
+def _per_round(data: dict, server: str, key: str) -> list[float]:
     """`server`'s `key` in each round that has it."""
     return [f[server][key] for f in data["rounds"] if not math.isnan(f.get(server, {}).get(key, math.nan))]
 
@@ -259,15 +253,15 @@ def gates(results: dict) -> list[Gate]:
     for model, data in results["models"].items():
         if DIRECT not in data["servers"]:
             continue
-        lone, allowance = _medians(data, DIRECT, "lone_p50_ms"), LONE_ALLOWANCE_MS.get(model)
+        lone, allowance = _per_round(data, DIRECT, "lone_p50_ms"), LONE_ALLOWANCE_MS.get(model)
         if allowance is not None:
-            name, bound = f"{model}: {DIRECT} lone request p50 <= in-process + {allowance:g} ms", allowance
+            name = f"{model}: {DIRECT} lone request p50 <= in-process + {allowance:g} ms"
             if lone:
                 detail = f"median {statistics.median(lone):.2f} ms, in-process {data['single_p50_ms']:.2f} ms"
-                judged.append(Gate(name, statistics.median(lone) <= data["single_p50_ms"] + bound, detail))
+                judged.append(Gate(name, statistics.median(lone) <= data["single_p50_ms"] + allowance, detail))
             else:
                 judged.append(Gate(name, False, "not judged: no lone request measured"))
-        share, capacity = IN_PROCESS_SHARE.get(model), _medians(data, DIRECT, "capacity_rps")
+        share, capacity = IN_PROCESS_SHARE.get(model), _per_round(data, DIRECT, "capacity_rps")
         if share is not None and "in_process_rps" in data:
             name = f"{model}: {DIRECT} capacity at c={CAPACITY_CONCURRENCY} >= {share:g}x the best in-process batch"
             of = statistics.median(capacity) / data["in_process_rps"] if capacity else 0.0
@@ -299,7 +293,7 @@ def rounds_table(data: dict) -> list[str]:
             good = round_figures.get(n, {}).get("goodput_rps")
             cells.append(f"{good / best[1]:.2f}x" if best and best[1] > 0 and good is not None else "n/a")
         lines.append(f"| {index} | {' | '.join(cells)} |")
-    medians = [_ms(statistics.median(v)) if (v := _medians(data, n, "goodput_rps")) else "n/a" for n in names]
+    medians = [_ms(statistics.median(v)) if (v := _per_round(data, n, "goodput_rps")) else "n/a" for n in names]
     lines += [f"| median | {' | '.join(medians)} |" + " |" * len(mine), ""]
     for n in mine:
         if counted := ratios(data, n):
@@ -309,12 +303,12 @@ def rounds_table(data: dict) -> list[str]:
                 f"- {n}: median ratio {median:.2f}x, {coverage:.0%} interval {low:.2f}-{high:.2f}x "
                 f"({free:.2f}x without the generator's lag)."
             )
-    lone = [f"{n} {statistics.median(v):.2f} ms" for n in names if (v := _medians(data, n, "lone_p50_ms"))]
+    lone = [f"{n} {statistics.median(v):.2f} ms" for n in names if (v := _per_round(data, n, "lone_p50_ms"))]
     if lone:
         lines.append(f"- A lone request (c=1, p50, median over the rounds): {', '.join(lone)}.")
     if "in_process_rps" in data:
         capacity = [f"{n} {statistics.median(v) / data['in_process_rps']:.2f}x"
-                    for n in names if (v := _medians(data, n, "capacity_rps"))]  # fmt: skip
+                    for n in names if (v := _per_round(data, n, "capacity_rps"))]  # fmt: skip
         lines.append(
             f"- Capacity at c={CAPACITY_CONCURRENCY} (median) over the best in-process batch's "
             f"{data['in_process_rps']:.1f} req/s: {', '.join(capacity)}."
@@ -452,7 +446,7 @@ def plot_goodput(out: Path, results: dict) -> None:
     figure, axis = plt.subplots(figsize=(10, 5))
     width = 0.8 / max(len(names), 1)
     for index, name in enumerate(names):
-        values = [statistics.median(_medians(results["models"][m], name, "goodput_rps") or [0.0]) for m in models]
+        values = [statistics.median(_per_round(results["models"][m], name, "goodput_rps") or [0.0]) for m in models]
         axis.bar([i + index * width for i in range(len(models))], values, width, label=name)
     axis.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(models))], models)
     axis.set(ylabel="goodput, req / s", title="goodput at the latency objective")

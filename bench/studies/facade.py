@@ -27,7 +27,19 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from bench.load import loops
 from bench.load.targets import IMAGE_CLASSES, IMAGE_SHAPE, FacadeTarget
-from bench.output import LEVEL, Gate, finish, gates_section, head, machine, median_interval, run_folder, say, settings
+from bench.output import (
+    LEVEL,
+    Gate,
+    finish,
+    gates_section,
+    head,
+    machine,
+    median_and_interval,
+    median_interval,
+    run_folder,
+    say,
+    settings,
+)
 from bench.usage import tree_cpu_seconds
 from tritonnx.server.facade import FacadeProcess
 
@@ -136,15 +148,13 @@ def measure(facade: TreeFacade, seconds: float) -> dict:
 
 def compare(pairs: list[tuple[float, float]], higher_is_better: bool) -> dict:
     """Of per-round (current, baseline) figures: each tree's median, the median ratio, its interval and the verdict."""
-    ratios = sorted(c / b if b else math.nan for c, b in pairs)
-    k, coverage = median_interval(len(ratios))
-    low, high = ratios[k - 1], ratios[-k]
+    ratio, low, high, coverage = median_and_interval([c / b if b else math.nan for c, b in pairs])
     if coverage >= LEVEL and (low > 1.0 or high < 1.0):
         verdict = f"outside noise: current {'better' if (low > 1.0) == higher_is_better else 'worse'}"
     else:
         verdict = "within noise" + (f" (too few rounds for a {LEVEL:.0%} interval)" if coverage < LEVEL else "")
     medians = {"current": statistics.median(c for c, _ in pairs), "baseline": statistics.median(b for _, b in pairs)}
-    figures = {"ratio": statistics.median(ratios), "interval": [low, high], "coverage": coverage}
+    figures = {"ratio": ratio, "interval": [low, high], "coverage": coverage}
     return medians | figures | {"verdict": verdict}
 
 
