@@ -41,6 +41,20 @@ def test_requests_with_different_shapes_run_apart_unless_ragged():
     assert group_compatible([tokens(n) for n in (3, 4, 5)], RAGGED) == [[0, 1, 2]]
 
 
+def test_ragged_requests_run_in_runs_of_similar_length_so_padding_stays_small():
+    # Sorted by length; a run is cut where its padding would pass PADDING_ALLOWANCE (25%) of its own elements:
+    # 16 beside the two 8s pads 48 cells for 32 real ones, 120 beside 128 pads 256 for 248.
+    assert group_compatible([tokens(n) for n in (8, 128, 8, 120, 16)], RAGGED) == [[0, 2], [4], [3, 1]]
+    assert group_compatible([tokens(n) for n in (5, 100, 5, 5)], RAGGED) == [[0, 2, 3], [1]]
+
+
+def test_a_request_of_several_rows_counts_each_row_in_the_padding():
+    two_long = prepared(RAGGED, ids=np.zeros((2, 10), np.int64), mask=np.ones((2, 10), np.int64))
+    # With 2 rows of 10, one row of 4 adds 6 padded cells to 24 real ones (25%); a row of 3 would add 7.
+    assert group_compatible([tokens(4), two_long], RAGGED) == [[0, 1]]
+    assert group_compatible([tokens(3), two_long], RAGGED) == [[0], [1]]
+
+
 def test_requests_that_leave_out_an_optional_input_run_apart_from_those_that_give_it():
     x = np.zeros((1, 2), np.float32)
     requests = [prepared(OPTIONAL, x=x), prepared(OPTIONAL, x=x, bias=x), prepared(OPTIONAL, x=x)]

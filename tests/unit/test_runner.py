@@ -1,4 +1,5 @@
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -59,6 +60,34 @@ def test_ragged_requests_batched_equal_requests_alone(masked_sum):
         alone = masked_sum.infer([request])[0]
         assert result["total"][0, 0] == request["ids"].sum() == alone["total"][0, 0]
         assert result["length"][0, 0] == request["ids"].shape[1]
+
+
+def test_text_requests_cut_by_length_answer_as_one_padded_batch_and_as_alone(tmp_path):
+    from tritonnx.offline.demo_models.text_classifier import build_text_classifier
+
+    path = tmp_path / "model.onnx"
+    onnx.save(build_text_classifier(), path)
+    runner = OnnxModelRunner.load(path, "text", SETTINGS, 8, frozenset({"input_ids", "attention_mask"}))
+    calls = []
+    real_run = runner.session.run
+    runner.session = type(
+        "Counting", (), {"run": lambda _, *a: calls.append(a[1]["input_ids"].shape) or real_run(*a)}
+    )()
+    rng = np.random.default_rng(0)
+    requests = []
+    for length in (8, 128, 16, 120, 8, 64):
+        ids = rng.integers(1, 1000, size=(1, length))
+        requests.append({"input_ids": ids, "attention_mask": np.ones_like(ids)})
+    results = runner.infer(requests)
+    assert sorted(calls) == [(1, 16), (1, 64), (2, 8), (2, 128)]  # similar lengths share a run, no more
+    padded = np.zeros((len(requests), 128), np.int64)
+    for row, request in enumerate(requests):
+        padded[row, : request["input_ids"].shape[1]] = request["input_ids"][0]
+    one_padded_batch = real_run(None, {"input_ids": padded, "attention_mask": (padded > 0).astype(np.int64)})[0]
+    for row, (request, result) in enumerate(zip(requests, results, strict=True)):
+        alone = real_run(None, request)[0]
+        np.testing.assert_allclose(result["logits"], alone, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(result["logits"], one_padded_batch[row : row + 1], rtol=1e-5, atol=1e-5)
 
 
 class FailsOnNegative:
@@ -128,7 +157,6 @@ def test_a_lone_failure_after_the_model_has_run_blames_the_input(double):
 
 
 # Shapes that only a model which does not batch (or a graph unlike the demo models) has.
-import onnx  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from tests.batch_corpus import CORPUS  # noqa: E402
