@@ -61,11 +61,13 @@ $(STAMP): requirements.txt requirements-serving.txt requirements-dev.txt require
 	install -m 755 bench/perf_analyzer.sh $(VENV)/bin/perf_analyzer
 	@touch $@
 
-proto: $(PROTO_OUT) ## Generate the Python code (and its type stub) of client/proto/inference.proto (build outputs)
+proto: $(PROTO_OUT) ## Generate the Python code (and its type stub) of client/proto/inference.proto (committed; a unit test compares)
 
-$(PROTO_OUT) &: client/proto/inference.proto $(STAMP)
-	@# Compiled by its path in the namespace (tritonnx/client links to client/), which names the generated modules.
-	$(PY) -m grpc_tools.protoc -I . --python_out=. --pyi_out=. --grpc_python_out=. tritonnx/client/proto/inference.proto
+$(PROTO_OUT) &: client/proto/inference.proto | $(STAMP)
+	@# Compiled by its installed path, tritonnx/client/proto, which names the generated modules' imports.
+	@rm -rf build/proto && mkdir -p build/proto
+	$(PY) -m grpc_tools.protoc -Itritonnx/client/proto=client/proto --python_out=build/proto --pyi_out=build/proto --grpc_python_out=build/proto client/proto/inference.proto
+	cp build/proto/tritonnx/client/proto/inference_pb2* client/proto/
 
 models: venv ## Generate the demo ONNX models (seeded random weights; cached after the first run)
 	$(PY) -m tritonnx.offline.demo_models --repository model_repository $(MODELS)
@@ -79,15 +81,15 @@ traces: venv ## Print OpenTelemetry traces received on 127.0.0.1:4318 (beside ma
 monitor: venv ## Prometheus on 127.0.0.1:9090 scraping a running `make serve` (Triton, facade, supervisor), with deploy/monitoring's rules
 	$(PY) -m tritonnx.commands.monitor $(MONITOR_ARGS)
 
-lint: venv proto ## ruff (lint and format check), mypy (tritonnx/, bench/, the test helpers), commit subjects; `make format` rewrites
-	$(PY) -m ruff check backend client tritonnx bench tests
-	$(PY) -m ruff format --check backend client tritonnx bench tests
-	$(PY) -m mypy
+lint: venv proto ## ruff (lint and format check), mypy (the package, bench/, the test helpers), commit subjects; `make format` rewrites
+	$(PY) -m ruff check backend client tritonnx bench tests .ci
+	$(PY) -m ruff format --check backend client tritonnx bench tests .ci
+	$(PY) .ci/typecheck.py
 	$(PY) .githooks/commit-msg --history
 
 format: venv ## Format the code and apply ruff's safe fixes
-	$(PY) -m ruff format backend client tritonnx bench tests
-	$(PY) -m ruff check --fix backend client tritonnx bench tests
+	$(PY) -m ruff format backend client tritonnx bench tests .ci
+	$(PY) -m ruff check --fix backend client tritonnx bench tests .ci
 
 # The inner loop: unit tests (no server, on every core), then integration tests against real tritonservers.
 # Behaviour only: speed, rejection rates and fault timings are gates of bench, chaos and soak.
@@ -132,11 +134,11 @@ test-conformance: setup ## The conformance tier: a 26-model slice of the corpus 
 docker-engine: ## Install (Debian's docker.io) and start the Docker engine when none answers
 	deploy/docker/images.sh engine
 
-wheelhouse: venv ## Every package the images install, as wheels in build/wheelhouse/py$(WHEEL_PYTHON) (WHEEL_PYTHON=3.10 for NGC)
+wheelhouse: venv proto ## Every package the images install, as wheels in build/wheelhouse/py$(WHEEL_PYTHON) (WHEEL_PYTHON=3.10 for NGC)
 	WHEEL_PYTHON=$(WHEEL_PYTHON) deploy/docker/images.sh wheelhouse
 
-images: venv ## Build tritonnx:cpu (slim, no models), tritonnx:demo (with the demo models) and tritonnx:ngc (on BASE_IMAGE, else a stand-in with NGC's layout)
+images: venv proto ## Build tritonnx:cpu (slim, no models), tritonnx:demo (with the demo models) and tritonnx:ngc (on BASE_IMAGE, else a stand-in with NGC's layout)
 	WHEEL_PYTHON=$(WHEEL_PYTHON) $(if $(BASE_IMAGE),BASE_IMAGE=$(BASE_IMAGE)) deploy/docker/images.sh all
 
 clean: ## Remove the venv, build outputs and generated models
-	rm -rf $(VENV) build $(ONNX_FILES) $(PROTO_OUT)
+	rm -rf $(VENV) build $(ONNX_FILES)

@@ -75,32 +75,6 @@ def test_one_connection_holds_at_most_its_share_of_the_receive_places():
     assert admission.receiving == 0 and admission._receiving_by_connection == {}
 
 
-def test_generated_protobuf_code_is_current(tmp_path):
-    """`make proto` output matches client/proto/inference.proto as it is now."""
-    from tritonnx.client.proto import inference_pb2
-
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "grpc_tools.protoc",
-            "-I",
-            ".",
-            f"--descriptor_set_out={tmp_path / 'set.pb'}",
-            "tritonnx/client/proto/inference.proto",
-        ],
-        check=True,
-    )
-    from google.protobuf import descriptor_pb2
-
-    fresh = descriptor_pb2.FileDescriptorSet.FromString((tmp_path / "set.pb").read_bytes()).file[0]
-    for message in fresh.message_type:  # protoc adds json_name to descriptor sets, not to generated code
-        for field in message.field:
-            field.ClearField("json_name")
-    current = descriptor_pb2.FileDescriptorProto.FromString(inference_pb2.DESCRIPTOR.serialized_pb)
-    assert current == fresh, "client/proto/inference_pb2.py is stale: run `make proto`"
-
-
 PURE_PYTHON_PROTOBUF = """
 from google.protobuf.internal import api_implementation
 from tritonnx.client.facade import service

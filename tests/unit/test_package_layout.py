@@ -1,14 +1,25 @@
-"""Imports go one way between tritonnx's subpackages, and the stub side loads nothing of the others."""
+"""Each module at one path, mapped into one namespace; imports go one way between tritonnx's subpackages, and
+the stub side loads nothing of the others."""
 
 import ast
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import tomllib
+
 from tests.unit.conftest import _real_utils_path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "tritonnx"
+CHECKOUT = Path(__file__).resolve().parents[2]
+SETUPTOOLS = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["setuptools"]
+# Where each subpackage's files are: pyproject.toml's package-dir, else under tritonnx/.
+FOLDERS = {
+    name.split(".")[1]: CHECKOUT / SETUPTOOLS["package-dir"].get(name, name.replace(".", "/"))
+    for name in SETUPTOOLS["packages"]
+    if name.count(".") == 1
+}
 # What each subpackage may import of tritonnx besides itself: docs/layout.md draws it.
 ALLOWED = {
     "backend": set(),
@@ -30,13 +41,35 @@ def imported_subpackages(source: Path) -> set[str]:
     return {name.split(".")[1] for name in names if name.startswith("tritonnx.")}
 
 
+def test_the_packaged_list_is_every_folder_of_the_namespace():
+    listed = set(SETUPTOOLS["packages"])
+    found = {"tritonnx"}
+    for sub, folder in FOLDERS.items():
+        found |= {
+            ".".join(("tritonnx", sub, *init.parent.relative_to(folder).parts))
+            for init in folder.rglob("__init__.py")
+            if "__pycache__" not in init.parts
+        }
+    found |= {f"tritonnx.{path.name}" for path in (CHECKOUT / "tritonnx").iterdir() if (path / "__init__.py").is_file()}
+    assert listed == found, "a new package needs its line in pyproject.toml's [tool.setuptools] packages"
+
+
+def test_no_link_in_the_tree_and_each_module_imports_from_its_one_file():
+    tracked = subprocess.run(["git", "ls-files", "-s"], cwd=CHECKOUT, capture_output=True, text=True, check=True)
+    assert [line for line in tracked.stdout.splitlines() if line.startswith("120000")] == []
+    for name in ("tritonnx.backend.runner", "tritonnx.client.facade.service", "tritonnx.server.stack"):
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        sub = name.split(".")[1]
+        assert Path(spec.origin) == FOLDERS[sub].joinpath(*name.split(".")[2:]).with_suffix(".py")
+
+
 def test_imports_between_subpackages_go_one_way():
-    found = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
-    assert found == set(ALLOWED), "a new subpackage needs its place in ALLOWED and docs/layout.md"
+    assert set(FOLDERS) == set(ALLOWED), "a new subpackage needs its place in ALLOWED and docs/layout.md"
     wrong = sorted(
-        f"{source.relative_to(PACKAGE)} imports tritonnx.{target}"
-        for package in ALLOWED
-        for source in (PACKAGE / package).rglob("*.py")
+        f"{source.relative_to(CHECKOUT)} imports tritonnx.{target}"
+        for package, folder in FOLDERS.items()
+        for source in folder.rglob("*.py")
         for target in imported_subpackages(source) - ALLOWED[package] - {package}
     )
     assert wrong == []
