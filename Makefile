@@ -9,8 +9,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # The stub's libpython, perf_analyzer's libb64, Prometheus and promtool for the monitoring stack, ip and nft for the
 # network-fault tests (Triton in a namespace of their own), curl for the docs' recipes (run by the tests), perf for
-# tritonserver's native frames in the profile study (bench/studies/profile.py).
-APT_PACKAGES := libpython3.11 libb64-0d prometheus iproute2 nftables curl linux-perf
+# tritonserver's native frames in the profile study (bench/studies/profile.py), libnghttp2-dev for the benchmark's
+# compiled load generator (bench/load/loadgen.c).
+APT_PACKAGES := libpython3.11 libb64-0d prometheus iproute2 nftables curl linux-perf libnghttp2-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 MODELS := resnet50 mobilenet_v3_small text_classifier token_classifier
 ONNX_FILES := $(foreach m,$(MODELS),model_repository/$(m)/1/model.onnx)
