@@ -28,6 +28,8 @@ def installed_name(source: BuildSource) -> BuildSource:
 
 def main(argv: list[str]) -> int:
     sources, options = process_options(argv)
+    if "--cache-dir" not in argv:  # not plain mypy's: its cache holds these files under their folder names
+        options.cache_dir = ".mypy_cache/installed-names"
     try:
         messages = build.build([installed_name(source) for source in sources], options).errors
     except CompileError as error:  # a blocking error: a syntax error, a module found twice

@@ -31,9 +31,9 @@ from tritonnx.client.model_control import TritonControl
 from tritonnx.commands import models as models_cli
 from tritonnx.common.admin import ADMIN_KEY_ENV
 from tritonnx.common.paths import REPOSITORY_ENV
-from tritonnx.server import versions as versions_module
+from tritonnx.server import model_folder
+from tritonnx.server.model_folder import FAILED, STAGING_PREFIX, ModelFolder
 from tritonnx.server.stack import ServingStack
-from tritonnx.server.versions import FAILED, STAGING_PREFIX, ModelFolder
 
 M = "m"
 CONFIG = 'platform: "onnxruntime_onnx"\nmax_batch_size: 4\ninstance_group [ { count: 1 kind: KIND_CPU } ]\n'
@@ -89,7 +89,7 @@ def publish_killed_at(step: str, version: int, argv: list[str]) -> None:
                 killed()
             rename(source, target)
 
-        versions_module.os.rename = rename_unless_staged  # type: ignore[assignment]
+        model_folder.os.rename = rename_unless_staged  # type: ignore[assignment]
     elif step == "renamed":
         TritonControl.load = killed  # type: ignore[method-assign]
     elif step == "loading":

@@ -19,7 +19,8 @@ from tritonnx.backend.onnx_io import read_graph_io
 from tritonnx.client import triton_health
 from tritonnx.client.model_control import READY, ControlError, States, triton_message
 from tritonnx.commands import models as models_cli
-from tritonnx.server import versions as versions_module
+from tritonnx.server import model_folder
+from tritonnx.server.model_folder import STAGING_PREFIX, external_data_files
 from tritonnx.server.process import free_ports
 from tritonnx.server.repository import STOCK_MODEL_PY
 from tritonnx.server.signature import (
@@ -34,10 +35,8 @@ from tritonnx.server.signature import (
 from tritonnx.server.versions import (
     FAILED,
     RETIRED,
-    STAGING_PREFIX,
     ModelFolder,
     VersionError,
-    external_data_files,
     list_versions,
     publish,
     recover_repository,
@@ -443,7 +442,7 @@ class Killed(BaseException):
 
 def kill_at(step: str, folder: ModelFolder, control: RecordingControl, monkeypatch) -> None:
     """Make the publish of version 2 stop dead at `step` (tests/slow/test_publish_crashes.py kills a real one)."""
-    real_rename, real_load = versions_module.os.rename, control.load
+    real_rename, real_load = model_folder.os.rename, control.load
 
     def killed(*args: object) -> None:
         raise Killed
@@ -458,7 +457,7 @@ def kill_at(step: str, folder: ModelFolder, control: RecordingControl, monkeypat
         raise Killed
 
     if step == "staged":  # its folder written, not renamed into place
-        monkeypatch.setattr(versions_module.os, "rename", rename)
+        monkeypatch.setattr(model_folder.os, "rename", rename)
     elif step == "renamed":  # in place, Triton not asked yet
         monkeypatch.setattr(control, "load", killed)
     elif step == "loading":  # Triton loads it; the publish never hears back
