@@ -1,18 +1,22 @@
-"""The package declares what it imports: installed from pyproject.toml alone into a fresh venv, every module loads.
+"""The wheel of a clean clone works: built from `git clone` (no generated file of this checkout), installed with
+its own dependency ranges into a fresh venv, every module imports, every console script answers --help, and
+the docs' Python imports run.
 
-pip resolves the package's own dependency ranges (no requirements file, no --no-deps) and installs one top-level
-package, `tritonnx`; then each of its modules is imported by the fresh interpreter from outside the checkout, and the console scripts
-answer --help. Triton's `triton_python_backend_utils` is the one module the package does not install: the Python
-stub provides it, so it is put on the path as the stub would.
+Triton's `triton_python_backend_utils` is the one module the package does not install: the Python stub
+provides it, so it is put on the path as the stub would.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import subprocess
+import sys
 import venv
+import zipfile
+from pathlib import Path
 
+from tests.docs_blocks import all_blocks
 from tests.serving import CHECKOUT
 from tests.unit.conftest import _real_utils_path
 
@@ -31,44 +35,54 @@ for name in names:
         failed[name] = f"{type(error).__name__}: {error}"
 print(json.dumps({"modules": names, "failed": failed, "from": [tritonnx.__file__]}))
 """
+IMPORT_LINE = re.compile(r"^(import \w|from \w[\w.]* import )")
 
 
-def test_installed_from_its_own_requirements_every_module_imports(tmp_path):
-    # The package's files as a source tree of their own: pip builds in the tree it is given.
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copyfile(CHECKOUT / name, source / name)
-    for package in ("tritonnx", "backend", "client"):  # tritonnx/backend and tritonnx/client stay links
-        shutil.copytree(
-            CHECKOUT / package, source / package, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
-        )
+def run(command: list, cwd: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, (command, done.stdout[-3000:], done.stderr[-3000:])
+    return done
+
+
+def docs_imports() -> list[str]:
+    """Every import line of the Python blocks of README.md and docs/ (what a user pastes first)."""
+    lines = {
+        line.split("#")[0].strip()
+        for block in all_blocks()
+        if block.kind == "python"
+        for line in block.text.splitlines()
+        if IMPORT_LINE.match(line)
+    }
+    return sorted(lines)
+
+
+def test_a_clean_clones_wheel_installs_and_every_module_script_and_docs_import_works(tmp_path):
+    source = tmp_path / "clone"
+    run(["git", "clone", "-q", "--no-local", str(CHECKOUT), str(source)], tmp_path)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(source)], tmp_path)
+    (wheel,) = (tmp_path / "dist").glob("tritonnx-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        files = archive.namelist()
+    assert "tritonnx/client/proto/inference.proto" in files and "tritonnx/client/proto/inference_pb2.py" in files
+    assert not any(name.startswith(("backend/", "client/")) for name in files), "one namespace: tritonnx"
+
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
-    install = subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)], tmp_path)
     (site_packages,) = (tmp_path / "venv" / "lib").glob("python*/site-packages")
     (dist_info,) = site_packages.glob("tritonnx-*.dist-info")
-    assert (dist_info / "top_level.txt").read_text().split() == ["tritonnx"]
     installed = {line.split(",")[0].split("/")[0] for line in (dist_info / "RECORD").read_text().splitlines()}
     assert installed == {"tritonnx", dist_info.name, ".."}, installed  # "..": the console scripts in bin/
 
     code = f"import sys; sys.path.append({str(_real_utils_path().parent)!r})\n" + IMPORT_ALL
-    done = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = json.loads(run([python, "-c", code], tmp_path, timeout=300).stdout)
     assert all(str(tmp_path / "venv") in where for where in report["from"]), report["from"]  # not the checkout
     assert len(report["modules"]) > 50 and "tritonnx.client.facade.service" in report["modules"]
     assert report["failed"] == {}
 
     for script in SCRIPTS:
-        helped = subprocess.run(
-            [tmp_path / "venv" / "bin" / script, "--help"], capture_output=True, text=True, timeout=60, check=False
-        )
-        assert helped.returncode == 0 and "usage:" in helped.stdout, (script, helped.stderr[-2000:])
+        helped = run([tmp_path / "venv" / "bin" / script, "--help"], tmp_path, timeout=60)
+        assert "usage:" in helped.stdout, script
+    imports = docs_imports()
+    assert "from tritonnx.client.proto import inference_pb2, inference_pb2_grpc" in imports
+    run([python, "-c", "\n".join(imports)], tmp_path, timeout=120)
