@@ -2,10 +2,9 @@
 
 Two stages, because a call's body arrives after the call starts and may never arrive:
 
-* a call waiting for its body holds a receive place (`receive_place`), at most `max_receiving` of them and at most
-  `max_receiving_per_connection` for one connection, for at most the body deadline: a caller that opens calls and
-  sends nothing (or slowly) ties up places, never the slots of calls whose body arrived, and from one connection
-  never every place;
+* a call waiting for its body holds a receive place (`receive`; receiving.py), bounded in count, per connection and
+  in bytes, for at most the body deadline: a caller that opens calls and sends nothing (or slowly) ties up places,
+  never the slots of calls whose body arrived, and loses its places to callers who send;
 * a call whose body arrived holds an in-flight slot and its body's bytes (`admit`) until it is answered: at most
   `limit` calls and `max_bytes` bytes. The last quarter of the slots is kept for high-priority requests
   (PredictRequest.priority 1, Triton's highest level), so under an overload of others they still get in.
@@ -15,12 +14,15 @@ All handlers run on one event loop, so plain counters are race-free.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from tritonnx.client.facade.errors import Overloaded, PriorityReserved
 from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.receiving import ReceivePlaces
+
+T = TypeVar("T")
 
 HIGH_PRIORITY = 1  # PredictRequest.priority 1: Triton's highest level
 
@@ -43,56 +45,44 @@ class Admission:
         max_bytes: int = 0,
         max_receiving: int = 0,
         max_receiving_per_connection: int = 0,
+        max_receiving_bytes: int = 0,
+        on_reset: Callable[[str], None] = lambda _: None,
     ) -> None:
         """Zeros mean no bound of their own.
 
         `max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots;
-        `max_receiving_per_connection` 0: a connection may hold every place.
+        `max_receiving_per_connection` 0: a connection may hold every place; `max_receiving_bytes` 0: places are
+        not bounded in bytes. `on_reset`: see ReceivePlaces.
         """
         self.limit = limit
         self.high_priority_reserve = limit // 4
         self.max_bytes = max_bytes
-        self.max_receiving = max_receiving or limit
-        self.max_receiving_per_connection = max_receiving_per_connection or self.max_receiving
         self.in_flight = 0
         self.in_flight_bytes = 0
-        self.receiving = 0
-        self._receiving_by_connection: dict[str, int] = {}  # only connections with a call waiting: bounded
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
+        self.places = ReceivePlaces(
+            max_receiving or limit, max_receiving_per_connection, max_receiving_bytes, self._retry_hint, on_reset
+        )
         # Read when scraped: setting a gauge takes its lock, three times a call's start and again at its end.
         metrics.in_flight.set_function(lambda: self.in_flight)
         metrics.in_flight_bytes.set_function(lambda: self.in_flight_bytes)
         metrics.receiving.set_function(lambda: self.receiving)
+
+    @property
+    def receiving(self) -> int:
+        return len(self.places)
 
     def _overloaded(self, what: str, kind: type[Overloaded] = Overloaded) -> Overloaded:
         return kind(
             f"{what}: retry after the grpc-retry-pushback-ms hint ({self._retry_hint[0][1]} ms)", self._retry_hint
         )
 
-    @contextmanager
-    def receive_place(self, connection: str = "") -> Iterator[None]:
-        """Held while a call's body is awaited; Overloaded at once when every place, or the connection's share, is taken.
+    async def receive(self, body: Callable[[], Awaitable[T]], connection: str = "", seconds: float = 10.0) -> T:
+        """The call's body, awaited in a receive place (receiving.py); Overloaded at once when it gets none.
 
         `connection`: the call's peer (gRPC's address:port of the caller's end), which tells connections apart.
         """
-        if self.receiving >= self.max_receiving:
-            raise self._overloaded(f"the server is waiting for the bodies of its limit of {self.max_receiving} calls")
-        mine = self._receiving_by_connection.get(connection, 0)
-        if mine >= self.max_receiving_per_connection:
-            raise self._overloaded(
-                f"this connection has {mine} calls waiting for their body, its limit: send their bodies first"
-            )
-        self.receiving += 1
-        self._receiving_by_connection[connection] = mine + 1
-        try:
-            yield
-        finally:
-            self.receiving -= 1
-            left = self._receiving_by_connection[connection] - 1
-            if left:
-                self._receiving_by_connection[connection] = left
-            else:
-                del self._receiving_by_connection[connection]
+        return await self.places.receive(body, connection, seconds)
 
     def admit(self, nbytes: int, priority: int) -> Ticket:
         """A slot for a call whose body (`nbytes`) arrived, or Overloaded; every ticket is paired with one release.

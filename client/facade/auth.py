@@ -1,7 +1,8 @@
-"""Token authentication of the inference service, as a gRPC server interceptor.
+"""Token authentication of every gRPC call, as a server interceptor.
 
-Only inference.InferenceService needs the token: health checks come from load balancers and
-orchestrators that carry none, and reflection is switched off separately.
+Health checks and reflection need the token too: the services without it were a way in for anyone who reaches the
+port (a Watch stream held open, reflection requests by the thousand). Probes that carry no token use the HTTP
+port's /health.
 """
 
 from __future__ import annotations
@@ -10,10 +11,6 @@ import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
-
-from tritonnx.client.facade.service import SERVICE_NAME
-
-_PROTECTED_PREFIX = f"/{SERVICE_NAME}/"
 
 
 def _refuse(message: str) -> tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]:
@@ -34,7 +31,7 @@ def _refuse(message: str) -> tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Calls to the inference service need `authorization: Bearer <token>`."""
+    """Every call needs `authorization: Bearer <token>`."""
 
     def __init__(self, token: str) -> None:
         self._expected = f"Bearer {token}".encode()
@@ -46,9 +43,6 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        method = handler_call_details.method
-        if not method.startswith(_PROTECTED_PREFIX):
-            return await continuation(handler_call_details)
         given = next(
             (value for key, value in handler_call_details.invocation_metadata or () if key == "authorization"), None
         )
@@ -57,4 +51,5 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         ):
             return await continuation(handler_call_details)
         unary, stream = self._missing if given is None else self._wrong
-        return stream if method.endswith("/PredictStream") else unary
+        handler = await continuation(handler_call_details)
+        return stream if handler is not None and handler.response_streaming else unary

@@ -86,6 +86,12 @@ class FacadeMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.connections_closed = Counter(
+            "tritonnx_facade_connections_closed",
+            "gRPC connections the facade closed, by reason (resets, unread, reflection_flood)",
+            ["reason"],
+            registry=self.registry,
+        )
 
         self.cache_requests = Counter(
             "tritonnx_facade_cache_requests",

@@ -22,6 +22,7 @@ from tritonnx.client.facade.admission import Admission
 from tritonnx.client.facade.auth import BearerTokenInterceptor
 from tritonnx.client.facade.cache import ResultCache
 from tritonnx.client.facade.classifier import Classifier
+from tritonnx.client.facade.connections import REFLECTION_STREAMS, ConnectionGuard
 from tritonnx.client.facade.default_model import DefaultModel
 from tritonnx.client.facade.gateway import Gateway, TritonGateway
 from tritonnx.client.facade.health import HealthMonitor
@@ -64,8 +65,30 @@ async def release_free_memory(admission: Admission) -> None:
             _LIBC.malloc_trim(0)
 
 
-# Calls admission does not count (PredictStreams, ListModels, health checks, reflection) that may be open at once.
-OTHER_CALLS = 256
+async def bound_receive_memory(admission: Admission, message_bytes: int) -> None:
+    """Admission's bound on the bytes of bodies on their way, checked every _RECEIVE_SWEEP_S."""
+    while True:
+        await asyncio.sleep(_RECEIVE_SWEEP_S)
+        if admission.places.sweep(message_bytes) and hasattr(_LIBC, "malloc_trim"):
+            _LIBC.malloc_trim(0)  # the cut bodies' pages back to the OS, where the next check reads them
+
+
+_RECEIVE_SWEEP_S = 0.05
+# Quick calls no pool counts (health checks, ListModels, answers not read yet) that may be open at once besides the
+# pools' calls; an answer left unread closes its connection after --send-timeout.
+OTHER_CALLS = 1024
+_MS = 1000
+
+
+def _connection_lifetime(idle: float, age: float, grace: float) -> list[tuple[str, int]]:
+    """The channel arguments that send idle and aged connections GOAWAY (0 seconds: never)."""
+    options = [("grpc.max_connection_idle_ms", int(idle * _MS))] if idle > 0 else []
+    if age > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(age * _MS)),
+            ("grpc.max_connection_age_grace_ms", int(grace * _MS)),
+        ]
+    return options
 
 
 class StartupError(RuntimeError):
@@ -102,6 +125,15 @@ class Facade:
                 "authenticates callers (--allow-unauthenticated 1)"
             )
         self.metrics = FacadeMetrics()
+        self.guard = ConnectionGuard(
+            self.metrics,
+            send_timeout=settings.send_timeout,
+            max_resets=settings.max_resets_per_second,
+            max_watches=settings.max_health_watches,
+            watch_seconds=settings.health_watch_seconds,
+            max_predict_streams=settings.max_predict_streams,
+            retry_after_ms=settings.retry_after_ms,
+        )
         try:
             self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio, settings.trace_caller_rate)
         except ValueError as error:
@@ -155,6 +187,8 @@ class Facade:
                 max_bytes=settings.max_in_flight_bytes,
                 max_receiving=settings.max_receiving,
                 max_receiving_per_connection=settings.max_receiving_per_connection,
+                max_receiving_bytes=settings.max_receiving_bytes,
+                on_reset=self.guard.reset,
             ),
             self.metrics,
             body_timeout=settings.body_timeout,
@@ -165,21 +199,24 @@ class Facade:
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._monitor_task: asyncio.Task | None = None
-        self._trim_task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
         self.grpc_port = 0
         self.http_port = 0
 
     async def start(self) -> None:
         s = self.settings
+        limits = s.max_receiving + s.max_in_flight + s.max_predict_streams + s.max_health_watches
         self._grpc = grpc.aio.server(
-            interceptors=[BearerTokenInterceptor(s.auth_token)] if s.auth_token else [],
-            # Every call at once, streams and health checks included: beyond the calls admission counts, room for
-            # the others; past it gRPC answers RESOURCE_EXHAUSTED before a handler runs.
-            maximum_concurrent_rpcs=s.max_receiving + s.max_in_flight + OTHER_CALLS,
+            interceptors=[*([BearerTokenInterceptor(s.auth_token)] if s.auth_token else []), self.guard],
+            # Every call at once: the pools' (receive places, slots, streams) and room for quick calls; past it gRPC
+            # answers RESOURCE_EXHAUSTED before a handler runs. The pools refuse first.
+            maximum_concurrent_rpcs=limits + REFLECTION_STREAMS + OTHER_CALLS,
             options=[
                 ("grpc.max_receive_message_length", s.max_message_bytes),
                 ("grpc.max_send_message_length", s.max_message_bytes),
                 ("grpc.max_concurrent_streams", s.max_streams_per_connection),
+                ("grpc.max_allowed_incoming_connections", s.max_connections),
+                *_connection_lifetime(s.max_connection_idle, s.max_connection_age, s.max_connection_age_grace),
                 # Without it gRPC widens each call's HTTP/2 window to what the link carries, and takes that much
                 # of a body the facade has not asked for yet (an unread stream, a call waiting for its slot): a
                 # call's body then arrives only once the facade reads it, and the window opens to its size.
@@ -242,8 +279,13 @@ class Facade:
             except OSError as error:
                 await self.stop(0)
                 raise StartupError(f"cannot write the port file {s.port_file}: {error.strerror}") from None
+        self.guard.port = self.grpc_port
         self._monitor_task = asyncio.create_task(self.monitor.run())
-        self._trim_task = asyncio.create_task(release_free_memory(self.servicer.admission))
+        self._tasks = [
+            asyncio.create_task(release_free_memory(self.servicer.admission)),
+            asyncio.create_task(bound_receive_memory(self.servicer.admission, s.max_message_bytes)),
+            asyncio.create_task(self.guard.run()),
+        ]
         log.info(
             "facade listening: gRPC %s (%s; inference.InferenceService%s, grpc.health.v1%s), HTTP %s:%d "
             "(/metrics, /health); Triton at %s, default model %s, max in flight %d%s",
@@ -269,7 +311,7 @@ class Facade:
     async def stop(self, grace: float) -> None:
         """Drain: NOT_SERVING first, then let in-flight calls finish within `grace` seconds."""
         await self.monitor.drain()
-        for task in (self._monitor_task, self._trim_task):
+        for task in (self._monitor_task, *self._tasks):
             if task:
                 task.cancel()
         if self._grpc:

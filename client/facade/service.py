@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
@@ -22,7 +21,7 @@ from tritonnx.client.facade.admission import Admission
 from tritonnx.client.facade.classifier import Classifier
 from tritonnx.client.facade.classify import image_too_large
 from tritonnx.client.facade.deadline import Deadline
-from tritonnx.client.facade.errors import DeadlineExceeded, FacadeError, Internal, InvalidArgument
+from tritonnx.client.facade.errors import FacadeError, Internal, InvalidArgument
 from tritonnx.client.facade.metrics import FacadeMetrics
 from tritonnx.client.facade.predictor import Predictor
 from tritonnx.client.facade.tracing import CallTrace, Tracing
@@ -74,19 +73,6 @@ class Endpoint(Protocol):
 
     async def run(self, request: Any, time_remaining: float | None, trace: CallTrace) -> tuple[str, Any]:
         """The model's name (a metrics label) and the response; failures as FacadeError."""
-
-
-if sys.version_info >= (3, 11):
-
-    async def read_within(context: grpc.aio.ServicerContext, seconds: float) -> Any:
-        """The call's message, or TimeoutError after `seconds`; unlike wait_for, no task is made per call."""
-        async with asyncio.timeout(seconds):
-            return await context.read()
-
-else:  # the NGC image's Python 3.10 has no asyncio.timeout
-
-    async def read_within(context: grpc.aio.ServicerContext, seconds: float) -> Any:
-        return await asyncio.wait_for(context.read(), seconds)
 
 
 async def _ready(request: Any) -> Any:
@@ -250,13 +236,7 @@ class InferenceServicer:
 
         async def handle(_requests: object, context: grpc.aio.ServicerContext) -> Any:
             async def receive() -> Any:
-                with self.admission.receive_place(context.peer()):
-                    try:
-                        request = await read_within(context, self.body_timeout)
-                    except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on; the NGC image has 3.10
-                        raise DeadlineExceeded(
-                            f"the request's body did not arrive within {self.body_timeout:g} s of the call's start"
-                        ) from None
+                request = await self.admission.receive(context.read, context.peer(), self.body_timeout)
                 if request is grpc.aio.EOF:  # type: ignore[attr-defined]  # (not in grpc's stubs) no message came
                     return InvalidArgument(f"malformed {message}: the call carried none")
                 return request

@@ -51,17 +51,52 @@ class FacadeSettings:
     )
     max_receiving: int = setting(
         128,
-        "calls started whose body has not arrived yet; beyond it new calls get RESOURCE_EXHAUSTED at once",
+        "calls started whose body has not arrived yet; beyond it a new call takes the place of the oldest of the "
+        "connection holding the most places (when it holds more than the new call's), else gets RESOURCE_EXHAUSTED",
     )
     max_receiving_per_connection: int = setting(
         64,
         "calls of one connection whose body has not arrived yet; beyond it that connection's new calls get "
         "RESOURCE_EXHAUSTED at once",
     )
+    max_receiving_bytes: int = setting(
+        128 * 1024 * 1024,
+        "bytes of bodies on their way (the facade's memory above its level when nothing is received); beyond it the "
+        "calls waiting longest for their body get RESOURCE_EXHAUSTED (0: no bound)",
+    )
     body_timeout: float = setting(
         10.0,
         "seconds a call's body may take to arrive from the call's start (else DEADLINE_EXCEEDED): a caller that opens "
         "calls and sends nothing holds nothing longer",
+    )
+    send_timeout: float = setting(
+        2.0,
+        "seconds an answer may wait for its caller to read it; then its connection is closed, ending its calls "
+        "(callers that never read cannot hold calls open)",
+    )
+    max_resets_per_second: int = setting(
+        100,
+        "calls one connection may cancel before their body arrived, per second; beyond it the connection is closed "
+        "(HTTP/2 rapid reset)",
+    )
+    max_predict_streams: int = setting(
+        64, "PredictStreams open at once (a quarter of them per connection); beyond it RESOURCE_EXHAUSTED"
+    )
+    max_health_watches: int = setting(16, "grpc.health.v1 Watch streams open at once; beyond it RESOURCE_EXHAUSTED")
+    health_watch_seconds: float = setting(
+        300.0, "a health Watch stream ends (OK) after this long; its caller watches again"
+    )
+    max_connections: int = setting(1024, "gRPC connections open at once; more are closed as they arrive")
+    max_connection_idle: float = setting(
+        300.0, "seconds a gRPC connection may carry no call before it is closed with GOAWAY (0: never)"
+    )
+    max_connection_age: float = setting(
+        3600.0,
+        "seconds after which a gRPC connection gets GOAWAY (its calls get --max-connection-age-grace to finish; "
+        "clients reconnect; 0: never)",
+    )
+    max_connection_age_grace: float = setting(
+        30.0, "seconds the calls of a connection past its age get before it is closed"
     )
     max_message_bytes: int = setting(
         16 * 1024 * 1024,
@@ -72,13 +107,19 @@ class FacadeSettings:
         8 * 1024 * 1024,
         "largest image file Classify takes; a larger one gets INVALID_ARGUMENT before reaching Triton",
     )
+    max_image_pixels: int = setting(
+        16_000_000,
+        "most pixels Classify decodes an image to (a JPEG at the reduced scale the pipeline decodes it at, from its "
+        "header); beyond it INVALID_ARGUMENT before reaching Triton; within it the decoded bytes count against "
+        "--max-in-flight-bytes",
+    )
     stream_max_in_flight: int = setting(
         16,
         "requests of one PredictStream handled or waiting to be read back at once; the stream's next request is read "
         "only when one is answered and read, so a caller that stops reading is slowed by gRPC's flow control",
     )
     max_streams_per_connection: int = setting(
-        1024,
+        128,
         "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS); a client that opens more "
         "before it learned the limit has the excess refused (REFUSED_STREAM, UNAVAILABLE to gRPC callers)",
     )
@@ -114,8 +155,8 @@ class FacadeSettings:
     )
     auth_token: str = setting(
         "",
-        "when set, inference calls need metadata `authorization: Bearer <token>` (else UNAUTHENTICATED); prefer the "
-        "environment variable, flags show in `ps`",
+        "when set, every gRPC call (inference, health, reflection) needs metadata `authorization: Bearer <token>` "
+        "(else UNAUTHENTICATED); prefer the environment variable, flags show in `ps`",
         secret=True,
     )
     admin_key: str = setting(

@@ -80,13 +80,25 @@ def test_inference_needs_the_bearer_token(locked_down):
     assert list(response.shape) == [1, 1000]
 
 
-def test_health_needs_no_token_and_reflection_is_off(locked_down):
+def test_health_needs_the_token_too_and_reflection_is_off(locked_down):
     _, channel = locked_down
     health = health_pb2_grpc.HealthStub(channel)
-    assert health.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+    with pytest.raises(grpc.RpcError) as caught:
+        health.Check(health_pb2.HealthCheckRequest(service=""))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as caught:
+        next(health.Watch(health_pb2.HealthCheckRequest(service="")))
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    token = (("authorization", "Bearer s3cret"),)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert health.Check(health_pb2.HealthCheckRequest(service=""), metadata=token).status == serving
     reflection = reflection_pb2_grpc.ServerReflectionStub(channel)
     with pytest.raises(grpc.RpcError) as caught:
-        next(reflection.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")])))
+        next(
+            reflection.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=token
+            )
+        )
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

@@ -1,13 +1,12 @@
-import os
-import subprocess
-import sys
+import asyncio
 
 import grpc
 import pytest
 
-from tritonnx.client.facade import errors
+from tritonnx.client.facade import errors, receiving
 from tritonnx.client.facade.admission import Admission
 from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.receiving import EVICTABLE_AFTER_S
 
 
 def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
@@ -51,52 +50,129 @@ def test_the_byte_budget_refuses_a_body_that_would_exceed_it_but_takes_one_alone
     assert admission.in_flight == 0 and admission.in_flight_bytes == 0
 
 
+async def _hold(admission: Admission, connection: str, release: asyncio.Event) -> object:
+    """A call waiting for its body in a place until `release` is set (or it is cut)."""
+
+    async def body() -> object:
+        await release.wait()
+        return "body"
+
+    return await admission.receive(body, connection, 30.0)
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
 def test_receive_places_are_counted_apart_from_the_slots():
-    metrics = FacadeMetrics()
-    admission = Admission(limit=2, retry_after_ms=100, metrics=metrics, max_receiving=3)
-    with admission.receive_place(), admission.receive_place(), admission.receive_place():
+    async def test() -> None:
+        metrics = FacadeMetrics()
+        admission = Admission(limit=2, retry_after_ms=100, metrics=metrics, max_receiving=3)
+        release = asyncio.Event()
+        connections = ["ipv4:10.0.0.1:5000", "ipv4:10.0.0.1:5000", "ipv4:10.0.0.2:5000"]
+        held = [asyncio.ensure_future(_hold(admission, connection, release)) for connection in connections]
+        await asyncio.sleep(EVICTABLE_AFTER_S * 2)
         assert metrics.registry.get_sample_value("tritonnx_facade_receiving_calls") == 3
         with pytest.raises(errors.Overloaded, match="bodies of its limit of 3 calls"):
-            with admission.receive_place():
-                pass
+            await _hold(admission, "ipv4:10.0.0.1:5000", release)  # its own connection holds the most: refused
         admission.release(admission.admit(1, priority=0))  # bodies that arrived are not held up by the others
-    assert admission.receiving == 0
+        release.set()
+        assert await asyncio.gather(*held) == ["body"] * 3
+        assert admission.receiving == 0
+
+    asyncio.run(test())
 
 
 def test_one_connection_holds_at_most_its_share_of_the_receive_places():
-    admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=8,
-                          max_receiving_per_connection=2)  # fmt: skip
-    with admission.receive_place("ipv4:10.0.0.1:5000"), admission.receive_place("ipv4:10.0.0.1:5000"):
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=8,
+                              max_receiving_per_connection=2)  # fmt: skip
+        release = asyncio.Event()
+        held = [asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.1:5000", release)) for _ in range(2)]
+        await _settle()
         with pytest.raises(errors.Overloaded, match="this connection has 2 calls waiting for their body"):
-            with admission.receive_place("ipv4:10.0.0.1:5000"):
-                pass
-        with admission.receive_place("ipv4:10.0.0.1:5001"):  # another connection of the same host
-            assert admission.receiving == 3
-    assert admission.receiving == 0 and admission._receiving_by_connection == {}
+            await _hold(admission, "ipv4:10.0.0.1:5000", release)
+        other = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.1:5001", release))  # another connection
+        await _settle()
+        assert admission.receiving == 3
+        release.set()
+        await asyncio.gather(*held, other)
+        assert admission.receiving == 0 and len(admission.places) == 0
+
+    asyncio.run(test())
 
 
-PURE_PYTHON_PROTOBUF = """
-from google.protobuf.internal import api_implementation
-from tritonnx.client.facade import service
-from tritonnx.client.facade.errors import InvalidArgument
-from tritonnx.client.facade.wire import CLASSIFY_LIMITS
+def test_a_full_pool_gives_the_place_of_the_busiest_connections_oldest_call_to_a_newcomer():
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=4)
+        stalled, release = asyncio.Event(), asyncio.Event()
+        attacker = [asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:1", stalled)) for _ in range(3)]
+        await _settle()
+        lone = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:2", stalled))
+        await asyncio.sleep(EVICTABLE_AFTER_S * 2)
+        newcomer = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.1:7", release))
+        await _settle()
+        assert attacker[0].done() and not any(call.done() for call in (*attacker[1:], lone, newcomer))
+        with pytest.raises(errors.Overloaded, match="needed this call's place for another caller"):
+            attacker[0].result()
+        release.set()
+        assert await newcomer == "body"
+        stalled.set()
+        await asyncio.gather(*attacker[1:], lone)
+        assert admission.places.evicted == 1 and admission.receiving == 0
 
-assert api_implementation.Type() == "python", api_implementation.Type()
-for parse, body in (
-    (service._predict_request, b"\\x1a\\x02\\xff\\xfe"),
-    (lambda body: service._parsed(body, CLASSIFY_LIMITS), b"\\x12\\x02\\xff\\xfe"),
-):
-    refused = parse(body)  # model_name, not UTF-8
-    assert isinstance(refused, InvalidArgument), refused
-    print(refused.message)
-"""
+    asyncio.run(test())
 
 
-def test_a_string_that_is_not_utf8_is_invalid_argument_with_protobufs_pure_python_implementation_too():
-    """Found by fuzzing: onnxruntime_extensions sets PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python on import, under
-    which such a string raises UnicodeDecodeError, not DecodeError, and the facade answered INTERNAL."""
-    env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
-    done = subprocess.run([sys.executable, "-c", PURE_PYTHON_PROTOBUF], env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[0].startswith("malformed PredictRequest: ")
-    assert done.stdout.splitlines()[1].startswith("malformed ClassifyRequest: ")
+def test_a_call_younger_than_the_eviction_age_keeps_its_place():
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=2)
+        release = asyncio.Event()
+        held = [asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:1", release)) for _ in range(2)]
+        await _settle()
+        with pytest.raises(errors.Overloaded, match="limit of 2 calls"):
+            await _hold(admission, "ipv4:10.0.0.1:7", release)  # a burst: the newest is refused at the door
+        release.set()
+        await asyncio.gather(*held)
+
+    asyncio.run(test())
+
+
+def test_bodies_on_their_way_past_the_byte_bound_cut_the_longest_waiting_calls(monkeypatch):
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving_bytes=100)
+        resident = [1000]
+        monkeypatch.setattr(receiving, "resident_bytes", lambda: resident[0])
+        assert admission.places.sweep(message_bytes=50) == 0  # nothing received: the level it measures from
+        release = asyncio.Event()
+        calls = [asyncio.ensure_future(_hold(admission, f"ipv4:10.0.0.{i}:1", release)) for i in range(4)]
+        await _settle()
+        resident[0] = 1000 + 100  # at the bound: nothing cut
+        assert admission.places.sweep(message_bytes=50) == 0
+        resident[0] = 1000 + 160  # 60 bytes over, at most 50 a call: the two oldest
+        assert admission.places.sweep(message_bytes=50) == 2
+        await _settle()
+        assert [call.done() for call in calls] == [True, True, False, False]
+        with pytest.raises(errors.Overloaded, match="--max-receiving-bytes"):
+            calls[0].result()
+        release.set()
+        assert await asyncio.gather(*calls[2:]) == ["body", "body"]
+
+    asyncio.run(test())
+
+
+def test_a_body_that_does_not_arrive_in_time_is_a_deadline_and_a_cancel_before_it_is_a_reset():
+    async def test() -> None:
+        resets: list[str] = []
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), on_reset=resets.append)
+        with pytest.raises(errors.DeadlineExceeded, match="did not arrive within 0.01 s"):
+            await admission.receive(asyncio.Event().wait, "ipv4:10.0.0.1:1", 0.01)
+        waiting = asyncio.ensure_future(admission.receive(asyncio.Event().wait, "ipv4:10.0.0.1:2", 30.0))
+        await _settle()
+        waiting.cancel()  # as gRPC does when the caller resets the stream
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert resets == ["ipv4:10.0.0.1:2"] and admission.receiving == 0
+
+    asyncio.run(test())

@@ -1,0 +1,247 @@
+"""What one gRPC connection may do before the facade closes it, and the pools of long-lived calls.
+
+gRPC's own bounds come first (server.py's channel arguments: idle and aged connections get GOAWAY, PING floods
+too_many_pings, a connection count). What they leave is watched here, call by call, and ends at the connection:
+
+* a connection that cancels more than `max_resets` calls a second before they were answered (HTTP/2 rapid reset:
+  each stream opened and reset costs the facade a handler, the attacker a frame);
+* one whose caller leaves an answer unread for `send_timeout` (a zero flow-control window: every call would stay
+  open, holding its place in gRPC's count of calls, for as long as the connection lives);
+* one whose reflection stream carries more than `REFLECTION_REQUESTS` requests.
+
+gRPC's Python server cannot end one connection (no GOAWAY of the application's own), so the facade shuts its socket
+down: a duplicate of gRPC's descriptor, found by the caller's address and checked, gets `shutdown`, which gRPC sees
+as the peer hanging up. That connection's calls end; nothing else does.
+
+Long-lived calls have pools of their own, refused beyond (RESOURCE_EXHAUSTED): health Watch streams (with a server
+deadline: the watcher watches again), PredictStreams (a quarter per connection), reflection streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import suppress
+from typing import Any
+
+import grpc
+
+from tritonnx.client.facade.metrics import FacadeMetrics
+
+log = logging.getLogger("tritonnx.facade")
+REFLECTION_REQUESTS = 100  # a client asks a handful (services, then a file or two) per stream
+REFLECTION_STREAMS = 16
+WATCH_METHOD = "/grpc.health.v1.Health/Watch"
+PREDICT_STREAM_METHOD = "/inference.InferenceService/PredictStream"
+REFLECTION_PREFIX = "/grpc.reflection."
+SWEEP_S = 0.25
+Behaviour = Callable[..., Any]
+
+
+def peer_address(peer: str) -> tuple[str, int] | None:
+    """The (host, port) of a gRPC peer string (ipv4:1.2.3.4:5, ipv6:[::1]:5); None for other transports."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return None
+    host, _, port = rest.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def shut_down(peer: str, local_port: int) -> bool:
+    """Shut down this process's socket from `peer` to `local_port`; whether one was found."""
+    address = peer_address(peer)
+    if address is None:
+        return False
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            duplicate = os.dup(int(name))
+        except OSError:
+            continue  # closed meanwhile
+        sock = socket.socket(fileno=duplicate)  # closes the duplicate only, never gRPC's descriptor
+        try:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.getsockname()[1] != local_port:
+                continue
+            remote = sock.getpeername()
+            if (remote[0].removeprefix("::ffff:"), remote[1]) == address:  # gRPC's sockets may be dual-stack
+                sock.shutdown(socket.SHUT_RDWR)
+                return True
+        except OSError:
+            continue
+        finally:
+            sock.close()
+    return False
+
+
+class Pool:
+    """At most `limit` calls at once, and `per_connection` of one connection (0: no share of its own)."""
+
+    def __init__(self, what: str, limit: int, per_connection: int = 0) -> None:
+        self.what, self.limit, self.per_connection = what, limit, per_connection or limit
+        self.held = 0
+        self._by_connection: dict[str, int] = {}
+
+    def refusal(self, peer: str) -> str | None:
+        """Why a new call from `peer` gets no place; None when it takes one (then `leave` gives it back)."""
+        mine = self._by_connection.get(peer, 0)
+        if self.held >= self.limit:
+            return f"the server holds its limit of {self.limit} {self.what}"
+        if mine >= self.per_connection:
+            return f"this connection holds its limit of {self.per_connection} {self.what}"
+        self.held += 1
+        self._by_connection[peer] = mine + 1
+        return None
+
+    def leave(self, peer: str) -> None:
+        self.held -= 1
+        left = self._by_connection[peer] - 1
+        if left:
+            self._by_connection[peer] = left
+        else:
+            del self._by_connection[peer]
+
+
+class ConnectionGuard(grpc.aio.ServerInterceptor):
+    """Watches each call's connection (see the module), as gRPC's server interceptor; `port` is set once bound."""
+
+    def __init__(
+        self,
+        metrics: FacadeMetrics,
+        *,
+        send_timeout: float,
+        max_resets: int,
+        max_watches: int,
+        watch_seconds: float,
+        max_predict_streams: int,
+        retry_after_ms: int,
+    ) -> None:
+        self.metrics = metrics
+        self.send_timeout = send_timeout
+        self.max_resets = max_resets
+        self.watch_seconds = watch_seconds
+        self.port = 0
+        self.pools = {
+            WATCH_METHOD: Pool("health Watch streams", max_watches),
+            PREDICT_STREAM_METHOD: Pool("PredictStreams", max_predict_streams, max(1, max_predict_streams // 4)),
+            REFLECTION_PREFIX: Pool("reflection streams", REFLECTION_STREAMS),
+        }
+        self._hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
+        self._unread: dict[object, tuple[str, float]] = {}  # a call (its context) answered, unread -> (peer, since)
+        self._resets: dict[str, tuple[float, int]] = {}  # peer -> (second, calls cancelled in it)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        method = details.method
+        pool = self.pools.get(REFLECTION_PREFIX if method.startswith(REFLECTION_PREFIX) else method)
+        kind = handler.unary_unary or handler.stream_unary
+        if kind is not None:
+            wrapped = self._unary_response(kind)
+            make = grpc.unary_unary_rpc_method_handler if handler.unary_unary else grpc.stream_unary_rpc_method_handler
+        else:
+            streaming: Behaviour = handler.unary_stream or handler.stream_stream  # type: ignore[assignment]
+            wrapped = self._stream_response(streaming, pool, method)
+            make = (
+                grpc.unary_stream_rpc_method_handler if handler.unary_stream else grpc.stream_stream_rpc_method_handler
+            )
+        return make(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _unary_response(self, behaviour: Behaviour) -> Behaviour:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            response = await behaviour(request, context)
+            self._answer(context)
+            return response
+
+        return call
+
+    def _stream_response(self, behaviour: Behaviour, pool: Pool | None, method: str) -> Behaviour:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            peer = context.peer()
+            if pool is not None and (why := pool.refusal(peer)) is not None:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why, trailing_metadata=self._hint)
+            try:
+                if method.startswith(REFLECTION_PREFIX):
+                    request = self._counted(request, peer)
+                if method == WATCH_METHOD:
+                    # The server's deadline: the stream ends OK, and the watcher watches again.
+                    with suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(behaviour(request, context), self.watch_seconds)
+                    return
+                produced = behaviour(request, context)
+                if not hasattr(produced, "__aiter__"):
+                    await produced  # writes with context.write
+                    return
+                async for message in produced:
+                    self._unread[context] = (peer, time.monotonic())
+                    yield message  # resumed once gRPC sent it
+                    self._unread.pop(context, None)
+            finally:
+                self._unread.pop(context, None)
+                if pool is not None:
+                    pool.leave(peer)
+
+        return call
+
+    async def _counted(self, requests: AsyncIterator[Any], peer: str) -> AsyncIterator[Any]:
+        count = 0
+        async for request in requests:
+            count += 1
+            if count > REFLECTION_REQUESTS:
+                self.close(peer, "reflection_flood")
+                return
+            yield request
+
+    def _answer(self, context: grpc.aio.ServicerContext) -> None:
+        """An answer handed to gRPC: unread until the call is done."""
+        self._unread[context] = (context.peer(), time.monotonic())
+        context.add_done_callback(self._done)  # type: ignore[arg-type]  # (grpc's stubs have another signature)
+
+    def _done(self, context: grpc.aio.ServicerContext) -> None:
+        self._unread.pop(context, None)
+
+    def reset(self, peer: str) -> None:
+        """A call of `peer` cancelled by its caller before its body arrived (receiving.py tells)."""
+        second = int(time.monotonic())
+        start, count = self._resets.get(peer, (second, 0))
+        count = count + 1 if start == second else 1
+        if count > self.max_resets:
+            self._resets.pop(peer, None)
+            self.close(peer, "resets")
+            return
+        self._resets[peer] = (second, count)
+        if len(self._resets) > 4096:  # only this second's are worth keeping
+            self._resets = {p: v for p, v in self._resets.items() if v[0] == second}
+
+    def sweep(self) -> None:
+        """Close the connections with an answer unread for `send_timeout`; forget old reset counts."""
+        now = time.monotonic()
+        late = {peer for peer, since in self._unread.values() if now - since > self.send_timeout}
+        for peer in late:
+            self.close(peer, "unread")
+        self._unread = {context: entry for context, entry in self._unread.items() if entry[0] not in late}
+        second = int(now)
+        self._resets = {p: v for p, v in self._resets.items() if v[0] >= second - 1}
+
+    def close(self, peer: str, reason: str) -> None:
+        if shut_down(peer, self.port):
+            self.metrics.connections_closed.labels(reason).inc()
+            log.warning("closed the connection from %s (%s)", peer, reason)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            self.sweep()
