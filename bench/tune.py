@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench import REPOSITORY
+from bench.load.generators import GENERATORS
 from bench.output import say
 from bench.peers import goodput, servers
 from tritonnx.server.repository import CONFIG_FILE, link_models
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--step-seconds", type=float, default=3.0, help="per offered rate; default: %(default)s")
     add("--capacity-seconds", type=float, default=3.0, help="per closed loop (in-process, c=1, c=16); default: 3.0")
     add("--lone-p50-budget-ms", type=float, help="a lone request's served p50 must be within it; default: none")
+    add("--generator", choices=GENERATORS, default="loadgen", help="the load generator; default: %(default)s")
     add("--dry-run", action="store_true", help="measure and report, leave config.pbtxt alone")
     args = parser.parse_args(argv)
 

@@ -13,6 +13,7 @@ from typing import Any
 from bench import REPOSITORY
 from bench.baseline.workers import setups
 from bench.limit import measure_limit
+from bench.load.generators import GENERATORS
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
 from bench.peers import goodput, servers, venvs
 from bench.report import notes, servers_table
@@ -112,13 +113,14 @@ def open_loop(args: argparse.Namespace) -> int:
             data["rounds"].append({})
             for server in made[index % len(made) :] + made[: index % len(made)]:  # the order rotates
                 say(f"{model}, round {index + 1}/{args.rounds}: {server.name} ({server.description}) ...")
+                common = goodput.COMMON_RPS.get(model, 0.0)
                 record = goodput.measure_open(
-                    server, model, onnx_file, objective, args, lone_seconds=args.capacity_seconds
+                    server, model, onnx_file, objective, args, lone_seconds=args.capacity_seconds, common_rps=common
                 )
                 if "error" in record:
                     say(f"  {server.name}: {record['error']}")
                 data["servers"][server.name] = {"setup": server.description, **record}  # the latest round's
-                data["rounds"][-1][server.name] = goodput.figures(record, objective)
+                data["rounds"][-1][server.name] = goodput.figures(record)
                 write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput.gates(results)
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     add("--capacity-seconds", type=float, default=3.0, help="open loop: the closed loop at c=16; default: %(default)s")
     add("--objective-factor", type=float, default=goodput.OBJECTIVE_FACTOR, help="x in-process p50")
     add("--objective-floor-ms", type=float, default=goodput.OBJECTIVE_FLOOR_MS)
+    add(
+        "--generator", choices=GENERATORS, default="loadgen", help="open loop: the load generator; default: %(default)s"
+    )
     args = parser.parse_args(argv)
     open_models = ["resnet50", "mobilenet_v3_small", "text_classifier"]
     args.models = args.models or (open_models if args.open_loop else ["mobilenet_v3_small"])
