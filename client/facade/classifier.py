@@ -6,9 +6,11 @@ The checks and translation are in classify.py; this does the lookups and the cal
 from __future__ import annotations
 
 from tritonnx.client.facade.classify import (
+    DECODED_PIXEL_BYTES,
     PIPELINE_SUFFIX,
     check_image,
     classifier_name,
+    decoded_pixels,
     pipeline_name,
     to_classify_response,
     to_infer_request,
@@ -27,12 +29,18 @@ class Classifier:
     """One ClassifyRequest through the classifier's Triton ensemble."""
 
     def __init__(
-        self, gateway: Gateway, default_model: DefaultModel, max_image_bytes: int, default_timeout: float | None = None
+        self,
+        gateway: Gateway,
+        default_model: DefaultModel,
+        max_image_bytes: int,
+        default_timeout: float | None = None,
+        max_image_pixels: int = 16_000_000,
     ) -> None:
         """`default_timeout`: the deadline of a call that sets none (--request-timeout)."""
         self.gateway = gateway
         self.default_model = default_model
         self.max_image_bytes = max_image_bytes
+        self.max_image_pixels = max_image_pixels
         self.default_timeout = default_timeout
 
     # What the servicer asks of an RPC's requests (see service.Endpoint).
@@ -53,7 +61,8 @@ class Classifier:
 
     @staticmethod
     def nbytes(request: inference_pb2.ClassifyRequest) -> int:
-        return len(request.image)
+        """The file, and the image decoded: what the pipeline holds of it (in-flight bytes count both)."""
+        return len(request.image) + DECODED_PIXEL_BYTES * decoded_pixels(request.image)
 
     @staticmethod
     def sizes(request: inference_pb2.ClassifyRequest, response: inference_pb2.ClassifyResponse) -> tuple[int, int]:

@@ -21,6 +21,11 @@ from tritonnx.client.facade.translate import InferCall, ModelInfo
 from tritonnx.client.proto import inference_pb2
 
 PIPELINE_SUFFIX = "_image"
+# The pipeline decodes a JPEG at the smallest DCT scale (1/2, 1/4, 1/8) that leaves both sides at least this
+# (backend/image_preprocess.py, Pillow's draft mode); decoded pixels count 3 bytes (RGB).
+DRAFT_SIDE = 256
+DECODED_PIXEL_BYTES = 3
+_JPEG_FRAMES = {*range(0xC0, 0xD0)} - {0xC4, 0xC8, 0xCC}  # SOF markers: they carry the frame's size
 IMAGE_INPUT = "image"
 SCORES_OUTPUT = "scores"
 DEFAULT_TOP_K = 5
@@ -49,6 +54,54 @@ def check_image(image: bytes, max_image_bytes: int) -> None:
     problem = format_problem(image)
     if problem:
         raise InvalidArgument(problem)
+
+
+def image_size(image: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG's IHDR or a JPEG's frame header, read without decoding; None when not found."""
+    if image[:8] == b"\x89PNG\r\n\x1a\n" and image[12:16] == b"IHDR" and len(image) >= 24:
+        return struct.unpack(">II", image[16:24])
+    if image[:2] != b"\xff\xd8":
+        return None
+    offset = 2
+    while offset + 9 <= len(image):  # marker, length, and a frame header's precision, height and width
+        if image[offset] != 0xFF:
+            return None
+        marker = image[offset + 1]
+        if marker == 0xFF:  # fill byte
+            offset += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            offset += 2
+            continue
+        if marker in _JPEG_FRAMES:
+            height, width = struct.unpack(">HH", image[offset + 5 : offset + 9])
+            return width, height
+        offset += 2 + struct.unpack(">H", image[offset + 2 : offset + 4])[0]
+    return None
+
+
+def decoded_pixels(image: bytes) -> int:
+    """The pixels the pipeline decodes `image` to (a JPEG at its reduced scale); 0 when its header says nothing."""
+    size = image_size(image)
+    if size is None:
+        return 0
+    width, height = size
+    scale = 1
+    if image[:2] == b"\xff\xd8":
+        scale = next((s for s in (8, 4, 2) if s <= min(width // DRAFT_SIDE, height // DRAFT_SIDE)), 1)
+    return -(-width // scale) * -(-height // scale)
+
+
+def too_many_pixels(image: bytes, max_pixels: int) -> InvalidArgument | None:
+    """InvalidArgument when `image` decodes to more than `max_pixels` pixels (read from its header)."""
+    pixels = decoded_pixels(image)
+    if pixels <= max_pixels:
+        return None
+    width, height = image_size(image) or (0, 0)
+    return InvalidArgument(
+        f"the image is {width} x {height} and would decode to {pixels:,} pixels, above this server's limit of "
+        f"{max_pixels:,} (--max-image-pixels): send a smaller image (the pipeline works at {DRAFT_SIDE} pixels)"
+    )
 
 
 def class_count(info: ModelInfo) -> int:

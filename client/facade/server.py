@@ -179,7 +179,13 @@ class Facade:
                 lanes,
                 settings.request_timeout,
             ),
-            Classifier(self.gateway, self.default_model, settings.max_image_bytes, settings.request_timeout),
+            Classifier(
+                self.gateway,
+                self.default_model,
+                settings.max_image_bytes,
+                settings.request_timeout,
+                settings.max_image_pixels,
+            ),
             Admission(
                 settings.max_in_flight,
                 settings.retry_after_ms,

@@ -19,7 +19,7 @@ import grpc
 
 from tritonnx.client.facade.admission import Admission
 from tritonnx.client.facade.classifier import Classifier
-from tritonnx.client.facade.classify import image_too_large
+from tritonnx.client.facade.classify import image_too_large, too_many_pixels
 from tritonnx.client.facade.deadline import Deadline
 from tritonnx.client.facade.errors import FacadeError, Internal, InvalidArgument
 from tritonnx.client.facade.metrics import FacadeMetrics
@@ -222,7 +222,10 @@ class InferenceServicer:
             except WireError as error:
                 return InvalidArgument(f"malformed ClassifyRequest: {error}")
             return image_too_large(size if size is not None else len(buffer), self.classifier.max_image_bytes)
-        return _parsed(buffer, CLASSIFY_LIMITS)
+        request = _parsed(buffer, CLASSIFY_LIMITS)
+        if not isinstance(request, InvalidArgument):  # refused before admission charges its decoded size
+            return too_many_pixels(request.image, self.classifier.max_image_pixels) or request
+        return request
 
     def _from_call_start(
         self, method: str, message: str, endpoint: Endpoint

@@ -1,9 +1,11 @@
 """The Classify translation and checks (client/facade/classify.py), and its servicer against a stand-in gateway."""
 
 import asyncio
+import io
 
 import grpc
 import pytest
+from PIL import Image
 from tritonclient.grpc import service_pb2
 
 from tests.images import image_file
@@ -14,9 +16,12 @@ from tritonnx.client.facade.classifier import Classifier
 from tritonnx.client.facade.classify import (
     check_image,
     class_count,
+    decoded_pixels,
+    image_size,
     pipeline_name,
     to_classify_response,
     to_infer_request,
+    too_many_pixels,
     top_k,
 )
 from tritonnx.client.facade.default_model import DefaultModel
@@ -194,3 +199,28 @@ def test_a_request_above_the_image_limit_is_refused_unparsed_naming_the_images_s
     flood = inference_pb2.ClassifyRequest(priority=1).SerializeToString() * 100
     assert "more than 64 fields" in service._classify_request(flood).message
     assert service._classify_request(inference_pb2.ClassifyRequest(image=JPEG).SerializeToString()).image == JPEG
+
+
+def _encoded(kind: str, size: tuple[int, int], **options: object) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (10, 20, 30)).save(buffer, kind, **options)
+    return buffer.getvalue()
+
+
+def test_an_images_size_and_decoded_pixels_are_read_from_its_header():
+    assert image_size(_encoded("PNG", (640, 480))) == (640, 480)
+    assert image_size(_encoded("JPEG", (1024, 768), progressive=True, exif=Image.Exif())) == (1024, 768)
+    assert image_size(b"\xff\xd8\xff\xe0\x00") is None and image_size(b"GIF89a") is None
+    # A JPEG is decoded at the smallest DCT scale leaving both sides at least 256: 4000 x 3000 at 1/8.
+    assert decoded_pixels(_encoded("JPEG", (4000, 3000))) == 500 * 375
+    assert decoded_pixels(_encoded("JPEG", (300, 200))) == 300 * 200
+    assert decoded_pixels(_encoded("PNG", (6000, 6000))) == 36_000_000  # PNG has no reduced decoding
+
+
+def test_an_image_decoding_to_more_pixels_than_the_limit_is_refused_before_admission():
+    bomb = _encoded("PNG", (6000, 6000))  # about 100 KB that decodes to 108 MB
+    refused = too_many_pixels(bomb, 16_000_000)
+    assert refused is not None and "6000 x 6000" in refused.message and "--max-image-pixels" in refused.message
+    assert too_many_pixels(_encoded("JPEG", (8000, 6000)), 16_000_000) is None  # decoded at 1/8
+    request = inference_pb2.ClassifyRequest(image=_encoded("PNG", (640, 480)))
+    assert Classifier.nbytes(request) == len(request.image) + 3 * 640 * 480
