@@ -51,7 +51,11 @@ def test_the_highest_goodput_at_the_objective_wins():
 
 def test_a_lone_request_budget_keeps_single_request_latency():
     assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=60)[0] == TWO_THREADS
-    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=40) is None
+    # None within the budget: the fastest lone request among the candidates with a goodput (ERRORS's is 10 req/s).
+    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=40)[0] == ERRORS
+    said = note(choose(RESULTS, OBJECTIVE, 40), OBJECTIVE, candidates=4, budget_ms=40)
+    assert "a lone request's p50 45.00 ms; none kept a lone budget of 40.00 ms." in said
+    assert "within a lone budget of 60.00 ms." in note(choose(RESULTS, OBJECTIVE, 60), OBJECTIVE, 4, budget_ms=60)
 
 
 def test_the_note_says_what_was_chosen_on_what_and_how():
@@ -67,6 +71,11 @@ def test_apply_sets_instances_threads_delay_and_preferred_sizes():
     assert "max_queue_delay_microseconds: 500\n  preferred_batch_size: [ 4, 8 ]" in text
     assert "[ 2 ]" not in text
     assert "preferred_batch_size" not in apply(CONFIG, Candidate(3, 1, 500, ()))
+    spinning = apply(CONFIG, Candidate(1, 2, 0, (), spinning="1"))
+    assert spinning.endswith('parameters { key: "session.intra_op.allow_spinning" value: { string_value: "1" } }\n')
+    auto = Candidate(1, 2, 0, ())
+    assert apply(apply(spinning, Candidate(1, 2, 0, (), spinning="0")), auto) == apply(CONFIG, auto)
+    assert "spinning=1" in Candidate(1, 2, 0, (), spinning="1").describe() and "spinning" not in TWO_THREADS.describe()
 
 
 def test_write_choice_replaces_only_the_previous_note(tmp_path: Path):
@@ -86,8 +95,9 @@ def test_a_sweep_writes_its_choice_and_without_a_goodput_exits_1(tmp_path: Path,
     monkeypatch.setattr(tune, "measure", lambda args, candidate, objective: recorded[candidate])
     sweep = ["--model", "m", "--repository", str(tmp_path), "--instances", "2", "--threads", "1", "2", "--delays", "0"]
     with pytest.raises(SystemExit) as exited:
-        tune.main([*sweep, "--objective-ms", "50"])
+        tune.main([*sweep, "--objective-ms", "50", "--lone-p50-budget-ms", "60"])
     assert exited.value.code == 1 and config.read_text() == CONFIG
     assert tune.main([*sweep, "--objective-ms", "250", "--lone-p50-budget-ms", "60"]) == 0
     first = config.read_text().splitlines()[0]
     assert "instances=2 threads=2" in first and "goodput 18.0 req/s" in first and first.endswith("candidates: 2.")
+    assert "within a lone budget of 60.00 ms" in first
