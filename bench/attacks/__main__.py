@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from bench.attacks.abuse import NAMES
 from bench.attacks.campaign import run
-from bench.attacks.catalog import NAMES
 from bench.attacks.report import gates, report, results
 from bench.output import finish, run_folder
 
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add = parser.add_argument
     add("--quick", action="store_true", help="small sizes and no idle period: a smoke run")
+    add("--token", action="store_true", help="the facade needs a bearer token, and the attackers hold it too")
     add("--attacks", nargs="+", choices=NAMES, default=NAMES, metavar="NAME", help=f"{', '.join(NAMES)}")
     add("--idle-seconds", type=float, help="after the last attack, before RSS is judged; default: 60, --quick: 0")
     add("--rss-cap-mib", type=float, default=6144, help="an attack stops above this facade RSS; default: %(default)s")

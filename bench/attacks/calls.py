@@ -100,12 +100,12 @@ def one(chan: grpc.Channel, body: bytes, timeout: float, metadata: Metadata = ()
 class Held(Calls):
     """Predict calls whose headers go out and whose body never comes, until `wait` (or their deadline)."""
 
-    def __init__(self, chan: grpc.Channel, count: int, timeout: float) -> None:
+    def __init__(self, chan: grpc.Channel, count: int, timeout: float, metadata: Metadata = ()) -> None:
         super().__init__(timeout)
         self._release = threading.Event()
         method = chan.stream_unary(PREDICT, request_serializer=None, response_deserializer=None)
         for _ in range(count):
-            self.add(lambda: method.future(self._no_body(), timeout=timeout))
+            self.add(lambda: method.future(self._no_body(), timeout=timeout, metadata=metadata))
 
     def _no_body(self) -> Iterator[bytes]:
         # gRPC sends the call's headers when it starts, then waits here for a message that never comes.
@@ -119,7 +119,9 @@ class Held(Calls):
             self._release.set()  # ends the threads gRPC runs the request iterators on
 
 
-def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threading.Event) -> tuple[Call, int]:
+def unread_stream(
+    chan: grpc.Channel, body: bytes, seconds: float, stop: threading.Event, metadata: Metadata = ()
+) -> tuple[Call, int]:
     """A PredictStream written with `body` for `seconds` (or until the facade ends it or `stop` is set), never read.
 
     Returns the stream's end and the messages handed to gRPC (which asks for the next once the one before is sent).
@@ -135,7 +137,7 @@ def unread_stream(chan: grpc.Channel, body: bytes, seconds: float, stop: threadi
 
     calls = Calls(seconds + 60)
     method = chan.stream_stream(PREDICT_STREAM, request_serializer=None, response_deserializer=None)
-    stream = calls.add(lambda: method(bodies(), timeout=calls.timeout))
+    stream = calls.add(lambda: method(bodies(), timeout=calls.timeout, metadata=metadata))
     while time.monotonic() < deadline and not stop.is_set() and stream.is_active():
         stop.wait(0.1)
     if stream.is_active():

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import REPOSITORY
+from bench.attacks.abuse import every_attack
 from bench.attacks.calls import FACADE, Call, channel, one
-from bench.attacks.catalog import QUICK, Attack, Context, Outcome, Sizes, attacks, holding, until
+from bench.attacks.catalog import QUICK, TOKEN, Attack, Context, Outcome, Sizes, holding, until
 from bench.attacks.payloads import valid_predict
 from bench.attacks.watch import PROBE_LIMIT_S, ProbeSummary, Target, Watch, rss_mib
 from bench.output import say
@@ -20,8 +21,9 @@ from tritonnx.server.facade import start_facade
 from tritonnx.server.repository import link_models
 from tritonnx.server.stack import ServingStack
 
-# The facade's default model answers its health probes; mobilenet_v3_small is the one attacked and probed.
-SERVED = ("resnet50", "mobilenet_v3_small")
+# The facade's default model answers its health probes; mobilenet_v3_small is the one attacked and probed, and
+# Classify's bombs go to its image pipeline.
+SERVED = ("resnet50", "mobilenet_v3_small", "image_preprocess", "mobilenet_v3_small_image")
 IDLE_TIMEOUT_S = 60.0  # the longest wait for the facade to finish with an attack
 TAIL_S = 1.0  # each attack's phase goes on this long after the facade is idle (and until the probe called in it)
 
@@ -60,6 +62,7 @@ class Campaign:
     results: list[AttackResult]
     guarded: list[str]
     exited: str  # the attack during which a facade exited (the campaign stopped there); "": none did
+    token: bool = False  # the facade needed a bearer token, which the attackers held too
 
 
 def _settle(target: Target) -> None:
@@ -118,10 +121,11 @@ def run(args: argparse.Namespace, out: Path) -> Campaign:
     """Serve the models on free ports with a facade of its defaults, and attack it with each chosen attack in turn."""
     sizes, quick = QUICK if args.quick else Sizes(), args.quick
     repository = link_models(out / "repository", {name: REPOSITORY / name for name in SERVED})
-    with ServingStack(repository, out) as stack:
+    token = (("authorization", f"Bearer {TOKEN}"),) if args.token else ()
+    with ServingStack(repository, out, facade_args=["--auth-token", TOKEN] if args.token else []) as stack:
         facade = stack.facade
         assert facade is not None
-        main = Target(facade.grpc_url, facade.http_url, facade.pid)
+        main = Target(facade.grpc_url, facade.http_url, facade.pid, token)
         limit = message_limit()
         say(f"facade {main.grpc_url}: its message limit {limit:,} bytes")
         _warm(main)
@@ -133,7 +137,7 @@ def run(args: argparse.Namespace, out: Path) -> Campaign:
             baseline = watch.probed("baseline")
             rss_start = watch.rss_now()
             exited = ""
-            for attack in (a for a in attacks() if a.name in args.attacks):
+            for attack in (a for a in every_attack() if a.name in args.attacks):
                 if not attack.facade_args:
                     ctx = Context(main, limit, sizes, quick, watch.guard)
                     results.append(attack_once(attack, ctx, watch))
@@ -158,4 +162,6 @@ def run(args: argparse.Namespace, out: Path) -> Campaign:
                 say(f"idle for {args.idle_seconds:g} s ...")
                 time.sleep(args.idle_seconds)
                 rss_after = watch.rss_now()
-        return Campaign(limit, rss_start, rss_after, args.idle_seconds, baseline, results, watch.guarded, exited)
+        return Campaign(
+            limit, rss_start, rss_after, args.idle_seconds, baseline, results, watch.guarded, exited, args.token
+        )

@@ -111,7 +111,7 @@ def crafted(body: Body, count: Callable[[Context], int] = lambda _: 1) -> Callab
             for _ in range(count(ctx)):
                 if ctx.guard.is_set():
                     break
-                calls.append(one(chan, data, ATTACK_TIMEOUT_S))
+                calls.append(one(chan, data, ATTACK_TIMEOUT_S, ctx.target.metadata))
         return Outcome(len(calls), len(data), calls)
 
     return run
@@ -121,7 +121,7 @@ def unread(body: Body) -> Callable[[Context], Outcome]:
     def run(ctx: Context) -> Outcome:
         data = body(ctx)
         with channel(ctx.target.grpc_url) as chan:
-            call, messages = unread_stream(chan, data, ctx.sizes.stream_seconds, ctx.guard)
+            call, messages = unread_stream(chan, data, ctx.sizes.stream_seconds, ctx.guard, ctx.target.metadata)
         return Outcome(messages, len(data), held=[call])
 
     return run
@@ -133,7 +133,7 @@ def concurrent(body: Body, count: Callable[[Context], int]) -> Callable[[Context
     def run(ctx: Context) -> Outcome:
         data = body(ctx)
         with channel(ctx.target.grpc_url) as chan:
-            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx)).wait()
+            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx), ctx.target.metadata).wait()
         return Outcome(len(calls), len(data), calls)
 
     return run
@@ -169,13 +169,20 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
                 proxy = closing.enter_context(StallProxy((host, int(port)), at_limit(ctx.limit) - STALL_SHORT))
                 calls = Calls(HELD_TIMEOUT_S)
                 for _ in range(count):  # a connection each, which the proxy stalls
-                    calls.unary(closing.enter_context(channel(proxy.address)), body)
+                    calls.unary(closing.enter_context(channel(proxy.address)), body, metadata=ctx.target.metadata)
                 arrived = until(lambda: proxy.stalled() + calls.done() >= count or ctx.guard.is_set(), 120)
             else:
                 count, body = ctx.sizes.held_calls, b""
-                calls = Held(closing.enter_context(channel(ctx.target.grpc_url)), count, HELD_TIMEOUT_S)
+                calls = Held(
+                    closing.enter_context(channel(ctx.target.grpc_url)), count, HELD_TIMEOUT_S, ctx.target.metadata
+                )
                 arrived = until(lambda: holding(ctx.target) + calls.done() >= count, 10)
-            high = one(closing.enter_context(channel(ctx.target.grpc_url)), valid_predict(priority=1), ATTACK_TIMEOUT_S)
+            high = one(
+                closing.enter_context(channel(ctx.target.grpc_url)),
+                valid_predict(priority=1),
+                ATTACK_TIMEOUT_S,
+                ctx.target.metadata,
+            )
             if ctx.quick or ctx.guard.is_set():
                 calls.cancel()
             ended = calls.wait()
@@ -241,6 +248,3 @@ def attacks() -> list[Attack]:
             metadata=(("authorization", f"Bearer {TOKEN}"),),
         ),
     ]
-
-
-NAMES = [attack.name for attack in attacks()]

@@ -8,9 +8,11 @@ the connection) and notes a GOAWAY or the connection's end.
 
 from __future__ import annotations
 
+import selectors
 import socket
 import struct
 import threading
+import time
 from contextlib import suppress
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -50,18 +52,28 @@ def grpc_message(payload: bytes) -> bytes:
 class RawConnection:
     """One TCP connection speaking HTTP/2 to `host:port`; `settings` go in the client's first SETTINGS frame."""
 
-    def __init__(self, host: str, port: int, settings: dict[int, int] | None = None, timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str, port: int, settings: dict[int, int] | None = None, timeout: float = 10.0, read: bool = True
+    ) -> None:
+        """`read` False: no reader thread of its own; something else calls `feed` with what arrives (`read_many`)."""
         self.authority = f"{host}:{port}"
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.goaway: int | None = None  # the error code of the server's GOAWAY, if it sent one
         self.closed = threading.Event()  # the server ended the connection (or it broke)
         self.next_stream = 1
+        self.opened: dict[int, float] = {}  # stream -> when its headers went out
+        self.ended: dict[int, float] = {}  # stream -> when the server ended it (trailers, or RST_STREAM)
+        self.closed_at = 0.0  # when the server ended the connection (0: it did not)
+        self._closing = False
         self._lock = threading.Lock()
         payload = b"".join(struct.pack(">HI", key, value) for key, value in (settings or {}).items())
+        self._buffer = b""
         self.send(PREFACE + frame(SETTINGS, 0, 0, payload))
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self._reader: threading.Thread | None = None
+        if read:
+            self._reader = threading.Thread(target=self._read, daemon=True)
+            self._reader.start()
 
     def send(self, data: bytes) -> bool:
         """Whether the bytes went out (False once the connection is gone)."""
@@ -70,12 +82,13 @@ class RawConnection:
                 self.sock.sendall(data)
             return True
         except OSError:
-            self.closed.set()
+            self.ended_by_server()
             return False
 
     def headers(self, path: str, end_stream: bool = False, metadata: tuple[tuple[str, str], ...] = ()) -> bytes:
         """A HEADERS frame opening the next stream for a gRPC call of `path`."""
         stream, self.next_stream = self.next_stream, self.next_stream + 2
+        self.opened[stream] = time.monotonic()
         block = header_block(
             [
                 (":method", "POST"),
@@ -110,26 +123,65 @@ class RawConnection:
         return sent
 
     def _read(self) -> None:
-        buffer = b""
         with suppress(OSError):
             while chunk := self.sock.recv(1 << 16):
-                buffer += chunk
-                while len(buffer) >= 9:
-                    length = int.from_bytes(buffer[:3], "big")
-                    if len(buffer) < 9 + length:
-                        break
-                    kind, flags, payload = buffer[3], buffer[4], buffer[9 : 9 + length]
-                    buffer = buffer[9 + length :]
-                    if kind == SETTINGS and not flags & ACK:
-                        self.send(frame(SETTINGS, ACK, 0))
-                    elif kind == PING and not flags & ACK:
-                        self.send(frame(PING, ACK, 0, payload))
-                    elif kind == GOAWAY and len(payload) >= 8:
-                        self.goaway = struct.unpack(">I", payload[4:8])[0]
+                self.feed(chunk)
+        self.ended_by_server()
+
+    def feed(self, chunk: bytes) -> None:
+        """Frames received: the server's SETTINGS and PINGs acknowledged, streams' ends and a GOAWAY noted."""
+        buffer = self._buffer + chunk
+        while len(buffer) >= 9:
+            length = int.from_bytes(buffer[:3], "big")
+            if len(buffer) < 9 + length:
+                break
+            kind, flags, payload = buffer[3], buffer[4], buffer[9 : 9 + length]
+            stream = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+            buffer = buffer[9 + length :]
+            if (kind == HEADERS and flags & END_STREAM) or kind == RST_STREAM:
+                self.ended.setdefault(stream, time.monotonic())
+            elif kind == SETTINGS and not flags & ACK:
+                self.send(frame(SETTINGS, ACK, 0))
+            elif kind == PING and not flags & ACK:
+                self.send(frame(PING, ACK, 0, payload))
+            elif kind == GOAWAY and len(payload) >= 8:
+                self.goaway = struct.unpack(">I", payload[4:8])[0]
+        self._buffer = buffer
+
+    def ended_by_server(self) -> None:
+        """The connection ended, by the server unless the attacker was closing it."""
+        if not self._closing and not self.closed.is_set():
+            self.closed_at = time.monotonic()
         self.closed.set()
 
     def close(self) -> None:
+        self._closing = True
         with suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-        self._reader.join(5)
+        if self._reader is not None:
+            self._reader.join(5)
+
+
+def read_many(connections: list[RawConnection], seconds: float) -> None:
+    """Read every connection for `seconds` from this one thread (thousands of connections, no thread each)."""
+    selector = selectors.DefaultSelector()
+    for connection in connections:
+        connection.sock.setblocking(False)
+        selector.register(connection.sock, selectors.EVENT_READ, connection)
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        for key, _ in selector.select(min(left, 0.1)):
+            connection = key.data
+            try:
+                chunk = connection.sock.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if chunk:
+                connection.feed(chunk)
+            else:
+                selector.unregister(connection.sock)
+                connection.ended_by_server()
+    selector.close()

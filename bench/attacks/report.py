@@ -17,7 +17,7 @@ from bench.output import Gate, gates_section, head, machine, settings
 from tritonnx.client.facade.errors import FacadeError
 
 ANSWER_S = 1.0  # every attack call answered within this
-PROBE_SLACK_MS = 100.0  # the probe's slowest call during an attack, above its slowest before the attacks
+PROBE_SLACK_MS = 250.0  # the probe's slowest call during an attack, above its slowest before the attacks
 RISE_MIB = 256.0  # the facade's peak RSS above its level before an attack
 IDLE_RISE_MIB = 64.0  # RSS after the idle period above RSS at the start
 
@@ -27,9 +27,10 @@ def _codes(error: type[FacadeError]) -> set[str]:
 
 
 # What the facade may answer: the statuses of errors.py, RESOURCE_EXHAUSTED from gRPC's own size check and
-# UNAUTHENTICATED from the token check; never INTERNAL (a model failure or a facade bug) or UNKNOWN (an exception
-# gRPC caught).
-DOCUMENTED = (_codes(FacadeError) | {"OK", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED"}) - {
+# UNAUTHENTICATED from the token check, UNAVAILABLE for a call whose connection the facade closed, and a raw HTTP/2
+# stream's end or its connection's (abuse.py: ENDED, CLOSED); never INTERNAL (a model failure or a facade bug) or
+# UNKNOWN (an exception gRPC caught).
+DOCUMENTED = (_codes(FacadeError) | {"OK", "RESOURCE_EXHAUSTED", "UNAUTHENTICATED", "ENDED", "CLOSED"}) - {
     grpc.StatusCode.INTERNAL.name,
     grpc.StatusCode.UNKNOWN.name,
 }
@@ -159,7 +160,9 @@ def report(campaign: Campaign, judged: list[Gate], quick: bool) -> str:
         [
             f"# Attacks on the facade{' (quick)' if quick else ''}",
             "",
-            f"The facade ran with its defaults (message limit {campaign.limit:,} bytes), in front of tritonserver serving resnet50 and mobilenet_v3_small. A probe sent a "
+            f"The facade ran with its defaults (message limit {campaign.limit:,} bytes"
+            f"{'; a bearer token, which the attackers held too' if campaign.token else ''}), in front of tritonserver "
+            "serving resnet50, mobilenet_v3_small and its image pipeline. A probe sent a "
             "valid mobilenet_v3_small Predict (at priority 1, which the facade's last slots are kept for) and a GET of /metrics every 0.5 s, each with a 2 s limit; before the "
             f"attacks their slowest calls took {base['Predict'].slowest_ms:,.0f} ms and "
             f"{base['/metrics'].slowest_ms:,.0f} ms ({base['Predict'].calls} and {base['/metrics'].calls} calls). Each "

@@ -133,6 +133,8 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self._unread: dict[object, tuple[str, float]] = {}  # a call (its context) answered, unread -> (peer, since)
         self._resets: dict[str, tuple[float, int]] = {}  # peer -> (second, calls cancelled in it)
+        # method -> (gRPC's handler, its wrap); the methods are the server's own few, unknown ones get no handler
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -143,6 +145,13 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         if handler is None:
             return handler
         method = details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is None or wrapped[0] is not handler:  # the servicers' handlers are made once: so is each wrap
+            wrapped = (handler, self._wrap(handler, method))
+            self._wrapped[method] = wrapped
+        return wrapped[1]
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
         pool = self.pools.get(REFLECTION_PREFIX if method.startswith(REFLECTION_PREFIX) else method)
         kind = handler.unary_unary or handler.stream_unary
         if kind is not None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from bench.attacks.__main__ import main
-from bench.attacks.catalog import NAMES
+from bench.attacks.abuse import NAMES
 from bench.attacks.report import DOCUMENTED
 from bench.attacks.watch import KINDS
 from tests.helpers import judged
