@@ -9,9 +9,10 @@ accelerator `openvino` (`optimization { execution_accelerators { cpu_execution_a
 puts ONNX Runtime's OpenVINO execution provider first, on CPU with the instance's intra-op threads,
 and the CPU provider after it for what OpenVINO does not take, where the installed ONNX Runtime has
 that provider (the `onnxruntime-openvino` wheel); elsewhere it is refused at load, naming what to
-install. Any other name is refused, as by the onnxruntime backend. What asks for a GPU (`KIND_GPU`
-instances, `gpu_execution_accelerator`, `optimization { cuda }`, the CUDA and TensorRT `parameters`)
-is refused at load by name: tritonnx runs ONNX Runtime on the CPU only. tritonnx adds any `session.*`
+install. Any other name is refused, as by the onnxruntime backend. `KIND_GPU` instances are refused at
+load by name: tritonnx runs ONNX Runtime on the CPU only. The GPU-only settings (`gpu_execution_accelerator`,
+`optimization { cuda }`, the CUDA and TensorRT `parameters`) are ignored on KIND_CPU instances, as the
+onnxruntime backend ignores them there; the instance's log names them. tritonnx adds any `session.*`
 ONNX Runtime session config entry (the onnxruntime backend reads none), `optimized_model_cache`,
 `warm_up` (off, or replaced by Triton's own `model_warmup`) and `nice` (the instance's process and
 its ONNX Runtime threads at a lower CPU priority: a model's instances niced beside a latency lane's). When the instances' threads add
@@ -158,29 +159,44 @@ GPU_PARAMETERS = frozenset(
 GPU_PARAMETER_PREFIX = "trt_"
 
 
-def _refuse_gpu_settings(model_config: dict, params: Mapping[str, str]) -> None:
-    """Refuse, by name, whatever asks for a GPU: this backend's sessions have the CPU provider (and OpenVINO's) only.
-
-    Triton's core refuses KIND_GPU itself where it finds no GPU; on a machine with one it would start the instances,
-    which would then compute on the CPU and each take a share of its cores: refused here as well.
-    """
-    found = [
+def _gpu_groups(model_config: dict) -> list[str]:
+    return [
         f"instance_group '{group.get('name') or index}' kind KIND_GPU"
         for index, group in enumerate(model_config.get("instance_group") or [])
         if group.get("kind") == "KIND_GPU"
     ]
+
+
+def gpu_settings(model_config: dict) -> list[str]:
+    """The config's GPU-only settings by name: GPU accelerators, `optimization { cuda }`, the GPU parameters.
+
+    Triton's onnxruntime backend reads them for KIND_GPU instances only; on KIND_CPU ones it ignores them.
+    """
     optimization = model_config.get("optimization") or {}
     accelerators = (optimization.get("execution_accelerators") or {}).get("gpu_execution_accelerator") or []
-    found += [f"gpu_execution_accelerator '{accelerator.get('name', '')}'" for accelerator in accelerators]
+    found = [f"gpu_execution_accelerator '{accelerator.get('name', '')}'" for accelerator in accelerators]
     cuda = optimization.get("cuda") or {}
     found += [f"optimization {{ cuda {{ {key} }} }}" for key, value in cuda.items() if value]
-    found += [f"parameter '{key}'" for key in params if key in GPU_PARAMETERS or key.startswith(GPU_PARAMETER_PREFIX)]
-    if found:
+    params = _parameters(model_config)
+    return found + [
+        f"parameter '{key}'" for key in params if key in GPU_PARAMETERS or key.startswith(GPU_PARAMETER_PREFIX)
+    ]
+
+
+def _refuse_gpu_instances(model_config: dict) -> tuple[str, ...]:
+    """Refuse KIND_GPU instances by name; the GPU settings a KIND_CPU instance ignores, as the native backend does.
+
+    Triton's core refuses KIND_GPU itself where it finds no GPU; on a machine with one it would start the instances,
+    which would then compute on the CPU and each take a share of its cores: refused here as well.
+    """
+    groups = _gpu_groups(model_config)
+    if groups:
         raise ModelConfigError(
-            f"{', '.join(found)}: GPU setting(s), and tritonnx runs ONNX Runtime on the CPU only (onnxruntime "
-            f"{ort.__version__} here has {', '.join(ort.get_available_providers())}); remove them, or serve the model "
-            "with Triton's own onnxruntime backend on a GPU"
+            f"{', '.join(groups + gpu_settings(model_config))}: GPU setting(s), and tritonnx runs ONNX Runtime on the "
+            f"CPU only (onnxruntime {ort.__version__} here has {', '.join(ort.get_available_providers())}); use "
+            "KIND_CPU instances, or serve the model with Triton's own onnxruntime backend on a GPU"
         )
+    return tuple(gpu_settings(model_config))
 
 
 def _custom_op_libraries(model_config: dict) -> tuple[str, ...]:
@@ -261,6 +277,7 @@ class SessionSettings:
     custom_op_libraries: tuple[str, ...] = ()  # as written: a relative path is the server's working directory's
     accelerators: tuple[str, ...] = ()  # execution providers put before the CPU provider, e.g. OpenVINO's
     nice: int = 0  # the niceness the instance's process and threads run at (0: the server's own)
+    ignored_gpu_settings: tuple[str, ...] = ()  # GPU-only settings of the config, which KIND_CPU instances ignore
 
     @classmethod
     def from_model_config(
@@ -278,7 +295,7 @@ class SessionSettings:
         pool per instance process, which holds one session: the same counts, no sharing to gain.)
         """
         params = _parameters(model_config)
-        _refuse_gpu_settings(model_config, params)
+        ignored = _refuse_gpu_instances(model_config)
         accelerators = _cpu_accelerators(model_config)
         if _as_bool("enable-global-threadpool", (server or {}).get("enable-global-threadpool", "0")):
             params = {k: v for k, v in params.items() if k not in _THREAD_COUNTS}
@@ -313,6 +330,7 @@ class SessionSettings:
             custom_op_libraries=_custom_op_libraries(model_config),
             accelerators=accelerators,
             nice=_niceness(params.get("nice", "0")),
+            ignored_gpu_settings=ignored,
         )
 
     def session_options(self) -> KeyedSessionOptions:

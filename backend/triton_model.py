@@ -9,9 +9,12 @@ only inside Triton's Python stub.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +32,67 @@ def _triton_error(error: RequestError) -> pb_utils.TritonError:
     return pb_utils.TritonError(str(error), code)
 
 
+class ModelRefused(RuntimeError):
+    """Why a model cannot load: a config Triton's onnxruntime backend would refuse as an invalid argument.
+
+    The stub reports it as pybind11 writes an exception, its class name, then its message; after python_backend's
+    own status (always "Internal") it reads as the native backend's refusal: `Invalid argument: model 'm', input
+    'x': ...`.
+    """
+
+
+ModelRefused.__name__ = ModelRefused.__qualname__ = "Invalid argument"
+
+
+def _refusal(name: str, error: Exception) -> RuntimeError:
+    """The refusal a client reads; a failure that is not the config's keeps its traceback, in the server's log only."""
+    if not isinstance(error, ModelConfigError):
+        pb_utils.Logger.log_error(f"model '{name}' failed to load:\n{traceback.format_exc()}")
+        failed = type(type(error).__name__, (RuntimeError,), {})  # named as the failure's own type
+        return failed(f"model '{name}': {error}")
+    tensor = str(error).startswith(("input '", "output '"))
+    return ModelRefused(f"model '{name}'{', ' if tensor else ': '}{error}")
+
+
+def _exhausted() -> Generator[None, None, None]:
+    yield from ()
+
+
+_DONE = _exhausted()
+next(_DONE, None)
+
+
+def _apply(argument: Any, step: Callable[[Any], Any]) -> Any:
+    return step(argument)
+
+
+class _EntryPoint:
+    """`auto_complete_config` or `initialize` as the stub calls them, refusing a model with its reason alone.
+
+    python_backend reports an exception raised out of these with pybind11's text, which lists every Python frame it
+    passed ("At: <server path>/tritonnx/backend/triton_model.py(47): auto_complete_config"), and that text is what
+    a client reads in load_model's error and the repository index. So the work runs as a step of functools.reduce
+    and returns normally, keeping a refusal aside; the refusal is then raised by C code alone (the throw of an
+    exhausted generator, reached through map and chain), and its traceback holds no frame.
+    """
+
+    def __init__(self, method: Callable[..., Any], name_of: Callable[[Any], str]) -> None:
+        self.method, self.name_of = method, name_of
+
+    def __get__(self, instance: Any, owner: type) -> Callable[[Any], Any]:
+        bound = self.method.__get__(owner if instance is None else instance, owner)
+        refusals: list[RuntimeError] = []
+
+        def step(argument: Any) -> Any:
+            try:
+                return bound(argument)
+            except Exception as error:  # noqa: BLE001 - each becomes the load's reason, raised below
+                refusals.append(_refusal(self.name_of(argument), error))
+                return argument
+
+        return functools.partial(functools.reduce, _apply, itertools.chain([step], map(_DONE.throw, refusals)))
+
+
 class OnnxRuntimeModel:
     """Serves the model's ONNX file with ONNX Runtime on CPU, one session per Triton instance."""
 
@@ -37,21 +101,20 @@ class OnnxRuntimeModel:
     onnx_file: ClassVar[Path | None] = None
 
     @classmethod
-    def auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
+    def _auto_complete_config(cls, auto_complete_model_config: Any) -> Any:
         """Fill in inputs, outputs and batching from the ONNX graph; the rest of the config is policy."""
         config = auto_complete_model_config.as_dict()
-        try:
-            files = cls._files(lambda: ModelFiles.of_stub(config))
-            complete_config(auto_complete_model_config, files.onnx_file, files.config_file, pb_utils.Logger.log_info)
-        except ModelConfigError as error:
-            raise pb_utils.TritonModelException(f"model '{config.get('name', '')}': {error}") from None
+        files = cls._files(lambda: ModelFiles.of_stub(config))
+        complete_config(auto_complete_model_config, files.onnx_file, files.config_file, pb_utils.Logger.log_info)
         return auto_complete_model_config
+
+    auto_complete_config = _EntryPoint(_auto_complete_config, lambda config: config.as_dict().get("name", ""))
 
     @classmethod
     def _files(cls, located: Callable[[], ModelFiles]) -> ModelFiles:
         return ModelFiles(cls.onnx_file.parent, cls.onnx_file) if cls.onnx_file is not None else located()
 
-    def initialize(self, args: dict) -> None:
+    def _initialize(self, args: dict) -> None:
         # Imported here, not at the top: auto-complete runs in a stub process of its own that
         # needs none of ONNX Runtime, and loading it there (and tearing it down) slows start-up.
         import onnxruntime as ort
@@ -64,24 +127,15 @@ class OnnxRuntimeModel:
         name = config["name"]
         version_folder = Path(args["model_repository"]) / args["model_version"]
         ragged = frozenset(i["name"] for i in config.get("input", []) if i.get("allow_ragged_batch"))
-        try:
-            settings = SessionSettings.from_model_config(config, server=backend_config(config.get("backend", "")))
-            files = self._files(lambda: ModelFiles.of_version(version_folder, config))
-            # The served config, auto-completed or not (--disable-auto-complete-config), held to the graph as
-            # auto-complete holds it: both modes refuse the same configs with the same messages.
-            graph = read_graph_io(files.onnx_file)
-            check_config(config, graph)
-            self.runner = OnnxModelRunner.load(
-                files.onnx_file,
-                name,
-                settings,
-                config.get("max_batch_size", 0),
-                ragged,
-                pb_utils.Logger.log_warn,
-                graph,
-            )
-        except ModelConfigError as error:
-            raise pb_utils.TritonModelException(f"model '{name}': {error}") from None
+        settings = SessionSettings.from_model_config(config, server=backend_config(config.get("backend", "")))
+        files = self._files(lambda: ModelFiles.of_version(version_folder, config))
+        # The served config, auto-completed or not (--disable-auto-complete-config), held to the graph as
+        # auto-complete holds it: both modes refuse the same configs with the same messages.
+        graph = read_graph_io(files.onnx_file)
+        check_config(config, graph)
+        self.runner = OnnxModelRunner.load(
+            files.onnx_file, name, settings, config.get("max_batch_size", 0), ragged, pb_utils.Logger.log_warn, graph
+        )
         pb_utils.Logger.log_info(
             f"{name} instance {args['model_instance_name']} ready in {time.perf_counter() - started:.2f}s: "
             f"{settings.describe()} ({cpu_instance_count(config)} CPU instance(s)), "
@@ -91,6 +145,13 @@ class OnnxRuntimeModel:
         stall = single_instance_queue_stall(config)
         if stall:
             pb_utils.Logger.log_warn(f"model '{name}': {stall}")
+        if settings.ignored_gpu_settings:
+            pb_utils.Logger.log_warn(
+                f"model '{name}': {', '.join(settings.ignored_gpu_settings)} ignored: GPU-only, and the instances are "
+                "KIND_CPU (Triton's onnxruntime backend ignores them there too)"
+            )
+
+    initialize = _EntryPoint(_initialize, lambda args: json.loads(args["model_config"]).get("name", ""))
 
     def execute(self, requests: list) -> list:
         feeds = [{tensor.name(): tensor.as_numpy() for tensor in request.inputs()} for request in requests]

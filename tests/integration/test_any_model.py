@@ -99,6 +99,16 @@ def test_every_servable_model_is_ready_and_the_others_are_refused_by_name(served
             assert states[name]["state"] == "READY", states[name].get("reason")
 
 
+def test_gpu_settings_of_kind_cpu_instances_are_ignored_with_a_warning_as_the_onnxruntime_backend_does(served, client):
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(infer(client, "gpu_settings_on_cpu", {"x": x}, ["y"])["y"], -x)
+    log = served[0].log_file.read_text(errors="replace")
+    assert (
+        "model 'gpu_settings_on_cpu': gpu_execution_accelerator 'tensorrt', parameter 'cudnn_conv_algo_search' "
+        "ignored: GPU-only, and the instances are KIND_CPU"
+    ) in log
+
+
 def strings(rows: int) -> np.ndarray:
     """Empty, non-ASCII (UTF-8) and embedded-NUL strings, as the bytes Triton carries."""
     words = [b"", "na\u00efve \u2603".encode(), b"nul\x00inside", b"plain"]

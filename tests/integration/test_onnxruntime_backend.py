@@ -249,9 +249,13 @@ def test_a_config_the_graph_contradicts_fails_the_load_naming_the_graphs_inputs(
         onnx.save(two_inputs(), folder / "1" / "model.onnx")
         output = 'output [{ name: "y", data_type: TYPE_FP32, dims: [3] }]'
         (folder / "config.pbtxt").write_text(f'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n{written}\n{output}\n')
-        with TritonControl(stack.triton.grpc_url, stack.triton.admin_key) as control, pytest.raises(ControlError):
-            control.load(name)
+        with TritonControl(stack.triton.grpc_url, stack.triton.admin_key) as control:
+            with pytest.raises(ControlError) as refused:
+                control.load(name)
         [state] = [s for s in stack.triton.model_states() if s["name"] == name]
-        assert state["state"] == "UNAVAILABLE" and f"model '{name}': {reason}" in state["reason"], state
+        assert state["state"] == "UNAVAILABLE" and f"model '{name}', {reason}" in state["reason"], state
+        # As a client reads it, in load_model's error and the repository index: the reason alone, no traceback.
+        for seen in (str(refused.value), state["reason"]):
+            assert f"model '{name}', {reason}" in seen and "At:" not in seen and "triton_model.py" not in seen, seen
     finally:
         shutil.rmtree(folder)

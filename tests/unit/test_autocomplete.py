@@ -179,7 +179,7 @@ def test_every_dim_written_with_a_max_batch_size_is_refused_naming_the_dims(pb_u
     written = {"input": [{**X4, "dims": [-1, 4]}], "output": [{**Y4, "dims": [-1, 4]}]}
     text = 'platform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
     message = refusal(pb_utils, monkeypatch, double_onnx, text, config_of(written, 8), auto_complete=True)
-    assert message == "model 'm': input 'x': the config's dims [-1, 4] do not fit the graph's dims [4]"
+    assert message == "model 'm', input 'x': the config's dims [-1, 4] do not fit the graph's dims [4]"
 
 
 # --- the same refusals, with and without auto-complete -----------------------------------------------------------
@@ -298,7 +298,8 @@ def test_initialize_refuses_what_auto_complete_refuses_with_the_same_message(pb_
     text = f'platform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
     completing = refusal(pb_utils, monkeypatch, onnx_file, text, config, auto_complete=True)
     starting = refusal(pb_utils, monkeypatch, onnx_file, text, config, auto_complete=False)
-    assert completing.startswith(f"model 'm': {expected}"), completing
+    named = ", " if expected.startswith(("input '", "output '")) else ": "  # Triton's "model 'm', tensor 'x': ..."
+    assert completing.startswith(f"model 'm'{named}{expected}"), completing
     assert starting == completing
 
 
@@ -315,7 +316,7 @@ def test_a_misspelt_input_beside_unwritten_outputs_is_refused_naming_the_graphs_
         }
     )
     message = refusal(pb_utils, monkeypatch, masked_sum_onnx, 'platform: "onnxruntime_onnx"\n', config, True)
-    assert message == "model 'm': input 'maks': the graph has no such input (its inputs: ids, mask)"
+    assert message == "model 'm', input 'maks': the graph has no such input (its inputs: ids, mask)"
 
 
 def test_a_config_without_inputs_is_refused_at_start_naming_the_first_the_graph_needs(
@@ -323,4 +324,4 @@ def test_a_config_without_inputs_is_refused_at_start_naming_the_first_the_graph_
 ):
     # --disable-auto-complete-config and a one-line config: the native backend refuses it too (0 inputs expected).
     message = refusal(pb_utils, monkeypatch, masked_sum_onnx, 'platform: "onnxruntime_onnx"\n', config_of(), False)
-    assert message.startswith("model 'm': input 'ids': the graph needs it and the config's inputs leave it out")
+    assert message.startswith("model 'm', input 'ids': the graph needs it and the config's inputs leave it out")

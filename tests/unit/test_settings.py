@@ -189,39 +189,44 @@ GPU_GROUP = {"instance_group": [{"name": "m_0", "kind": "KIND_GPU", "count": 1, 
 CUDA_DEFAULTS = {"cuda": {"graphs": False, "busy_wait_events": False, "graph_spec": [], "output_copy_stream": False}}
 
 
-@pytest.mark.parametrize(
-    ("model_config", "named"),
-    [
-        (GPU_GROUP, "instance_group 'm_0' kind KIND_GPU"),
-        (accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}]), "gpu_execution_accelerator 'tensorrt'"),
-        (
-            accelerating(
-                gpu_execution_accelerator=[{"name": "cuda", "parameters": {"enable_cuda_graph": "1"}}],
-            ),
-            "gpu_execution_accelerator 'cuda'",
-        ),
-        ({"optimization": {"cuda": {**CUDA_DEFAULTS["cuda"], "graphs": True}}}, "optimization { cuda { graphs } }"),
-        (config(cudnn_conv_algo_search="1"), "parameter 'cudnn_conv_algo_search'"),
-        (config(gpu_mem_limit="4294967200"), "parameter 'gpu_mem_limit'"),
-        (config(arena_extend_strategy="1"), "parameter 'arena_extend_strategy'"),
-        (config(do_copy_in_default_stream="0"), "parameter 'do_copy_in_default_stream'"),
-        (config(enable_cuda_graph="1"), "parameter 'enable_cuda_graph'"),
-        (config(trt_engine_cache_enable="1"), "parameter 'trt_engine_cache_enable'"),
-    ],
-)
-def test_what_asks_for_a_gpu_is_refused_at_load_by_name(monkeypatch, model_config, named):
+GPU_SETTINGS = [
+    (accelerating(gpu_execution_accelerator=[{"name": "tensorrt"}]), "gpu_execution_accelerator 'tensorrt'"),
+    (
+        accelerating(gpu_execution_accelerator=[{"name": "cuda", "parameters": {"enable_cuda_graph": "1"}}]),
+        "gpu_execution_accelerator 'cuda'",
+    ),
+    ({"optimization": {"cuda": {**CUDA_DEFAULTS["cuda"], "graphs": True}}}, "optimization { cuda { graphs } }"),
+    (config(cudnn_conv_algo_search="1"), "parameter 'cudnn_conv_algo_search'"),
+    (config(gpu_mem_limit="4294967200"), "parameter 'gpu_mem_limit'"),
+    (config(arena_extend_strategy="1"), "parameter 'arena_extend_strategy'"),
+    (config(do_copy_in_default_stream="0"), "parameter 'do_copy_in_default_stream'"),
+    (config(enable_cuda_graph="1"), "parameter 'enable_cuda_graph'"),
+    (config(trt_engine_cache_enable="1"), "parameter 'trt_engine_cache_enable'"),
+]
+
+
+def test_a_kind_gpu_instance_is_refused_at_load_by_name(monkeypatch):
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     with pytest.raises(ModelConfigError) as refused:
-        SessionSettings.from_model_config(model_config, cores=2)
+        SessionSettings.from_model_config({**config(gpu_mem_limit="1"), **GPU_GROUP}, cores=2)
     message = str(refused.value)
-    assert message.startswith(named) and "tritonnx runs ONNX Runtime on the CPU only" in message
+    assert message.startswith("instance_group 'm_0' kind KIND_GPU, parameter 'gpu_mem_limit'")
+    assert "tritonnx runs ONNX Runtime on the CPU only" in message
     assert f"onnxruntime {ort.__version__} here has CPUExecutionProvider" in message
+
+
+@pytest.mark.parametrize(("model_config", "named"), GPU_SETTINGS)
+def test_gpu_settings_of_kind_cpu_instances_are_ignored_by_name_as_the_onnxruntime_backend_does(model_config, named):
+    settings = SessionSettings.from_model_config(model_config, cores=2)
+    assert settings.ignored_gpu_settings == (named,)
+    assert settings.providers() == ["CPUExecutionProvider"]
 
 
 def test_a_config_that_says_nothing_about_gpus_loads():
     cpu = {**config(2), "optimization": CUDA_DEFAULTS}
     cpu["instance_group"][0]["gpus"] = []
-    assert SessionSettings.from_model_config(cpu, cores=2).providers() == ["CPUExecutionProvider"]
+    settings = SessionSettings.from_model_config(cpu, cores=2)
+    assert settings.providers() == ["CPUExecutionProvider"] and settings.ignored_gpu_settings == ()
 
 
 def test_model_warmup_replaces_the_backends_own_warm_up():

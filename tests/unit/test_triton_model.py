@@ -125,6 +125,24 @@ def test_auto_complete_refuses_dims_that_contradict_the_graph(pb_utils, double_o
         model_class(pb_utils, double_onnx).auto_complete_config(config)
 
 
+def test_a_refusal_carries_its_reason_alone_with_no_frame_of_the_backend_in_its_traceback(pb_utils, double_onnx):
+    # The stub calls the entry points from C++ and reports pybind11's text of what they raise, every Python frame
+    # of its traceback included: a refusal must pass none, so that a client reads the reason and no server path.
+    wrong = {"name": "x", "data_type": "TYPE_FP32", "dims": [5]}
+    model = model_class(pb_utils, double_onnx)
+    for entry, argument in (
+        (model.auto_complete_config, pb_utils.ModelConfig(json.dumps(empty_config("double", 8, [wrong])))),
+        (model().initialize, {"model_config": json.dumps({**empty_config("double", 8, [wrong]), "output": []}),
+                              "model_repository": str(double_onnx.parent), "model_version": "1",
+                              "model_instance_name": "double_0"}),
+    ):  # fmt: skip
+        with pytest.raises(pb_utils.TritonModelException) as refused:
+            entry(argument)
+        assert type(refused.value).__name__ == "Invalid argument"  # pybind11 writes it before the message
+        assert str(refused.value).startswith("model 'double', input 'x': the config's dims [5] do not fit")
+        assert refused.tb.tb_next is None  # the test's own frame, and none below it
+
+
 def test_inputs_and_outputs_written_in_tritons_style_are_kept_when_the_graph_agrees(pb_utils, double_onnx):
     # As Triton's quickstart writes them: fixed dims where the graph has any size, and an output `reshape`.
     written = [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
@@ -214,7 +232,7 @@ def test_initialize_names_the_model_when_the_graph_cannot_batch(pb_utils, tmp_pa
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
     onnx.save(model, tmp_path / "fixed.onnx")
-    with pytest.raises(RuntimeError, match="model 'm': input 'x' has a fixed first dim 1"):
+    with pytest.raises(RuntimeError, match="model 'm', input 'x' has a fixed first dim 1"):
         served(pb_utils, tmp_path / "fixed.onnx")
 
 
