@@ -96,6 +96,8 @@ class OnnxModelRunner:
         # fails is blamed on its input (a sequence longer than the model's position table, an id
         # outside its vocabulary). A batch whose requests all fail alone is the model's failure.
         self._has_run = False
+        # How requests are run and why, in a few words (the instance's ready line, `tritonnx-models check`).
+        self.batching = "each request runs alone" if coupled else "batches" if signature.batched else "no batch dim"
 
     @classmethod
     def load(
@@ -125,6 +127,9 @@ class OnnxModelRunner:
         if coupling and signature.batched:
             log(f"model '{name}': its rows are not independent ({coupling}): each request runs alone")
         runner = cls(session, signature, settings.run_options(), log, coupled=coupling is not None)
+        if signature.batched:
+            why = "the batch-axis rule finds its rows independent" if coupling is None else "the batch-axis rule"
+            runner.batching += f" ({why})"
         trapping = bool(graph.op_types & TRAPPING_OPS)
         if settings.warm_up:
             if trapping:
@@ -159,6 +164,9 @@ class OnnxModelRunner:
                 failures.append(f"{_shapes(feeds)}: {_caller_message(error)}")
                 continue
             differs = rows_agree(stacked, alone)
+            if differs or undecided:
+                agree = "differ" if differs else "agree"
+                self.batching = f"{'each request runs alone' if differs else 'batches'} (rows checked at load {agree})"
             if differs:
                 self.coupled = True
                 unjudged = f" the batch-axis rule cannot judge every node ({undecided});" if undecided else ""

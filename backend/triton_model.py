@@ -139,7 +139,7 @@ class OnnxRuntimeModel:
         pb_utils.Logger.log_info(
             f"{name} instance {args['model_instance_name']} ready in {time.perf_counter() - started:.2f}s: "
             f"{settings.describe()} ({cpu_instance_count(config)} CPU instance(s)), "
-            f"max_batch_size={config.get('max_batch_size', 0)}, ragged={sorted(ragged) or 'none'}, "
+            f"max_batch_size={config.get('max_batch_size', 0)} ({self.runner.batching}), ragged={sorted(ragged) or 'none'}, "
             f"providers={','.join(self.runner.session.get_providers())} (onnxruntime {ort.__version__})"
         )
         stall = single_instance_queue_stall(config)

@@ -416,12 +416,16 @@ def test_each_corpus_graph_gets_its_verdict_at_load_and_every_request_its_own_an
     assert runner.coupled == graph_case.coupled, lines
     if graph_case.rule == "coupled":
         assert lines and "its rows are not independent (" in lines[0] and "each request runs alone" in lines[0]
+        assert runner.batching == "each request runs alone (the batch-axis rule)"
     elif graph_case.rule == "undecided":
         [line] = lines
         verdict = "disagree (output 'y' differs by up to" if graph_case.coupled else "agree: it batches"
         assert f"model '{case}': " in line and verdict in line and graph_case.phrase in line
+        alone = "each request runs alone (rows checked at load differ)"
+        assert runner.batching == (alone if graph_case.coupled else "batches (rows checked at load agree)")
     else:
         assert lines == []
+        assert runner.batching == "batches (the batch-axis rule finds its rows independent)"
     requests = [{"x": corpus_rows(n, seed=n)} for n in (1, 2, 1)]
     for request, result in zip(requests, runner.infer(requests), strict=True):
         expected = reference(path, request)[0]
