@@ -4,7 +4,8 @@ Tiers follow the folders: `unit` (no server, seconds), `integration` (behaviour 
 tritonservers: one shared by the session for the demo models, and a few modules with a
 repository of their own), `slow` (faults, overload, replicas, versions under load, benchmark
 smoke runs), `conformance` (ONNX's own test models served and checked) and `containers` (the
-images in a real Docker engine). `make test` runs the first two; `make test-slow`,
+images in a real Docker engine). The session's server serves the demo models alone, whatever else
+model_repository/ holds. `make test` runs the first two; `make test-slow`,
 `make test-conformance` and `make test-containers` the others; CI runs all of them.
 
 The servers run on free loopback ports, so the suite also runs while `make serve` holds
@@ -20,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.serving import MODEL_REPOSITORY, MODELS, start_facade
+from tests.serving import MODEL_REPOSITORY, MODELS, SERVED_MODELS, start_facade
 from tritonnx.offline.demo_models import generate
 from tritonnx.server.facade import FacadeProcess
+from tritonnx.server.repository import link_models
 from tritonnx.server.stack import ServingStack
 from tritonnx.server.triton import TritonServer
 
@@ -74,7 +76,10 @@ def gate(request: pytest.FixtureRequest) -> Callable[[bool, str], None]:
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory) -> TritonServer:
     generate(MODEL_REPOSITORY, list(MODELS), force=False)  # cached after `make models`
-    with ServingStack(MODEL_REPOSITORY, tmp_path_factory.mktemp("tritonserver"), with_facade=False) as stack:
+    # The demo models only, linked: a model a user added to model_repository/ (a recipe's) is not the tests'.
+    demo = {model: MODEL_REPOSITORY / model for model in SERVED_MODELS}
+    repository = link_models(tmp_path_factory.mktemp("repository") / "model_repository", demo)
+    with ServingStack(repository, tmp_path_factory.mktemp("tritonserver"), with_facade=False) as stack:
         yield stack.triton
 
 
