@@ -19,14 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
-from tests.docs_blocks import CHECKOUT, PAGES, Block, all_blocks, blocks
+from tests.docs_blocks import ADDRESS, CHECKOUT, PAGES, Block, all_blocks, blocks, write_recipe_files
 from tests.graphs import small_classifier
 from tests.helpers import wait_until
-from tests.serving import MODEL_REPOSITORY, onnx_file
+from tests.serving import MODEL_REPOSITORY
 from tritonnx.client.model_control import TritonControl
 from tritonnx.server.repository import link_models
 from tritonnx.server.stack import ServingStack
@@ -35,7 +33,6 @@ from tritonnx.server.stack import ServingStack
 MODELS = ("mobilenet_v3_small", "text_classifier", "image_preprocess", "mobilenet_v3_small_image")
 RUN_PAGES = [page for page in PAGES if any(block.marker == "run" for block in blocks(page))]
 CONFIG_BLOCKS = [block for block in all_blocks() if block.kind == "protobuf"]
-ADDRESS = re.compile(r"\b(?:127\.0\.0\.1|localhost):(8000|8001|8002|8003|50051|3000)\b")
 BLOCK_TIMEOUT_S = 300
 
 
@@ -90,19 +87,6 @@ class Served:
         )
 
 
-def write_recipe_files(home: Path) -> None:
-    """The files the recipes name: a user's model, a new version of the demo model, samples, an image."""
-    small_classifier(home / "my.onnx")
-    small_classifier(home / "path" / "to" / "my.onnx")
-    shutil.copyfile(onnx_file("mobilenet_v3_small"), home / "path" / "to" / "new.onnx")
-    rng = np.random.default_rng(0)
-    (home / "samples").mkdir()
-    np.save(home / "samples" / "a.npy", rng.standard_normal((20, 3, 16, 16), dtype=np.float32))
-    np.save(home / "image.npy", rng.standard_normal((1, 3, 224, 224), dtype=np.float32))
-    pixels = rng.integers(0, 256, (240, 320, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(home / "cat.jpg", quality=90)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory) -> Iterator[Served]:
     home = tmp_path_factory.mktemp("docs-recipes")
@@ -114,8 +98,7 @@ def served(tmp_path_factory) -> Iterator[Served]:
     stack = ServingStack(
         home / "model_repository", home / "build", facade_args=facade_args, supervised=True, supervisor_metrics_port=0
     )
-    with stack:
-        (home / "build" / "admin-key").write_text(stack.admin_key + "\n")
+    with stack:  # no build/admin-key: the recipes read the key from the environment, where the user set it
         yield Served(stack, home)
 
 

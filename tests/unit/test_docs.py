@@ -15,11 +15,14 @@ of the report (a range or a decimal with its unit) copied onto the page fails, s
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tritonnx.client.facade.settings import FacadeSettings
 from tritonnx.commands.serve import ServeSettings
@@ -48,6 +51,7 @@ GENERATED_SUFFIXES = (".onnx", "_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 # A file or folder named alone in a table row whose first cell names folders (`backend/`: `runner.py`).
 BARE_NAME = re.compile(r"[\w-]+\.(?:py|pyi|sh|ya?ml|txt|json|md|proto|pbtxt)|[\w-]+/")
 PACKAGES = ("tritonnx", "bench", "tests")
+PACKAGE_DIRS = tomllib.loads((CHECKOUT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 # tritonnx's subpackages: `tritonnx.<other>` is a name of another kind (a span attribute, a config parameter).
 MODULE = re.compile(
     r"(?<![\w.])(?:tritonnx\.(?:backend|client|server|commands|offline|common)|bench|tests)(?:\.[A-Za-z_]\w*)*"
@@ -152,6 +156,9 @@ def modules(page: Path) -> set[str]:
 
 
 def is_module(name: str) -> bool:
+    for package, folder in PACKAGE_DIRS.items():  # tritonnx.client.x is client/x.py
+        if name == package or name.startswith(package + "."):
+            name = folder + name[len(package) :]
     base = CHECKOUT.joinpath(*name.split("."))
     return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
 
@@ -170,10 +177,7 @@ def variables_the_code_reads() -> set[str]:
     """The TRITONNX_* (and TRITON_*) names in the sources, those built with env_name, and the facade's settings'."""
     text = "\n".join(path.read_text() for folder in CODE_FOLDERS for path in (CHECKOUT / folder).rglob("*.py"))
     built = {env_name(name) for name in re.findall(r"env_name\(\"(\w+)\"\)", text)}  # env_name("triton_http_url")
-    declared = {
-        env for settings in (FacadeSettings, ServeSettings) for item in fields(settings) if (env := env_of(item))
-    }
-    return set(ENV_VARIABLE.findall(text)) | built | declared
+    return set(ENV_VARIABLE.findall(text)) | built | settings_variables()
 
 
 def linked_reports(page: Path) -> list[Path]:
@@ -182,15 +186,8 @@ def linked_reports(page: Path) -> list[Path]:
     return sorted(folder for folder in folders if folder.parent == REPORTS)
 
 
-def setting_rows() -> dict[str, str]:
-    """Each environment variable named in the first cell of a table row of docs/configuration.md: that row."""
-    rows: dict[str, str] = {}
-    for line in prose(CONFIGURATION.read_text()).splitlines():
-        if not line.startswith("|"):
-            continue
-        first = line.strip("| ").partition("|")[0]
-        rows |= dict.fromkeys(ENV_VARIABLE.findall(first), line)
-    return rows
+def settings_variables() -> set[str]:
+    return {env for settings in (FacadeSettings, ServeSettings) for item in fields(settings) if (env := env_of(item))}
 
 
 def page_id(page: Path) -> str:
@@ -257,16 +254,25 @@ def test_every_environment_variable_it_names_is_read_by_the_code(page: Path):
     assert not unknown, f"{page_id(page)} names environment variables no process reads: {unknown}"
 
 
-@pytest.mark.parametrize("settings", [ServeSettings, FacadeSettings], ids=lambda s: s.__name__)
-def test_the_configuration_page_lists_every_settings_variable_with_its_flag(settings: type):
-    rows = setting_rows()
-    missing = []
-    for item in fields(settings):
-        env = env_of(item)
-        flag = (item.metadata["flags"] or ("--" + item.name.replace("_", "-"),))[0]
-        if env and (env not in rows or f"`{flag}`" not in rows[env]):
-            missing.append(f"{env} ({flag})")
-    assert not missing, f"docs/configuration.md has no row with these variables and their flags: {missing}"
+@pytest.mark.parametrize("command", ["tritonnx.commands.serve", "tritonnx.client.facade"])
+def test_help_lists_every_settings_variable_with_its_flag(command: str):
+    """docs/configuration.md sends readers to --help for the settings: it must name each flag's variable."""
+    helped = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, check=True)
+    settings = ServeSettings if command.endswith("serve") else FacadeSettings
+    text = " ".join(helped.stdout.split())
+    missing = [
+        f"{env} ({flag})"
+        for item in fields(settings)
+        if (env := env_of(item)) and ((flag := "--" + item.name.replace("_", "-")) not in text or env not in text)
+    ]
+    assert not missing, f"{command} --help does not name these variables and flags: {missing}"
+
+
+def test_the_configuration_page_lists_every_variable_no_help_lists():
+    page = CONFIGURATION.read_text()
+    unlisted = {v for v in variables_the_code_reads() - settings_variables() if v.startswith("TRITONNX_")}
+    missing = sorted(v for v in unlisted if f"`{v}`" not in page)
+    assert not missing, f"docs/configuration.md does not list {missing}"
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
@@ -325,11 +331,25 @@ def test_the_readmes_address_table_says_the_ports_of_backend_server_ports():
 
 # The user pages speak to a user: measurement history goes to a report (figures measured once: bench/reports/2026-11-26-design-notes).
 LAB_NOTEBOOK = re.compile(
-    r"this machine|these machines|this CPU|\b2 (?:shared )?cores\b|\bissue \d+|(?:live|kept) here only", re.I
+    r"this\s+machine|these\s+machines|this\s+CPU|\b2\s+(?:shared\s+)?cores\b|\bissue\s+\d+|(?:live|kept)\s+here\s+only",
+    re.I,
 )
+MAX_CELL_CHARS = 300
 
 
 @pytest.mark.parametrize("page", [README, *sorted(CHECKOUT.glob("docs/*.md"))], ids=page_id)
 def test_it_speaks_to_a_user_not_of_the_test_host_or_an_issue(page: Path):
     found = sorted({match.group(0) for match in LAB_NOTEBOOK.finditer(page.read_text())})
     assert not found, f"{page_id(page)} reads as a lab notebook ({found}): state the conclusion, link the report"
+
+
+def test_the_lab_notebook_check_sees_across_a_line_break():
+    assert LAB_NOTEBOOK.search("measured on\nthis machine") and LAB_NOTEBOOK.search("on 2\n  cores")
+
+
+@pytest.mark.parametrize("page", [README, *sorted(CHECKOUT.glob("docs/*.md"))], ids=page_id)
+def test_no_table_cell_is_a_paragraph(page: Path):
+    cells = [cell.strip() for line in prose(page.read_text()).splitlines() if line.startswith("|")
+             for cell in line.strip().strip("|").split(" | ")]  # fmt: skip
+    long = [f"{cell[:60]}... ({len(cell)} characters)" for cell in cells if len(cell) > MAX_CELL_CHARS]
+    assert not long, f"{page_id(page)}: a table cell over {MAX_CELL_CHARS} characters belongs in prose: {long}"
