@@ -128,8 +128,9 @@ class OnnxModelRunner:
             log(f"model '{name}': its rows are not independent ({coupling}): each request runs alone")
         runner = cls(session, signature, settings.run_options(), log, coupled=coupling is not None)
         if signature.batched:
-            why = "the batch-axis rule finds its rows independent" if coupling is None else "the batch-axis rule"
-            runner.batching += f" ({why})"
+            undecided = "cannot judge every node, and no check at load ran" if graph.batch_undecided() else ""
+            why = "" if coupling else undecided or "finds its rows independent"
+            runner.batching += f" (the batch-axis rule{' ' if why else ''}{why})"
         trapping = bool(graph.op_types & TRAPPING_OPS)
         if settings.warm_up:
             if trapping:

@@ -113,6 +113,18 @@ requests in flight are answered. To serve a retired version again, publish its f
 Example:
   python -m tritonnx.commands.models rollback resnet50""",
     ),
+    "check": (
+        "say whether a model's requests will be batched, and why, before it is served",
+        """\
+Read FILE as the backend reads it at load: whether Triton's batcher can stack its requests (every
+input and output with a dynamic first dim), what the batch-axis rule finds in the graph (nodes that
+mix the rows of a batch, nodes it cannot judge), and, where the rule finds no mixing, the check at
+load: a few rows run stacked and one by one in ONNX Runtime. The first line is the verdict, the
+lines after it why. No server is needed, and nothing is written.
+
+Example:
+  python -m tritonnx.commands.models check path/to/my.onnx""",
+    ),
     "retire": (
         "take one version out of service and out of the repository",
         """\
@@ -195,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     parsers["list"].add_argument("models", nargs="*", metavar="MODEL", help="models to list (default: all)")
     parsers["list"].add_argument("--json", action="store_true", help="print one JSON document")
     parsers["rollback"].add_argument("model", metavar="MODEL", help="the model's name")
+    parsers["check"].add_argument("file", metavar="FILE", type=Path, help="the .onnx file")
+    parsers["check"].add_argument("--max-batch-size", type=_positive_int, default=8, metavar="N",
+                                  help="the batch the check stacks up to (default: %(default)s)")  # fmt: skip
     parsers["retire"].add_argument("model", metavar="MODEL", help="the model's name")
     parsers["retire"].add_argument("version", metavar="VERSION", type=_positive_int, help="the version to retire")
     return parser
@@ -281,8 +296,45 @@ def run(args: argparse.Namespace, control: TritonControl, repository: Path, out:
         out(_summary(f"version {outcome.version} of {folder.name} retired to {RETIRED}/{outcome.version}", outcome))
 
 
+def check(onnx_file: Path, max_batch_size: int, out: Callable[[str], None]) -> None:
+    """The verdict on `onnx_file`'s batching as an instance would reach it at load, then why, line by line."""
+    import onnxruntime as ort
+
+    from tritonnx.backend.errors import ModelConfigError
+    from tritonnx.backend.onnx_io import read_graph_io
+    from tritonnx.backend.runner import OnnxModelRunner
+    from tritonnx.backend.settings import SessionSettings
+
+    try:
+        graph = read_graph_io(onnx_file)
+    except (OSError, ModelConfigError) as error:
+        raise VersionError(f"{onnx_file}: {error}") from None
+    reason = graph.cannot_batch()
+    if reason:
+        out(f"{onnx_file}: no batching: {reason}, so Triton hands it each request's tensors whole (max_batch_size 0)")
+        return
+    found: list[str] = []
+    ort.set_default_logger_severity(4)  # a run the check's values fail is said below, not on stderr
+    settings = SessionSettings.from_model_config({"parameters": {"optimized_model_cache": {"string_value": "0"}}})
+    try:
+        runner = OnnxModelRunner.load(onnx_file, onnx_file.stem, settings, max_batch_size, log=found.append,
+                                      graph=graph)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - ONNX Runtime's own errors: the file does not load
+        raise VersionError(f"{onnx_file}: ONNX Runtime cannot load it: {error}") from None
+    out(f"{onnx_file}: {runner.batching}")
+    for line in found:
+        out(f"  {line.split(': ', 1)[-1]}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "check":
+        try:
+            check(args.file, args.max_batch_size, print)
+        except VersionError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     paths = Paths.from_environment()
     repository = args.repository or paths.model_repository
     control = TritonControl(args.url or default_url("grpc"), known_admin_key(paths))
