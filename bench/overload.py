@@ -10,6 +10,10 @@ their p99 without overload; then the memory again.
 Verdict, per the reliability targets: every request ends as a success or a documented rejection (RESOURCE_EXHAUSTED
 from the facade, UNAVAILABLE from Triton's queue) returned within 50 ms; the accepted requests' p99 is at most 2x the
 reference p99; no wrong output; the servers stay up and their memory is back within 10% (or 64 MiB) of idle.
+
+The demo models run a plain batcher, which bounds nothing: the facade's admission protects the facade's path. Triton's
+own ports are protected by a queue policy in the model's config (docs/models.md), so the direct path is measured on
+the model with one (`bounded`), as a deployment that exposes those ports would configure it.
 """
 
 from __future__ import annotations
@@ -32,11 +36,31 @@ from bench.output import run_folder, say, write_json
 from bench.peers.servers import reference_outputs as expected_outputs
 from bench.peers.servers import sample_images
 from bench.usage import tree_memory
+from tritonnx.server.repository import CONFIG_FILE, link_models
 from tritonnx.server.stack import ServingStack
 
 REJECTIONS = {"facade": "RESOURCE_EXHAUSTED", "direct": "UNAVAILABLE"}
 REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
+# The direct path's queue policy: requests past this many waiting, or waiting longer, are refused.
+QUEUE_BOUND, QUEUE_TIMEOUT_US = 64, 10_000_000
+
+
+def bounded(config: str, size: int = QUEUE_BOUND) -> str:
+    """A model config whose dynamic batcher refuses requests past `size` waiting, or waiting too long (UNAVAILABLE)."""
+    policy = (
+        f"  default_queue_policy {{ max_queue_size: {size} timeout_action: REJECT "
+        f"default_timeout_microseconds: {QUEUE_TIMEOUT_US} allow_timeout_override: true }}\n"
+    )
+    if "dynamic_batching {\n" not in config:
+        raise ValueError("the config has no dynamic_batching block")
+    return config.replace("dynamic_batching {\n", "dynamic_batching {\n" + policy, 1)
+
+
+def bounded_repository(directory: Path, model: str) -> Path:
+    """A repository serving `model` of the demo repository with a bounded queue (`bounded`)."""
+    config = bounded((REPOSITORY / model / CONFIG_FILE).read_text())
+    return link_models(directory, {model: REPOSITORY / model}, {model: config})
 
 
 def checked_images(model: str, count: int = 4, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -174,15 +198,16 @@ async def measure(
 
 
 def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
-    """Start tritonserver (supervised) and the facade on free ports, overload each path in turn."""
+    """For each path, start tritonserver (supervised) and the facade on free ports and overload the path."""
     facade_args = ["--default-model", args.model, "--health-interval", "5"]
     images, expected = checked_images(args.model)
     results = []
-    with ServingStack(REPOSITORY, out, supervised=True, facade_args=facade_args) as stack:
-        triton, facade, supervisor = stack.triton, stack.facade, stack.supervisor
-        assert facade is not None and supervisor is not None  # a supervised stack with a facade
-        pids = {"tritonserver": triton.pid, "facade": facade.pid}
-        for path in args.paths:
+    for path in args.paths:
+        repository = REPOSITORY if path == "facade" else bounded_repository(out / "bounded", args.model)
+        with ServingStack(repository, out / path, supervised=True, facade_args=facade_args) as stack:
+            triton, facade, supervisor = stack.triton, stack.facade, stack.supervisor
+            assert facade is not None and supervisor is not None  # a supervised stack with a facade
+            pids = {"tritonserver": triton.pid, "facade": facade.pid}
             url = facade.grpc_url if path == "facade" else triton.grpc_url
             target = path_target(path, url, args.model, images, expected)
             result = asyncio.run(measure(path, target, pids, seconds=args.seconds, factor=args.factor))

@@ -140,11 +140,15 @@ class LatencyBound:
         return f"queue timeout {self.queue_timeout_ms:.0f} ms, batches <= {self.max_batch_size}"
 
     def apply(self, config: str) -> str:
+        """The config with the bound's queue timeout (its queue policy's, or a policy added) and batch size."""
         timeout = f"default_timeout_microseconds: {round(self.queue_timeout_ms * 1000)}"
         config, timeouts = re.subn(r"default_timeout_microseconds:\s*\d+", timeout, config)
+        if not timeouts:
+            policy = f"  default_queue_policy {{ timeout_action: REJECT {timeout} allow_timeout_override: true }}\n"
+            config, timeouts = re.subn(r"(?m)^dynamic_batching \{\n", lambda m: m[0] + policy, config, count=1)
         config, batches = re.subn(r"(?m)^max_batch_size:\s*\d+", f"max_batch_size: {self.max_batch_size}", config)
         if not timeouts or batches != 1:
-            raise ServerError("the model's config.pbtxt has no queue policy or no max_batch_size to rewrite")
+            raise ServerError("the model's config.pbtxt has no dynamic batcher or no max_batch_size to rewrite")
         return config
 
 

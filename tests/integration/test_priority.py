@@ -1,6 +1,6 @@
 """Request priorities reach Triton's dynamic batcher, through tritonclient and through the facade.
 
-A one-instance test model (tests/models/slow) with the demo models' two priority levels: a request
+A one-instance test model (tests/models/slow) with two priority levels and a bounded queue: a request
 holds its instance until the test releases it, low-priority requests queue behind it, then a
 high-priority one arrives; it must run next, before every low one queued ahead of it. Each step is
 awaited on Triton's own state (the held request, the queue's length), never on time.
@@ -9,18 +9,19 @@ awaited on Triton's own state (the held request, the queue's length), never on t
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
+from tritonclient.utils import InferenceServerException
 
 from tests.helpers import wait_until
 from tests.kserve import make_inputs
-from tests.serving import CHECKOUT, MODEL_REPOSITORY, start_facade
+from tests.serving import CHECKOUT, start_facade
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.server.prometheus import scrape
 from tritonnx.server.repository import link_models
@@ -29,11 +30,9 @@ from tritonnx.server.stack import ServingStack
 SLOW = CHECKOUT / "tests" / "models" / "slow"
 HIGH, LOW = 1, 2
 HOLD_MS = -1.0  # the test model holds such a request until its `hold` file is gone
-# The demo models' priority block, so the test exercises what they ship.
-PRIORITY_BLOCK = re.search(
-    r"  priority_levels: 2\n  default_priority_level: 2\n",
-    (MODEL_REPOSITORY / "mobilenet_v3_small" / "config.pbtxt").read_text(),
-)[0]
+# Two levels, 1 high and 2 the default, as docs/facade.md configures a model whose priorities Triton keeps.
+PRIORITY_BLOCK = "  priority_levels: 2\n  default_priority_level: 2\n"
+QUEUE_SIZE = 8  # the test model's max_queue_size (its config.pbtxt)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +111,29 @@ def test_a_high_priority_request_overtakes_queued_low_ones_through_the_facade(st
 
     order = asyncio.run(run())
     assert order[:2] == ["first", "high"], order
+
+
+def test_requests_beyond_the_queue_bound_are_refused_at_once_and_the_queued_ones_answered(stack):
+    """A queue policy's bound, as a user configures one: the call past it is UNAVAILABLE, the others run."""
+    folder: Path = stack.triton.model_repository / "slow"
+    with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+        inputs = lambda ms: make_inputs({"milliseconds": np.array([[ms]], np.float32)})  # noqa: E731
+        done: list = []
+        (folder / "hold").touch()
+        try:
+            client.async_infer("slow", inputs(HOLD_MS), lambda result, error: done.append(error))
+            wait_until((folder / "holding").exists, 30, "the instance holds the first request")
+            for _ in range(QUEUE_SIZE):
+                client.async_infer("slow", inputs(0), lambda result, error: done.append(error), priority=LOW)
+            wait_until(lambda: queued(stack) == QUEUE_SIZE, 30, "the queue full")
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer("slow", inputs(0), priority=LOW)
+        finally:
+            (folder / "hold").unlink()
+        wait_until(lambda: len(done) == QUEUE_SIZE + 1, 30, "every queued request answered")
+    assert refused.value.status() == "StatusCode.UNAVAILABLE"
+    assert "Exceeds maximum queue size" in refused.value.message()
+    assert done == [None] * (QUEUE_SIZE + 1)
 
 
 def test_without_priorities_the_queue_is_first_come_first_served(stack):

@@ -47,10 +47,10 @@ def test_served_config_has_the_policy_and_the_graph_io(triton, client, model):
     config = client.get_model_config(model, headers=triton.admin_headers).config
     assert config.backend == "python"
     assert config.max_batch_size >= 16
-    policy = config.dynamic_batching.default_queue_policy
-    assert policy.timeout_action == model_config_pb2.ModelQueuePolicy.REJECT
-    assert policy.max_queue_size > 0 and policy.default_timeout_microseconds > 0
-    assert policy.allow_timeout_override
+    # A plain batcher: priority levels or any queue policy would turn off Triton's prefetching of the next batch.
+    batcher = config.dynamic_batching
+    assert config.HasField("dynamic_batching") and batcher.priority_levels == 0
+    assert batcher.default_queue_policy == model_config_pb2.ModelQueuePolicy() and not batcher.priority_queue_policy
     assert all(g.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU and g.count >= 1 for g in config.instance_group)
     assert "intra_op_thread_count" in config.parameters
 
@@ -135,28 +135,3 @@ def test_bad_requests_get_invalid_argument_while_good_ones_succeed(client):
     assert wrong_shape.status == "StatusCode.INVALID_ARGUMENT"
     assert "unexpected shape for input 'input'" in wrong_shape.error.message()
     assert client.is_server_live() and client.is_model_ready("resnet50")
-
-
-def test_requests_beyond_the_queue_are_rejected_and_the_rest_succeed(triton, client):
-    # The slowest model: the client must send faster than the server drains the queue.
-    model = "resnet50"
-    config = client.get_model_config(model, headers=triton.admin_headers).config
-    # At most the queue plus one full batch per instance can be accepted at once: send twice that.
-    capacity = config.dynamic_batching.default_queue_policy.max_queue_size + config.max_batch_size * sum(
-        g.count for g in config.instance_group
-    )
-    count = 2 * capacity
-    # 16 distinct images in turn: every accepted answer is still checked, against 16 in-process runs, not `count`.
-    data = images(16, seed=11)
-    outcomes = infer_concurrently(
-        client, model, [{"input": data[i % 16 : i % 16 + 1]} for i in range(count)], ["output"]
-    )
-
-    rejected = [o for o in outcomes if o.error is not None]
-    accepted = [(i, o) for i, o in enumerate(outcomes) if o.error is None]
-    assert rejected and accepted, f"{len(rejected)} rejected, {len(accepted)} accepted of {count}"
-    assert {o.status for o in rejected} == {"StatusCode.UNAVAILABLE"}
-    assert all("Exceeds maximum queue size" in o.error.message() for o in rejected)
-    expected = reference_session(onnx_file(model)).run(["output"], {"input": data})[0]
-    for index, outcome in accepted:
-        assert_close(outcome.outputs["output"], expected[index % 16 : index % 16 + 1])

@@ -1,6 +1,7 @@
 """Three times the measured capacity, through the facade and directly to Triton (bench/overload.py,
 shortened: `make chaos` runs it for 60 s per path). Every request ends as a correct answer or a
-documented, quick rejection, and both servers stay up."""
+documented, quick rejection, and both servers stay up. The direct path is measured on the model with a
+bounded queue (bench.overload.bounded): the demo models run a plain batcher, which bounds nothing."""
 
 from __future__ import annotations
 
@@ -10,18 +11,32 @@ import numpy as np
 import pytest
 
 from bench.load.burst import BurstResult, burst
-from bench.overload import REJECTIONS, expected_outputs, measure, path_target
+from bench.overload import REJECTIONS, bounded_repository, expected_outputs, measure, path_target
 from tests.helpers import wait_until
 from tests.serving import FACADE_MAX_IN_FLIGHT, onnx_file
+from tritonnx.server.stack import ServingStack
 
 MODEL = "resnet50"  # the slowest model: a cheap load generator still exceeds its capacity
 
 
+@pytest.fixture(scope="module")
+def bounded_stack(tmp_path_factory):
+    """The model with a bounded queue, as a deployment exposing Triton's ports configures it (bench/overload.py)."""
+    workdir = tmp_path_factory.mktemp("bounded")
+    with ServingStack(bounded_repository(workdir / "repository", MODEL), workdir) as stack:
+        yield stack
+
+
 @pytest.mark.parametrize("route_name", ["facade", "direct"])
-def test_three_times_capacity_gets_answers_or_quick_documented_rejections(triton, facade, route_name, gate):
+def test_three_times_capacity_gets_answers_or_quick_documented_rejections(request, route_name, gate):
     rng = np.random.default_rng(7)
     images = [rng.standard_normal((1, 3, 224, 224), dtype=np.float32) for _ in range(3)]
     expected = expected_outputs(onnx_file(MODEL), images)
+    if route_name == "facade":
+        triton, facade = request.getfixturevalue("triton"), request.getfixturevalue("facade")
+    else:
+        stack = request.getfixturevalue("bounded_stack")
+        triton, facade = stack.triton, stack.facade
     url = facade.grpc_url if route_name == "facade" else triton.grpc_url
     target = path_target(route_name, url, MODEL, images, expected)
     pids = {"tritonserver": triton.process.pid, "facade": facade.process.pid}

@@ -163,7 +163,13 @@ def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tm
     assert servers.LatencyBound.for_objective(25.0, 40.0, 8).max_batch_size == 1
     server = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path, bound=bound)
     config = (server._served_repository() / "resnet50" / "config.pbtxt").read_text()
-    assert re.findall(r"default_timeout_microseconds:\s*(\d+)", config) == ["96500", "96500"]  # both priorities
+    # The demo's plain batcher gets a queue policy with the timeout; a policy the config has is rewritten.
+    assert re.findall(r"default_timeout_microseconds:\s*(\d+)", config) == ["96500"]
+    assert "default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 96500" in config
+    with_policy = (
+        "max_batch_size: 8\ndynamic_batching {\n  default_queue_policy { default_timeout_microseconds: 1 }\n}\n"
+    )
+    assert bound.apply(with_policy).count("default_timeout_microseconds: 96500") == 1
     assert re.findall(r"(?m)^max_batch_size:\s*(\d+)", config) == ["2"]
     assert server.name == "tritonnx, Triton direct, queue timeout 96 ms, batches <= 2"
     plain = servers.Tritonnx(REPOSITORY, "resnet50", tmp_path)
