@@ -32,8 +32,9 @@ from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.server.prometheus import scrape
 from tritonnx.server.repository import link_models
 from tritonnx.server.stack import ServingStack
-from tritonnx.server.supervisor import WATCHDOG_PARAMETER, Stub, TritonSupervisor, live_stubs
+from tritonnx.server.supervisor import Stub, TritonSupervisor, live_stubs
 from tritonnx.server.triton import TritonServer
+from tritonnx.server.watchdog import WATCHDOG_PARAMETER
 
 MODEL = "mobilenet_v3_small"
 IMAGE_SHAPE = [1, 3, 224, 224]
@@ -48,6 +49,9 @@ STALLING_CONFIG = (
     )
     + f'\nparameters {{ key: "{WATCHDOG_PARAMETER}" value: {{ string_value: "{WATCHDOG_SECONDS}" }} }}\n'
 )
+# The same with two instances: one can hang while the other serves.
+STALLING_PAIR = "stalling_pair"
+STALLING_PAIR_CONFIG = STALLING_CONFIG.replace("count: 1", "count: 2")
 
 
 @dataclass
@@ -63,8 +67,13 @@ def stack(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("faults")
     repository = link_models(
         workdir / "repository",
-        {"slow": TEST_MODELS / "slow", STALLING: TEST_MODELS / "slow", MODEL: MODEL_REPOSITORY / MODEL},
-        {STALLING: STALLING_CONFIG},
+        {
+            "slow": TEST_MODELS / "slow",
+            STALLING: TEST_MODELS / "slow",
+            STALLING_PAIR: TEST_MODELS / "slow",
+            MODEL: MODEL_REPOSITORY / MODEL,
+        },
+        {STALLING: STALLING_CONFIG, STALLING_PAIR: STALLING_PAIR_CONFIG},
     )
     serving = ServingStack(
         repository,
@@ -391,6 +400,43 @@ def test_the_watchdog_kills_a_stopped_stub_and_the_model_serves_again(stack):
     for answer in answers:
         assert answer.startswith("StatusCode.INTERNAL: ") and "is not healthy" in answer, answer
     wait_until(lambda: serves_again(stack), 60, "the model serving again", 0.2)
+
+
+def test_the_watchdog_kills_one_hung_stub_of_two_while_the_other_serves_under_load(stack):
+    """One instance holds its request forever while the other serves a load: executions go on, so the model as a
+    whole never looks hung. The hung stub computes nothing while requests wait behind the busy one: it alone is
+    killed, and the model is reloaded."""
+    folder = stack.triton.model_repository / STALLING_PAIR
+    before = kills(stack, STALLING_PAIR)
+    wait_until(lambda: len(model_stubs(stack.triton, STALLING_PAIR)) == 2, 30, "two stubs")
+    pids = {stub.pid for stub in model_stubs(stack.triton, STALLING_PAIR)}
+    stop, answers = threading.Event(), []
+
+    def load() -> None:  # requests that sleep 0 ms, one after the other, until the kill
+        while not stop.is_set():
+            answers.append(infer(stack, STALLING_PAIR, 0))
+
+    (folder / "hold").touch()
+    try:
+        with ThreadPoolExecutor(9) as pool:
+            held = pool.submit(infer, stack, STALLING_PAIR, HOLD[0, 0])
+            wait_until((folder / "holding").exists, 30, "a stub holding a request")
+            loads = [pool.submit(load) for _ in range(8)]
+            try:
+                wait_until(lambda: kills(stack, STALLING_PAIR) > before, 60, "the watchdog's kill")
+            finally:
+                stop.set()
+            for running in loads:
+                running.result(timeout=60)
+            held_answer = held.result(timeout=60)
+    finally:
+        stop.set()
+        (folder / "hold").unlink(missing_ok=True)
+    [(_, stall)] = [k for k in stack.supervisor.watchdog_kills if k[1].version[0] == STALLING_PAIR][-1:]
+    assert len(stall.pids) == 1 and stall.pids[0] in pids and stall.pending > 0, stall
+    assert "OK" in answers  # the other instance served while its sibling hung
+    assert held_answer.startswith("StatusCode.INTERNAL: "), held_answer
+    wait_until(lambda: infer(stack, STALLING_PAIR, 1) == "OK", 60, "the model serving again", 0.2)
 
 
 def kill_if_stopped(stub: Stub) -> None:

@@ -24,11 +24,11 @@ Faults Triton 2.51 does not heal by itself:
 * A stub that hangs in `execute` (a deadlock, a call that never returns): Triton 2.51 keeps the
   request it holds, and those queued behind it, forever. A stopped stub (SIGSTOP) is no better:
   Triton fails every request it hands it after a second ("Stub process is not healthy") without
-  ever running it, for as long as it stays stopped. The watchdog reads Triton's metrics: a model version with requests waiting in
-  its queue (`nv_inference_pending_request_count`) that finished no execution
-  (`nv_inference_exec_count`, `nv_inference_request_success`; failures are no progress: the
-  stopped stub's are not executions) for the watchdog's time, or one of whose stubs has been
-  stopped that long, gets its stub processes killed; the dead-stub healing above then reloads it.
+  ever running it, for as long as it stays stopped. The watchdog (watchdog.py) reads Triton's
+  metrics and the stubs: a model version with requests waiting that finished no execution for the
+  watchdog's time, one of whose stubs has been stopped that long, or one of whose stubs computed
+  nothing that long while its requests waited (it hangs while the others serve) gets its stubs
+  killed (that one stub only, in the last case); the dead-stub healing above then reloads it.
   60 s by default (`watchdog_seconds`), per model the config.pbtxt parameter
   `tritonnx.watchdog_seconds`; 0 turns it off.
 * tritonserver itself exits (SIGKILL, SIGTERM from outside, a crash): the supervisor removes what
@@ -47,17 +47,25 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from tritonnx.client.model_control import ControlError, TritonControl
 from tritonnx.server.metrics import SupervisorMetrics
 from tritonnx.server.process import ServerError
 from tritonnx.server.prometheus import MetricsPage, scrape
 from tritonnx.server.repository import read_config
-from tritonnx.server.stubs import InstanceWatch, Stub, Version, instance_count, instance_counts, live_stubs, stopped
+from tritonnx.server.stubs import InstanceWatch, Stub, instance_count, instance_counts, live_stubs, stopped
 from tritonnx.server.triton import TritonServer
 from tritonnx.server.versions import ModelFolder, recover_model, recover_repository
+from tritonnx.server.watchdog import (
+    DEFAULT_WATCHDOG_SECONDS,
+    WATCHDOG_EVERY_SECONDS,
+    Stall,
+    Version,
+    Watchdog,
+    cpu_seconds,
+    watchdog_limit,
+)
 
 log = logging.getLogger("tritonnx.supervisor")
 
@@ -66,10 +74,6 @@ RELOAD_PARAMETER = "tritonnx.reload"
 RETIRE_AFTER_SECONDS = 5.0
 # How often the models' states (tritonnx_model_ready) are read from Triton's repository index.
 STATES_EVERY_SECONDS = 2.0
-# The watchdog: its default, the config.pbtxt parameter that overrides it per model, how often it reads Triton's metrics.
-DEFAULT_WATCHDOG_SECONDS = 60.0
-WATCHDOG_PARAMETER = "tritonnx.watchdog_seconds"
-WATCHDOG_EVERY_SECONDS = 1.0
 
 
 def reload_config(config: dict, generation: str) -> dict:
@@ -105,108 +109,6 @@ class ReloadBackoff:
         else:
             self._delay[model] = min(self._delay[model] * 2, self.cap)
         self._last[model] = now
-
-
-@dataclass(frozen=True)
-class Stall:
-    """A model version the watchdog found hung: requests waiting without progress, or a stub stopped, for `seconds`."""
-
-    version: Version
-    seconds: float
-    limit: float
-    pending: int  # requests waiting at the look that found it
-    stopped: bool
-
-
-class Watchdog:
-    """Which model versions hang, look after look at Triton's metrics and the stubs' process states.
-
-    Per version, the clock starts at the first look with requests pending since its last progress (an execution
-    finished) and stops at the next progress; a version is hung when a look finds requests pending and the clock
-    past its limit. A stopped stub is timed from the first look that found it stopped. A version reported is timed
-    anew from its report: its stubs are killed and it is reloaded.
-    """
-
-    def __init__(self) -> None:
-        self._progress: dict[Version, float] = {}  # executions and successes, as of the last look
-        self._waiting_since: dict[Version, float] = {}
-        self._stopped_since: dict[int, float] = {}  # pid -> first look that found it stopped
-
-    def look(
-        self,
-        now: float,
-        page: MetricsPage | None,
-        stubs: Iterable[Stub],
-        stopped_pids: set[int],
-        limit: Callable[[Version], float],
-    ) -> list[Stall]:
-        """The versions hung at `now`; `page` is Triton's metrics (None: unreadable), `limit` a version's seconds."""
-        stalls = []
-        waiting: dict[Version, int] = {}
-        if page is not None:
-            for version in _versions_in(page):
-                labels = {"model": version[0], "version": version[1]}
-                progress = page.value("nv_inference_exec_count_total", **labels) + page.value(
-                    "nv_inference_request_success_total", **labels
-                )
-                pending = int(page.value("nv_inference_pending_request_count", **labels))
-                if self._progress.get(version) != progress:
-                    self._progress[version] = progress
-                    self._waiting_since.pop(version, None)
-                if pending > 0:
-                    waiting[version] = pending
-                    self._waiting_since.setdefault(version, now)
-        self._stopped_since = {pid: self._stopped_since.get(pid, now) for pid in stopped_pids}
-        stopped_since: dict[Version, float] = {}
-        for stub in stubs:
-            if stub.pid in stopped_pids:
-                stopped_since[stub.key] = min(stopped_since.get(stub.key, now), self._stopped_since[stub.pid])
-        for version in sorted(set(waiting) | set(stopped_since)):
-            since = min(self._waiting_since[version] if version in waiting else now, stopped_since.get(version, now))
-            if since == now:
-                continue  # first seen on this look: not worth asking for its limit
-            seconds = limit(version)
-            if 0 < seconds <= now - since:
-                stalls.append(Stall(version, now - since, seconds, waiting.get(version, 0), version in stopped_since))
-        for stall in stalls:
-            self.restart(stall.version[0], now)
-        return stalls
-
-    def restart(self, model: str, now: float) -> None:
-        """Time `model`'s waiting requests anew from `now`: its stubs were killed, or it was reloaded."""
-        for version in self._waiting_since:
-            if version[0] == model:
-                self._waiting_since[version] = now
-
-    def clear(self) -> None:
-        self._progress.clear()
-        self._waiting_since.clear()
-        self._stopped_since.clear()
-
-
-def _versions_in(page: MetricsPage) -> set[Version]:
-    return {
-        (labels["model"], labels["version"])
-        for name, labels, _ in page.samples
-        if name == "nv_inference_pending_request_count" and "model" in labels and "version" in labels
-    }
-
-
-def watchdog_limit(config: dict | None, default: float) -> float:
-    """A model's watchdog seconds: its config's `tritonnx.watchdog_seconds` parameter, else `default`; 0 is off."""
-    value = ((config or {}).get("parameters") or {}).get(WATCHDOG_PARAMETER, {}).get("string_value")
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0:
-        log.warning(
-            "supervisor: %s is %r, not a number of seconds (0: off); using %gs", WATCHDOG_PARAMETER, value, default
-        )
-        return default
-    return seconds
 
 
 class TritonSupervisor:
@@ -337,17 +239,20 @@ class TritonSupervisor:
             page = None
         live = live_stubs(self.server.pid)
         instances = [stub for stub in live.values() if not stub.auto_complete]
-        stalls = self._watchdog.look(now, page, instances, stopped(instances), self._watchdog_limit)
+        stalls = self._watchdog.look(
+            now, page, instances, stopped(instances), self._watchdog_limit, cpu_seconds(instances)
+        )
         for stall in stalls:
-            victims = [stub for stub in instances if stub.key == stall.version]
+            victims = [s for s in instances if s.key == stall.version and (s.pid in stall.pids or not stall.pids)]
             if not victims:
                 continue  # no stubs of its own (an ensemble): what hangs is one of its steps, watched by itself
             model, version = stall.version
-            why = (
-                f"had {stall.pending} request(s) waiting and finished no execution"
-                if stall.pending
-                else "has a stub process stopped"
-            )
+            if stall.pids:
+                why = f"has a stub that computed nothing while {stall.pending} request(s) waited (the others served)"
+            elif stall.pending:
+                why = f"had {stall.pending} request(s) waiting and finished no execution"
+            else:
+                why = "has a stub process stopped"
             log.warning(
                 "supervisor: watchdog: %s version %s %s for %.0fs (limit %gs); killing its %d stub process(es) "
                 "so that it is reloaded",
