@@ -19,7 +19,6 @@ from tritonclient.grpc import service_pb2
 
 from tritonnx.client.facade.errors import (
     FacadeError,
-    InvalidArgument,
     NotFound,
     from_triton,
     may_be_unloaded_version,
@@ -33,7 +32,7 @@ from tritonnx.client.facade.errors import (
     restarted,
 )
 from tritonnx.client.facade.replicas import Replica, Replicas, channel_options
-from tritonnx.client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, remove_stale_regions
+from tritonnx.client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, shared_pool
 from tritonnx.client.facade.translate import InferCall, ModelInfo
 from tritonnx.common.admin import GRPC_ADMIN_HEADER
 
@@ -41,14 +40,10 @@ log = logging.getLogger("tritonnx.facade")
 # After a failed registration (Triton down, or on another machine), wait before asking again;
 # inputs use the socket meanwhile.
 _REGISTRATION_RETRY_SECONDS = 1.0
-# A request refused against model metadata older than this makes the metadata be asked of Triton again
-# (a version with another signature may have gone live): at most once a second per model (with_current_metadata).
-METADATA_RECHECK_S = 1.0
 # How long Triton's list of served models answers "not served" for a name it does not hold, without asking Triton:
 # a flood of requests for names that do not exist costs the facade a set lookup each, and Triton nothing.
 SERVED_NAMES_TTL_S = 1.0
 T = TypeVar("T")
-Answered = tuple[ModelInfo, service_pb2.ModelInferResponse]  # a model's metadata and its answer
 
 
 class Gateway(Protocol):
@@ -91,24 +86,6 @@ class Gateway(Protocol):
         ...
 
 
-def _shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
-    """The pool inputs travel in, or None: turned off, or no room for it in /dev/shm."""
-    if not (slots and slot_bytes):
-        return None
-    if stale := remove_stale_regions():
-        log.warning("removed %d shared-memory region(s) of facades that are gone: %s", len(stale), ", ".join(stale))
-    try:
-        return SharedInputPool(slots, slot_bytes)
-    except OSError as error:
-        log.warning(
-            "inputs go over the socket: no %d MiB shared-memory region in /dev/shm (%s); give the container "
-            "more (docker run --shm-size) or lower --shm-slots",
-            (slots * slot_bytes) >> 20,
-            error.strerror,
-        )
-        return None
-
-
 class TritonGateway:
     """The `Gateway` over Triton's KServe v2 gRPC API."""
 
@@ -128,7 +105,7 @@ class TritonGateway:
         self._admin = ((GRPC_ADMIN_HEADER, admin_key),) if admin_key else ()
         self._replicas = Replicas(url, channel_options(max_message_bytes))
         # Shared memory needs Triton to map this machine's /dev/shm: one server at a fixed address.
-        self._pool = _shared_pool(shm_slots, shm_slot_bytes) if self._replicas.fixed_single else None
+        self._pool = shared_pool(shm_slots, shm_slot_bytes) if self._replicas.fixed_single else None
         if shm_slots and not self._replicas.fixed_single:
             log.info("inputs go over the socket: shared memory is for one Triton next to the facade, not %s", url)
         self._registered = False
@@ -406,25 +383,3 @@ class TritonGateway:
                     pass  # Triton is gone, and the region with it
             self._pool.close()
         await self._replicas.close()
-
-
-async def with_current_metadata(
-    gateway: Gateway, name: str, version: str, attempt: Callable[[], Awaitable[Answered]]
-) -> Answered:
-    """The stale-metadata rule, its one home: `attempt` (which reads the model's metadata from `gateway` and infers).
-
-    A request is built from metadata held for the TTL, while a version with another signature may have gone live.
-    Refused (InvalidArgument, by the facade's checks or by Triton) against metadata held longer than
-    METADATA_RECHECK_S, the metadata is dropped and `attempt` runs once more with Triton's; an answer from a version
-    the held metadata does not list drops it too, for the next request.
-    """
-    try:
-        info, response = await attempt()
-    except InvalidArgument:
-        renewed = gateway.forget(name, older_than=METADATA_RECHECK_S)
-        if not renewed and gateway.knows(name, version):
-            raise
-        info, response = await attempt()
-    if response.model_version and response.model_version not in info.versions:
-        gateway.forget(name)
-    return info, response

@@ -20,9 +20,10 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from tritonnx.backend.tensors import RAW_DTYPES
+from tritonnx.client.facade.current_metadata import with_current_metadata
 from tritonnx.client.facade.default_model import DefaultModel
 from tritonnx.client.facade.errors import FacadeError, InvalidArgument
-from tritonnx.client.facade.gateway import Gateway, with_current_metadata
+from tritonnx.client.facade.gateway import Gateway
 from tritonnx.client.facade.translate import InferCall, ModelInfo
 
 log = logging.getLogger("tritonnx.facade")

@@ -8,10 +8,11 @@ from tritonclient.grpc import service_pb2
 
 from tritonnx.client.facade.admission import HIGH_PRIORITY
 from tritonnx.client.facade.cache import ResultCache, cache_key
+from tritonnx.client.facade.current_metadata import with_current_metadata
 from tritonnx.client.facade.deadline import Deadline
 from tritonnx.client.facade.default_model import DefaultModel
 from tritonnx.client.facade.errors import NotFound
-from tritonnx.client.facade.gateway import Gateway, with_current_metadata
+from tritonnx.client.facade.gateway import Gateway
 from tritonnx.client.facade.metrics import UNRESOLVED_MODEL
 from tritonnx.client.facade.tracing import NOT_TRACED, CallTrace
 from tritonnx.client.facade.translate import ModelInfo, to_infer_request, to_predict_response

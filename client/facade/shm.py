@@ -16,11 +16,14 @@ facade often gets the same one).
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("tritonnx.facade")
 
 SHM_DIR = Path("/dev/shm")
 REGION_PREFIX = "tritonnx_facade_"
@@ -120,3 +123,21 @@ class SharedInputPool:
         self._map.close()
         self._path.unlink(missing_ok=True)
         os.close(self._lock)
+
+
+def shared_pool(slots: int, slot_bytes: int) -> SharedInputPool | None:
+    """The pool inputs travel in, or None: turned off, or no room for it in /dev/shm."""
+    if not (slots and slot_bytes):
+        return None
+    if stale := remove_stale_regions():
+        log.warning("removed %d shared-memory region(s) of facades that are gone: %s", len(stale), ", ".join(stale))
+    try:
+        return SharedInputPool(slots, slot_bytes)
+    except OSError as error:
+        log.warning(
+            "inputs go over the socket: no %d MiB shared-memory region in /dev/shm (%s); give the container "
+            "more (docker run --shm-size) or lower --shm-slots",
+            (slots * slot_bytes) >> 20,
+            error.strerror,
+        )
+        return None

@@ -67,7 +67,7 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
     import errno
     import os
 
-    from tritonnx.client.facade import gateway, shm
+    from tritonnx.client.facade import shm
 
     def full(descriptor, offset, length):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -78,7 +78,7 @@ def test_a_region_that_does_not_fit_in_dev_shm_is_refused_at_once_and_the_gatewa
         shm.SharedInputPool(4, 1 << 20)
     assert set(os.listdir("/dev/shm")) == before  # nothing left behind
     with caplog.at_level("WARNING", logger="tritonnx.facade"):
-        assert gateway._shared_pool(4, 1 << 20) is None
+        assert shm.shared_pool(4, 1 << 20) is None
     assert "inputs go over the socket: no 4 MiB shared-memory region" in caplog.text
 
 
