@@ -216,6 +216,24 @@ def _coupled() -> dict[str, Case]:
                    node("DequantizeLinear", ["q", "scale", "zero_point"], ["y"])]),
             "coupled", True, "DynamicQuantizeLinear quantizes its input with one scale over the whole batch",
         ),
+        # The batch size compared, as a batch of one is special-cased: a value that depends on it, added to rows.
+        "batch_size_compared": Case(
+            model([node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["batch"]),
+                   node("Less", ["batch", "two"], ["one_row"]), node("Cast", ["one_row"], ["flag"], to=_FLOAT),
+                   node("Add", ["x", "flag"], ["y"])],
+                  [*_SHAPE_CONSTANTS, numpy_helper.from_array(np.array(2, np.int64), "two")]),
+            "coupled", True, "the batch size reaches output 'y' as data (Add takes the batch size as data",
+        ),
+        # Each row's index in the batch added to it: a Range over the batch size, which may as well only index
+        # rows; the rule leaves it to the check at load, which finds the rows disagree.
+        "row_index_as_data": Case(
+            model([node("Shape", ["x"], ["shape"]), node("Gather", ["shape", "zero"], ["batch"]),
+                   node("Range", ["zero", "batch", "one"], ["index"]),
+                   node("Unsqueeze", ["index", "one_axis"], ["column"]), node("Cast", ["column"], ["i"], to=_FLOAT),
+                   node("Add", ["x", "i"], ["y"])],
+                  [*_SHAPE_CONSTANTS, numpy_helper.from_array(np.array(1, np.int64), "one"), ints("one_axis", [1])]),
+            "undecided", True, "the batch size may reach output 'y' as data (Range takes the batch size as data",
+        ),
         # An operator the rule does not know: a triangle of the transposed batch keeps row j's elements 0..j.
         "trilu_of_transposed_rows": Case(
             model([node("Transpose", ["x"], ["t"], perm=[1, 0]), node("Trilu", ["t"], ["u"], upper=1),
@@ -309,6 +327,46 @@ def _controls() -> dict[str, Case]:
         "local_function_per_row": Case(
             model([node("RowSoftmax", ["x"], ["y"], domain="local")],
                   functions=[_local("RowSoftmax", [node("Softmax", ["a"], ["b"], axis=-1)])]),
+            "independent", False,
+        ),
+        # Attention's (length, batch, ...) layout: rows of length x batch through a Gemm, the batch split out again
+        # (torchvision's ViT); the rule cannot tell the split from a shuffle, the check at load finds rows agree.
+        "attention_out_projection": Case(
+            model([node("Reshape", ["x", "heads"], ["h"]), node("Transpose", ["h"], ["t"], perm=[1, 0, 2]),
+                   node("Shape", ["t"], ["tshape"]), node("Gather", ["tshape", "zero"], ["length"]),
+                   node("Gather", ["tshape", "one"], ["batch"]), node("Mul", ["length", "batch"], ["rows"]),
+                   node("Unsqueeze", ["rows", "zero_axis"], ["rows_1d"]),
+                   node("Concat", ["rows_1d", "two_1d"], ["flat_shape"], axis=0),
+                   node("Reshape", ["t", "flat_shape"], ["flat"]), node("Gemm", ["flat", "w2"], ["g"]),
+                   node("Unsqueeze", ["length", "zero_axis"], ["length_1d"]),
+                   node("Unsqueeze", ["batch", "zero_axis"], ["batch_1d"]),
+                   node("Concat", ["length_1d", "batch_1d", "two_1d"], ["split_shape"], axis=0),
+                   node("Reshape", ["g", "split_shape"], ["s"]), node("Transpose", ["s"], ["back"], perm=[1, 0, 2]),
+                   node("Reshape", ["back", "rows_of_4"], ["y"])],
+                  [*_SHAPE_CONSTANTS, numpy_helper.from_array(np.array(1, np.int64), "one"), ints("two_1d", [2]),
+                   ints("heads", [-1, 2, 2]), ints("rows_of_4", [-1, 4]), floats("w2", [[1, -2], [0.5, 3]])]),
+            "undecided", False, "splits the batch out of axis 0, merged there with other dims",
+        ),
+        # An attention mask widened as exporters write it (Shape -> Concat -> Equal/Where -> Expand): shapes only.
+        "mask_expanded_by_shape": Case(
+            model([*batch_size_first([2, 4], "wanted"), node("Reshape", ["wanted", "minus_one"], ["target"]),
+                   node("Shape", ["target"], ["target_length"]),
+                   node("ConstantOfShape", ["target_length"], ["ones"], value=ints("one", [1])),
+                   node("Mul", ["ones", "minus_one"], ["minus_ones"]),
+                   node("Equal", ["target", "minus_ones"], ["unknown"]),
+                   node("Where", ["unknown", "ones", "target"], ["expand_to"]),
+                   node("Unsqueeze", ["x", "one_axis"], ["x3"]), node("Expand", ["x3", "expand_to"], ["wide"]),
+                   node("ReduceSum", ["wide", "one_axis"], ["y"], keepdims=0)],
+                  [*_SHAPE_CONSTANTS, ints("minus_one", [-1]), ints("one_axis", [1])]),
+            "independent", False,
+        ),
+        # A Reshape to (batch, a value the rule cannot evaluate): the batch stays first.
+        "reshape_batch_and_unknown_sizes": Case(
+            model([node("Shape", ["x"], ["shape"]), node("Slice", ["shape", "zero_axis", "one_1d"], ["batch_1d"]),
+                   node("Cast", ["sizes_f"], ["sizes"], to=_INT),
+                   node("Concat", ["batch_1d", "sizes"], ["split"], axis=0), node("Reshape", ["x", "split"], ["r"]),
+                   node("Softmax", ["r"], ["s"], axis=-1), node("Reshape", ["s", "shape"], ["y"])],
+                  [*_SHAPE_CONSTANTS, ints("one_1d", [1]), floats("sizes_f", [2, 2])]),
             "independent", False,
         ),
         # An operator the rule does not know, over each row's own 2x2: the check at load keeps it batching.
