@@ -16,6 +16,9 @@ import grpc
 log = logging.getLogger("tritonnx.facade")
 # The longest message a caller gets (gRPC's metadata limit is 8 KiB by default, and the message is metadata).
 MAX_MESSAGE_CHARS = 2000
+# Control characters a caller put in a value the message quotes (a model name): shown escaped, never echoed to a
+# terminal or a log line that reads them.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class FacadeError(Exception):
@@ -29,6 +32,7 @@ class FacadeError(Exception):
             # Messages quote the caller (names, shapes): a huge one would become a trailer above gRPC's metadata
             # limit, which the caller cannot read (RESOURCE_EXHAUSTED) and which costs the facade its size again.
             message = f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS} more characters)"
+        message = _CONTROL.sub(lambda found: f"\\x{ord(found[0]):02x}", message)
         super().__init__(message)
         self.message = message
         self.trailing_metadata = trailing_metadata

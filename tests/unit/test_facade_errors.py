@@ -94,3 +94,8 @@ def test_a_message_quoting_a_huge_caller_value_is_cut_to_fit_grpcs_metadata():
     assert len(error.message) < errors.MAX_MESSAGE_CHARS + 50
     assert error.message.endswith(f"... ({10_000_000 + 22 - errors.MAX_MESSAGE_CHARS} more characters)")
     assert errors.InvalidArgument("short").message == "short"
+
+
+def test_control_characters_a_caller_sent_are_escaped_in_the_message():
+    error = errors.NotFound("model 'a\x00b\x1b[31m\r\nc' is not served")
+    assert error.message == "model 'a\\x00b\\x1b[31m\\x0d\\x0ac' is not served"
