@@ -16,6 +16,7 @@ from bench.limit import measure_limit
 from bench.load.generators import GENERATORS
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
 from bench.peers import goodput, servers, venvs
+from bench.peers.claims import write_summary
 from bench.report import notes, servers_table
 
 TRITONNX = ("triton", "facade")
@@ -124,7 +125,9 @@ def open_loop(args: argparse.Namespace) -> int:
                 write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput.gates(results)
-    return finish(out, goodput.open_report(out, results, judged), judged, results)
+    code = finish(out, goodput.open_report(out, results, judged), judged, results)
+    write_summary(out, results)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
