@@ -8,7 +8,7 @@ from pathlib import Path
 
 from bench.attacks.abuse import NAMES
 from bench.attacks.campaign import run
-from bench.attacks.report import gates, report, results
+from bench.attacks.report import ANSWER_S, PROBE_SLACK_MS, gates, report, results
 from bench.output import finish, run_folder
 
 
@@ -26,13 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     add("--idle-seconds", type=float, help="after the last attack, before RSS is judged; default: 60, --quick: 0")
     add("--rss-cap-mib", type=float, default=6144, help="an attack stops above this facade RSS; default: %(default)s")
     add("--available-floor-mib", type=float, default=2048, help="or below this memory left; default: %(default)s")
+    add("--probe-slack-ms", type=float, default=PROBE_SLACK_MS, help="the probe gate's slack; default: %(default)s")
+    add("--answer-seconds", type=float, default=ANSWER_S, help="the attack calls' answer gate; default: %(default)s")
     add("--out", type=Path, help="default: bench/results/<UTC timestamp>-attacks")
     args = parser.parse_args(argv)
     if args.idle_seconds is None:
         args.idle_seconds = 0.0 if args.quick else 60.0
     _, out = run_folder(args.out, "attacks")
     campaign = run(args, out)
-    judged = gates(campaign)
+    judged = gates(campaign, args.probe_slack_ms, args.answer_seconds)
     return finish(out, report(campaign, judged, args.quick), judged, results(campaign, args))
 
 

@@ -53,11 +53,11 @@ def _ended(raw: RawConnection, started: float) -> list[Call]:
     return calls
 
 
-def many_silent_connections(count: int, seconds: float):
-    """`count` connections, each opening one Predict and sending no body; closed by the attacker after `seconds`."""
+def many_silent_connections(seconds: float):
+    """Sizes' connections, each opening one Predict and sending no body; closed by the attacker after `seconds`."""
 
     def run(ctx: Context) -> Outcome:
-        started, metadata = time.monotonic(), ctx.target.metadata
+        started, metadata, count = time.monotonic(), ctx.target.metadata, ctx.sizes.silent_connections
         with ThreadPoolExecutor(8) as pool:
             raws = list(pool.map(lambda _: _raw(ctx, read=False), range(count)))
         for raw in raws:
@@ -137,11 +137,11 @@ def zero_window_checks(count: int):
     return run
 
 
-def rapid_reset(streams: int, rounds: int):
-    """`rounds` connections in turn, each opening and resetting up to `streams` Predicts as fast as it can."""
+def rapid_reset(rounds: int):
+    """`rounds` connections in turn, each opening and resetting up to Sizes' streams as fast as it can."""
 
     def run(ctx: Context) -> Outcome:
-        calls, notes = [], []
+        calls, notes, streams = [], [], ctx.sizes.reset_streams
         for _ in range(rounds):
             raw = _raw(ctx)
             started = time.monotonic()
@@ -158,11 +158,11 @@ def rapid_reset(streams: int, rounds: int):
     return run
 
 
-def settings_flood(seconds: float):
-    """SETTINGS frames as fast as one connection sends them, for `seconds`."""
+def settings_flood():
+    """SETTINGS frames as fast as one connection sends them, for Sizes' seconds."""
 
     def run(ctx: Context) -> Outcome:
-        raw = _raw(ctx)
+        raw, seconds = _raw(ctx), ctx.sizes.flood_seconds
         flood, sent = frame(SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64") * 1000, 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and not ctx.guard.is_set() and raw.send(flood):
@@ -230,7 +230,9 @@ def attacks() -> list[Attack]:
             "few_connections", "3 connections x 50 Predicts sending headers only", few_connections_many_calls(3, 50)
         ),
         Attack(
-            "many_connections", "1,000 connections x 1 Predict sending headers only", many_silent_connections(1000, 5)
+            "many_connections",
+            "1,000 connections (250 quick) x 1 Predict sending headers only",
+            many_silent_connections(5),
         ),
         Attack("watch_streams", "500 grpc.health.v1 Watch streams on one connection", watch_streams(500)),
         Attack(
@@ -239,9 +241,11 @@ def attacks() -> list[Attack]:
             zero_window_checks(500),
         ),
         Attack(
-            "rapid_reset", "20,000 Predict streams opened and reset, on two connections in turn", rapid_reset(20_000, 2)
+            "rapid_reset",
+            "20,000 Predict streams (5,000 quick) opened and reset, on two connections in turn",
+            rapid_reset(2),
         ),
-        Attack("settings_flood", "SETTINGS frames for 3 s on one connection", settings_flood(3.0)),
+        Attack("settings_flood", "SETTINGS frames for 3 s (1 s quick) on one connection", settings_flood()),
         Attack("reflection_flood", "30,001 reflection requests on one stream", reflection_flood(30_001)),
         Attack("classify_bombs", "16 Classify calls of a 6000 x 6000 PNG, 8 at once", classify_bombs(16, 8, 6000)),
     ]

@@ -53,6 +53,9 @@ class Sizes:
     held_calls_at_limit: int = 64
     unauthenticated_calls: int = 32
     baseline_seconds: float = 10.0
+    silent_connections: int = 1000
+    reset_streams: int = 20_000
+    flood_seconds: float = 3.0
 
 
 # A smoke run: every attack, small; a body at the limit stays at the limit, fewer of them.
@@ -69,6 +72,9 @@ QUICK = replace(
     held_calls_at_limit=4,
     unauthenticated_calls=4,
     baseline_seconds=3.0,
+    silent_connections=250,
+    reset_streams=5_000,
+    flood_seconds=1.0,
 )
 
 
@@ -128,12 +134,12 @@ def unread(body: Body) -> Callable[[Context], Outcome]:
 
 
 def concurrent(body: Body, count: Callable[[Context], int]) -> Callable[[Context], Outcome]:
-    """`count` calls at once on one channel (one connection), with the metadata of no one."""
+    """`count` calls at once on one channel (one connection), with the metadata of no one (no token)."""
 
     def run(ctx: Context) -> Outcome:
         data = body(ctx)
         with channel(ctx.target.grpc_url) as chan:
-            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx), ctx.target.metadata).wait()
+            calls = Calls(ATTACK_TIMEOUT_S).unary(chan, data, count(ctx)).wait()
         return Outcome(len(calls), len(data), calls)
 
     return run
