@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import grpc
@@ -67,10 +68,19 @@ async def release_free_memory(admission: Admission) -> None:
 
 async def bound_receive_memory(admission: Admission, message_bytes: int) -> None:
     """Admission's bound on the bytes of bodies on their way, checked every _RECEIVE_SWEEP_S."""
+    trimmed = 0.0
     while True:
         await asyncio.sleep(_RECEIVE_SWEEP_S)
-        if admission.places.sweep(message_bytes) and hasattr(_LIBC, "malloc_trim"):
-            _LIBC.malloc_trim(0)  # the cut bodies' pages back to the OS, where the next check reads them
+        now = time.monotonic()
+        if (
+            admission.places.sweep(message_bytes)
+            and now - trimmed >= _TRIM_SECONDS / 5
+            and hasattr(_LIBC, "malloc_trim")
+        ):
+            # The cut bodies' pages back to the OS, where the next check reads them; a trim walks the heap, so at
+            # most once a second.
+            _LIBC.malloc_trim(0)
+            trimmed = now
 
 
 _RECEIVE_SWEEP_S = 0.05
