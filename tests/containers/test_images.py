@@ -342,6 +342,22 @@ def test_your_own_repository_under_compose_takes_versions_published_from_the_hos
         assert "scorer" in models_command(env, repository, "list", "scorer").stdout
 
 
+def test_compose_serves_beside_a_model_that_fails_to_load(images, tmp_path):
+    """Compose gates the facade on Triton being live: one broken model leaves Triton never ready, not the stack down."""
+    repository = tmp_path / "models"
+    for name, config in (("scorer", ""), ("broken", 'parameters { key: "nice" value: { string_value: "30" } }\n')):
+        small_classifier(repository / name / "1" / "model.onnx")
+        (repository / name / "config.pbtxt").write_text(f'backend: "onnxruntime"\nmax_batch_size: 8\n{config}')
+    for path in [tmp_path, *tmp_path.rglob("*")]:  # the container's user is uid 1000
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    with composed("compose.own.yaml", env={"TRITONNX_MODEL_REPOSITORY": str(repository)}) as env:
+        assert predict(env, np.zeros((1, 3, 16, 16), np.float32)).model_name == "scorer"
+        ready = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                f"127.0.0.1:{env['TRITONNX_TRITON_HTTP_PORT']}/v2/health/ready"],
+                               capture_output=True, text=True, check=False)  # fmt: skip
+        assert ready.stdout == "400"  # Triton itself is not ready: the broken model failed to load
+
+
 def test_size_and_start_up_are_measured_and_reported(images, tmp_path):
     from bench.studies.images import main
 
