@@ -119,7 +119,7 @@ class FacadeSettings:
         "only when one is answered and read, so a caller that stops reading is slowed by gRPC's flow control",
     )
     max_streams_per_connection: int = setting(
-        128,
+        256,
         "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS); a client that opens more "
         "before it learned the limit has the excess refused (REFUSED_STREAM, UNAVAILABLE to gRPC callers)",
     )
