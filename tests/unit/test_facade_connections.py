@@ -123,3 +123,18 @@ def test_predict_streams_beyond_a_connections_share_are_refused():
             assert await held[0].code() == grpc.StatusCode.OK
 
     run(test)
+
+
+def test_an_idle_connection_gets_goaway_and_connections_past_the_cap_are_closed():
+    async def test() -> None:
+        async with serving(FakeGateway(), max_connection_idle=0.2, max_connections=3) as (facade, channel):
+            await _still_served(channel)  # the channel's connection, the first
+            idle = await _raw(facade.grpc_port)
+            await until(lambda: idle.goaway is not None)  # gRPC's GOAWAY ("connection idle"), then its close
+            await until(idle.closed.is_set)
+            crowd = [await _raw(facade.grpc_port) for _ in range(4)]
+            await until(lambda: any(raw.closed_at for raw in crowd))
+            for raw in (idle, *crowd):
+                raw.close()
+
+    run(test)
