@@ -1,7 +1,8 @@
-"""The conformance tier: ONNX's own test models served through tritonserver, every output checked.
+"""The conformance tier: models nobody wrote for tritonnx, served through tritonserver, every output checked.
 
-`corpus.py` (the cases the `onnx` wheel ships), `serving.py` (a chunk of them served and checked) and
-`__main__.py` (`make conformance`: the whole corpus, about 15 minutes) are the suite itself; pytest
-collects only `test_*.py` here: a slice of the corpus and the command at its smallest
-(`make test-conformance`).
+ONNX's own test models: `corpus.py` (the cases the `onnx` wheel ships), `serving.py` (a chunk of them served and
+checked). The exporters' corpus: `export_models.py` (torch.onnx.export of transformers, torchvision and timm, run in
+a venv of its own) and `exported.py` (served behind Triton's batcher, each answer compared with in-process ONNX
+Runtime alone). `__main__.py` is `make conformance` (both, about 20 minutes); pytest collects only `test_*.py`
+here: a slice of each and the command at its smallest (`make test-conformance`).
 """

@@ -23,7 +23,9 @@ import onnxruntime as ort
 
 from bench import RESULTS
 from tests.conformance.corpus import Case, Screened, corpus_root, discover, screen
+from tests.conformance.exported import export, exporters_python, report, rule_verdict, serve
 from tests.conformance.serving import REFUSAL_CAUSES, ConformanceRun, Verdict
+from tritonnx.common.paths import Paths
 
 
 def say(message: str) -> None:
@@ -126,10 +128,46 @@ def main(argv: list[str] | None = None) -> int:
         help="models loaded at once (each a Python stub process); default: %(default)s",
     )
     parser.add_argument("--output", type=Path, help="default: bench/results/<UTC time>-conformance")
+    parser.add_argument(
+        "--corpus",
+        choices=("onnx", "exported", "both"),
+        default="both",
+        help="onnx: the onnx wheel's test models; exported: models exported with torch.onnx.export from "
+        "transformers, torchvision and timm (tests/conformance/exported.py; its venv is made once, a few minutes); "
+        "default: %(default)s",
+    )
     args = parser.parse_args(argv)
 
     started = datetime.now(timezone.utc)
     output = args.output or RESULTS / f"{started:%Y%m%dT%H%M%SZ}-conformance"
+    failed = run_onnx(args, output, started) if args.corpus != "exported" else 0
+    failed += run_exported(output) if args.corpus != "onnx" else 0
+    say(f"report: {output / 'report.md'}")
+    return 1 if failed else 0
+
+
+def run_exported(output: Path) -> int:
+    """The exporters' corpus, exported, served and checked; its part of report.md. How many failed."""
+    python = exporters_python(Paths.from_environment().build, say)
+    with tempfile.TemporaryDirectory(prefix="tritonnx-exported-") as workdir:
+        say("exporting the exporters' corpus ...")
+        models = export(python, [], Path(workdir) / "exported")
+        rule = {model.name: rule_verdict(model.onnx_file) for model in models}
+        say(f"serving {len(models)} exported models behind Triton's batcher ...")
+        results = serve(models, Path(workdir) / "served")
+    output.mkdir(parents=True, exist_ok=True)
+    with open(output / "report.md", "a") as report_file:
+        report_file.write("\n".join(["", *report(results, rule)]) + "\n")
+    (output / "exported.json").write_text(json.dumps([{**r.__dict__, "rule": rule[r.name]} for r in results], indent=1))
+    failed = [r.name for r in results if not r.correct]
+    say(
+        f"exporters' corpus: {len(results) - len(failed)} of {len(results)} served correctly; failed: {failed or 'none'}"
+    )
+    return len(failed)
+
+
+def run_onnx(args: argparse.Namespace, output: Path, started: datetime) -> int:
+    """The onnx wheel's test models, screened, served and checked; report.md. How many failed."""
     cases = discover()
     chosen = select(cases, args.pattern, args.limit)
     say(f"{len(chosen)} of {len(cases)} cases from {corpus_root()}; screening with in-process ONNX Runtime ...")
@@ -156,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for cause, names in facts["failures_by_cause"].items():
         print(f"  {len(names):5d}  {cause}", flush=True)
-    say(f"report: {output / 'report.md'}")
-    return 1 if facts["failed"] else 0
+    return int(facts["failed"])
 
 
 if __name__ == "__main__":
