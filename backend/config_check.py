@@ -86,7 +86,7 @@ def refuse_unsupported(config: dict[str, Any]) -> None:
     if (config.get("sequence_batching") or {}).get("state"):
         raise ModelConfigError(
             "sequence_batching state (implicit state) is not supported: Triton's Python backend, which runs this "
-            "model, has no state API"
+            "model, cannot update Triton's state (TRITONBACKEND_StateUpdate); send the state as inputs and outputs"
         )
 
 

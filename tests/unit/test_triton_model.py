@@ -387,7 +387,10 @@ def test_a_graph_that_reduces_over_the_batch_axis_runs_its_requests_one_by_one(p
             {"batch_output": [{"kind": "BATCH_SCATTER_WITH_INPUT_SHAPE", "target_name": ["y"], "source_input": ["x"]}]},
             "batch_output is not supported",
         ),
-        ({"sequence_batching": {"state": [{"input_name": "past_in", "output_name": "past_out"}]}}, "has no state API"),
+        (
+            {"sequence_batching": {"state": [{"input_name": "past_in", "output_name": "past_out"}]}},
+            "cannot update Triton's state",
+        ),
     ],
 )
 def test_settings_this_backend_does_not_do_are_refused_by_name(pb_utils, double_onnx, setting, message):
