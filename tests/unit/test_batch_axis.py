@@ -5,6 +5,8 @@ undecided to the check at load)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -135,6 +137,13 @@ INDEPENDENT = {
         outputs=[helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])],
         opset=11,
     ),
+    "position ids: a Range over the length of a row, added to each row": graph(
+        [helper.make_node("Shape", ["x"], ["shape"]),
+         helper.make_node("Gather", ["shape", "one"], ["length"]),
+         helper.make_node("Range", ["zero", "length", "one"], ["positions"]),
+         *add_to_x(helper.make_node("Identity", ["positions"], ["z"]), cast=True)],
+        initializers=[numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("zero", 0), ("one", 1))],
+    ),
     "an embedding table gathered by batched ids, then a mean over tokens": graph(
         [helper.make_node("Gather", ["table", "ids"], ["e"]),
          helper.make_node("ReduceMean", ["e"], ["y"], axes=[1], keepdims=0)],
@@ -228,3 +237,13 @@ def test_what_the_rule_cannot_judge_is_named_and_left_to_the_check_at_load(case,
     graph_io = read_graph_io(tmp_path / "m.onnx")
     assert graph_io.batch_coupling() is None
     assert phrase in (graph_io.batch_undecided() or "")
+
+
+def test_each_operator_is_one_entry_of_the_table_and_each_module_of_the_rule_is_short():
+    from tritonnx.backend.batch_axis import operators
+
+    assert {"MatMul", "Reshape", "Equal", "Where", "Range", "ConstantOfShape", "Softmax"} <= set(operators.OPERATORS)
+    assert operators.OPERATORS["Trilu"].axis is None  # known for its dims only: the check at load judges it
+    folder = Path(operators.__file__).parent
+    long = {f.name: n for f in folder.glob("*.py") if (n := len(f.read_text().splitlines())) > 400}
+    assert not long, long
