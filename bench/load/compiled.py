@@ -166,7 +166,10 @@ def run(target: Target, seconds: float, *, rate: float = 0.0, concurrency: int =
         cpu_s, code, errors = _wait(command, work, seconds + target.timeout_s + HANG_MARGIN_S)
         if code:
             raise GeneratorError(f"{NAME} exited {code}: {errors}")
-        table = np.loadtxt(work / "calls.tsv", dtype=np.int64, ndmin=2).reshape(-1, 6)
+        lines = (work / "calls.tsv").read_text()  # empty when the schedule held no call (a low rate, briefly)
+        table = (
+            np.loadtxt(lines.splitlines(), dtype=np.int64, ndmin=2).reshape(-1, 6) if lines else np.empty((0, 6), int)
+        )
         good = {
             key: right(target, key[0], path.read_bytes()) for path in (work / "bodies").iterdir() if (key := _key(path))
         }
