@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -93,6 +93,7 @@ class ReceivePlaces:
         self._hint = retry_hint
         self._all: OrderedDict[Receiver, None] = OrderedDict()  # oldest first
         self._by_connection: dict[str, list[Receiver]] = {}  # only connections with a call waiting: bounded
+        self._holding: Counter[int] = Counter()  # places held -> connections holding that many
         self._floor = resident_bytes()  # resident memory when nothing was being received
         self.evicted = 0  # calls that lost their place to a newcomer
         self.cut_for_memory = 0
@@ -132,24 +133,33 @@ class ReceivePlaces:
             self._leave(victim)  # at once: the victim's handler lets go of it when it next runs
         receiver = Receiver(connection, now)
         self._all[receiver] = None
-        self._by_connection.setdefault(connection, []).append(receiver)
+        calls = self._by_connection.setdefault(connection, [])
+        self._count(calls, -1)
+        calls.append(receiver)
+        self._count(calls, 1)
         return receiver
 
+    def _count(self, calls: list[Receiver], change: int) -> None:
+        if calls:
+            self._holding[len(calls)] += change
+
     def _victim(self, newcomers_own: int, now: float) -> Receiver | None:
-        """The oldest call of the connection holding the most places, if it holds more than the newcomer's."""
-        most = max(len(calls) for calls in self._by_connection.values())
+        """The oldest call of the connections holding the most places, if they hold more than the newcomer's."""
+        most = max(count for count, connections in self._holding.items() if connections > 0)
         if most <= newcomers_own:
             return None
-        oldest = min(
-            (calls[0] for calls in self._by_connection.values() if len(calls) == most), key=lambda r: r.started
-        )
+        # Oldest first: the first whose connection holds the most (with a thousand connections of one call each,
+        # the very first).
+        oldest = next(r for r in self._all if len(self._by_connection[r.connection]) == most)
         return oldest if now - oldest.started >= EVICTABLE_AFTER_S else None
 
     def _leave(self, receiver: Receiver) -> None:
         if self._all.pop(receiver, False) is False:
             return  # evicted: it left when it was cut
         calls = self._by_connection[receiver.connection]
+        self._count(calls, -1)
         calls.remove(receiver)
+        self._count(calls, 1)
         if not calls:
             del self._by_connection[receiver.connection]
 
