@@ -58,7 +58,7 @@ METRICS = {
 
 
 class CheckedTarget:
-    """A load target whose calls take `images` in turn, every answer checked against `expected` (ONNX Runtime here)."""
+    """A load target whose calls take `images` in turn, every answer checked against `expected` (ONNX Runtime's)."""
 
     name = ""
     model, batch, timeout_s = MODEL, 1, CALL_TIMEOUT_S
@@ -256,8 +256,8 @@ def report(results: dict, judged: list[Gate]) -> str:
     lines = [
         f"# Triton in the caller's process against a KServe gRPC call ({results['started']})",
         "",
-        f"{MODEL}, batch-1 requests of 8 random images in turn, every answer checked against ONNX Runtime in the "
-        "study's process. grpc: an asyncio process calling a tritonserver process through the facade's TritonGateway "
+        f"{MODEL}, batch-1 requests of 8 random images in turn; each path's process checks every answer against "
+        "ONNX Runtime's, computed beforehand (a cost both pay). grpc: an asyncio process calling a tritonserver process through the facade's TritonGateway "
         "(its defaults: inputs through shared memory). in-process: an asyncio process holding Triton itself "
         "(libtritonserver through ctypes, bench/studies/triton_capi.py), the same options, backend directory and "
         f"config. Per round, each path in turn, the order alternating: c=1, then c=16, {results['settings']['seconds']}"
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.studies.inprocess",
         description="Triton in the caller's process (its C API) against the facade's KServe gRPC call to tritonserver.",
-        epilog="Example: python -m bench.studies.inprocess --rounds 7 --seconds 10",
+        epilog="Example (about 8 minutes): python -m bench.studies.inprocess --rounds 9 --seconds 10",
     )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; default: %(default)s")
     parser.add_argument("--seconds", type=float, default=5.0, help="per load run; default: %(default)s")
