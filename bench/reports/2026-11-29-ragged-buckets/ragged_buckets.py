@@ -1,6 +1,6 @@
 """ONNX Runtime's CPU per text request: alone, in one padded batch, and in runs of similar length (backend/batching.py).
 
-Run from the checkout: PYTHONPATH=. .venv/bin/python bench/reports/2026-11-29-ragged-buckets/study.py [REPEATS]
+Run from the checkout: PYTHONPATH=. .venv/bin/python bench/reports/2026-11-29-ragged-buckets/ragged_buckets.py [REPEATS]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(repeats: int) -> None:
     )
     print("|---|---|---|---|---|")
     for size in BATCHES:
-        rows = {"alone": [], "padded": [], "runs": [], "count": []}
+        rows: dict[str, list[float]] = {"alone": [], "padded": [], "runs": [], "count": []}
         for _ in range(DRAWS):
             lengths = rng.choice(SEQUENCE_LENGTHS, size)
             prepared = [prepare_request(request(int(n)), signature) for n in lengths]
