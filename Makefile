@@ -122,7 +122,7 @@ soak: setup ## An hour at 70% of capacity, every demo model through both paths, 
 
 chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault tests: stub kill -9, Triton SIGKILL/SIGTERM, a hanging model, network faults, then 10 minutes of fuzzing (CHAOS_FUZZ_SECONDS), then the attack campaign against the facade's defaults while a probe is served, judged and reported, without a token and with one the attackers hold (bench.attacks, ~10 min each; ATTACKS_ARGS=...)
 	$(PY) -m bench.overload $(CHAOS_ARGS)
-	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py tests/integration/test_network_faults.py
+	$(PY) -m pytest -s -q --gates tests/slow/test_faults.py tests/slow/test_overload.py tests/slow/test_network_faults.py
 	FUZZ_SECONDS=$(CHAOS_FUZZ_SECONDS) $(PY) -m pytest -s -q --gates tests/integration/test_fuzz.py tests/integration/test_fuzz_kserve.py
 	$(PY) -m bench.attacks $(ATTACKS_ARGS)
 	$(PY) -m bench.attacks --token $(ATTACKS_ARGS)

@@ -4,7 +4,7 @@ A fence's info string says what a block is: `text` an illustration (a layout, a 
 output), `protobuf` a model config or part of one, `bash` and `python` what a user runs. A `bash` or
 `python` block follows a marker comment saying how the tests treat it:
 
-    <!-- test: run -->         executed against a serving stack (tests/integration/test_docs_recipes.py)
+    <!-- test: run -->         executed against a serving stack (tests/slow/test_docs_recipes.py)
     <!-- test: run exit=1 -->  the same, and its last command exits 1 (a recipe showing a failure)
     <!-- test: containers -->  executed against the images in a real Docker engine, a page's blocks in one
                                shell session (tests/containers/test_docs_recipes.py)

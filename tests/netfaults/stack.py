@@ -5,7 +5,7 @@ across the veth pair, where the kernel's faults act (loss, reset, partition: lin
 it through a `DelayProxy` (proxy.py), the user-space stand-in for the delay netem would add. Both send inputs
 through system shared memory: the namespace changes the network only, so Triton maps the same /dev/shm.
 
-The network-fault tests (tests/integration/test_network_faults.py) drive it: `inject`, load with a 2 s deadline
+The network-fault tests (tests/slow/test_network_faults.py) drive it: `inject`, load with a 2 s deadline
 per call (`FaultTarget`), `heal`, `recovery` (seconds to the first right answer), `leaks` (in-flight calls,
 shared-memory slots and regions left behind).
 """

@@ -3,7 +3,7 @@
 The convention is in tests/docs_blocks.py. Here: each block has a kind and, when runnable, a marker; each
 `check` and `containers` block's commands exist (a make target, a module, a console script whose parser takes
 the arguments); each `protobuf` block is a ModelConfig; the metrics page lists every metric the processes
-export. tests/integration/test_docs_recipes.py runs the `run` blocks, tests/containers/test_docs_recipes.py the
+export. tests/slow/test_docs_recipes.py runs the `run` blocks, tests/containers/test_docs_recipes.py the
 `containers` ones.
 """
 

@@ -1,9 +1,10 @@
-"""The docs' recipes, run as a user runs them beside `make serve`, against a stack of their own.
+"""The docs' recipes, run as a user runs them beside `make serve`, against a stack of their own (slow: a stack and
+every page's recipes, a few minutes).
 
 Every `<!-- test: run -->` block of README.md and docs/*.md (tests/docs_blocks.py) runs from a scratch folder laid
 out as the checkout: `.venv` (a link to this one), `model_repository/` (demo models, linked) and `build/` (the
-stack's logs and admin key), with the files the recipes name. The well-known addresses in a block become the
-stack's free ports. A page's blocks run in order; the models a page added are unloaded and removed after it, so
+stack's logs; no admin key file: the recipes read the key from the environment), with the files the recipes
+name. The well-known addresses in a block become the stack's free ports. A page's blocks run in order; the models a page added are unloaded and removed after it, so
 every page starts from the same repository. Every `protobuf` block is loaded by tritonserver as a model's config.
 """
 
