@@ -28,8 +28,9 @@ def installed_name(source: BuildSource) -> BuildSource:
 
 def main(argv: list[str]) -> int:
     sources, options = process_options(argv)
-    if "--cache-dir" not in argv:  # not plain mypy's: its cache holds these files under their folder names
-        options.cache_dir = ".mypy_cache/installed-names"
+    # Whole runs: mypy's incremental cache looks modules up by their folder names again, and then misses
+    # the renamed ones (a submodule read as a missing attribute).
+    options.incremental = False
     try:
         messages = build.build([installed_name(source) for source in sources], options).errors
     except CompileError as error:  # a blocking error: a syntax error, a module found twice
