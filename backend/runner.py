@@ -34,6 +34,8 @@ _WARM_UP_CHILD_SECONDS = 120.0
 CHECK_ROWS = 3
 FLOAT_TOLERANCE = {2: 1e-2, 4: 1e-4, 8: 1e-4}  # by bytes per element: FP16's 11-bit mantissa needs the wider one
 _KEPT = "the rule's verdict stands: it batches"
+# A graph the rule cannot judge whose check could not run either: nothing shows its rows independent.
+_UNCHECKED = "the batch-axis rule cannot judge every node either ({}): each request runs alone"
 _warn = logging.getLogger(__name__).warning  # where a runner logs when it is given no logger
 
 
@@ -142,7 +144,7 @@ class OnnxModelRunner:
             if crash is None:
                 runner.check_rows(graph.batch_undecided())
             else:
-                log(f"model '{name}': the batch-independence check {crash} in a child process; {_KEPT}")
+                runner.unchecked(f"the batch-independence check {crash} in a child process", graph.batch_undecided())
         return runner
 
     def _check_candidates(self) -> Iterator[dict[str, np.ndarray]]:
@@ -181,7 +183,14 @@ class OnnxModelRunner:
                     "stacked and one by one agree: it batches"
                 )
             return
-        self._log(f"model '{name}': the batch-independence check could not run ({'; '.join(failures)}); {_KEPT}")
+        self.unchecked(f"the batch-independence check could not run ({'; '.join(failures)})", undecided)
+
+    def unchecked(self, why: str, undecided: str | None) -> None:
+        """The check at load did not run: the rule's verdict stands where it judged every node, else rows run alone."""
+        if undecided:
+            self.coupled = True
+            self.batching = "each request runs alone (the batch-axis rule cannot judge it, and no check at load ran)"
+        self._log(f"model '{self.signature.name}': {why}; {_UNCHECKED.format(undecided) if undecided else _KEPT}")
 
     def rows_check_in_child(self, onnx_file: Path, settings: SessionSettings, cache_dir: Path | None) -> str | None:
         """How a forked child running the check's rows died (integer division by zero), or None."""

@@ -453,6 +453,27 @@ def test_a_check_whose_values_the_model_rejects_keeps_the_rules_verdict(tmp_path
     assert line.endswith("the rule's verdict stands: it batches")
 
 
+def test_a_graph_the_rule_cannot_judge_whose_check_cannot_run_runs_each_request_alone(tmp_path):
+    # The same lookup, then an operator the rule does not know: nothing shows its rows independent.
+    table = numpy_helper.from_array(np.ones((2, 2), np.float32), "table")
+    path = save_graph(
+        tmp_path / "lookup_trilu.onnx",
+        [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("Trilu", ["e"], ["y"])],
+        [value("ids", TensorProto.INT64, ["n", 2])],
+        [value("y", TensorProto.FLOAT, ["n", 2, 2])],
+        [table],
+    )
+    lines: list[str] = []
+    runner = OnnxModelRunner.load(path, "lookup_trilu", SETTINGS, max_batch_size=8, log=lines.append)
+    assert runner.coupled
+    assert runner.batching == "each request runs alone (the batch-axis rule cannot judge it, and no check at load ran)"
+    [line] = lines
+    assert line.startswith("model 'lookup_trilu': the batch-independence check could not run (ids [3, 2]: ")
+    assert line.endswith(
+        "Trilu is an operator the rule does not know (domain 'ai.onnx') (node 'y')): each request runs alone"
+    )
+
+
 def test_the_check_of_a_graph_that_divides_runs_in_a_child_first(tmp_path):
     # y = x * MIN / (x - 4) over int64: ones (the warm-up's) pass, the check's small values (0-3) divide the smallest
     # int64 by -1, a SIGFPE no Python code survives.
