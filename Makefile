@@ -104,7 +104,7 @@ test-slow: setup ## The slow tier: faults, overload, replicas, versions under lo
 test-containers: setup ## Build the images (the engine installed and started if needed) and test them in real containers
 	$(PY) -m pytest $(PYTEST_ARGS) tests/containers
 
-unit: venv proto ## Run the unit tests only (no server, seconds)
+unit: venv proto models ## Run the unit tests only (no server, seconds; the demo models generated once)
 	$(PY) -m pytest $(PYTEST_ARGS) -n auto tests/unit
 
 bench: setup ## Benchmark: limit, Triton direct, facade, FastAPI baseline, PyTriton (BENCH_ARGS="--models mobilenet_v3_small ...")
