@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 enum { NOT_SENT = -1, TIMED_OUT = -2, CONNECTION_ERROR = -3, BAD_ANSWER = -4 };
+enum { GRPC_CANCELLED = 1, GRPC_RESOURCE_EXHAUSTED = 8, GRPC_INTERNAL = 13, GRPC_UNAVAILABLE = 14 };
 enum { CLOSED, CONNECTING, IDLE, SENDING, RECEIVING, READY };
 #define MAX_VARIANTS 4 /* distinct bodies kept per request: more means the server answers one input many ways */
 #define MAX_REQUESTS (1 << 12)
@@ -68,6 +69,7 @@ typedef struct {
   size_t in_len, in_cap;
   int64_t idle_since;
   nghttp2_session *h2; /* gRPC */
+  int draining;        /* gRPC: the server sent GOAWAY; new calls go to a new connection */
 } Connection;
 
 static int grpc_mode;
@@ -81,7 +83,8 @@ static Call *calls;
 static size_t call_count, call_cap;
 static int *inflight, inflight_count, max_outstanding;
 static Connection *connections;
-static int connection_count, open_count, next_connection;
+static int connection_count, pool_size, open_count, next_connection;
+static int *active; /* gRPC: the connection of each of the --connections places the calls are spread over */
 static int *idle, idle_count;
 static int epoll_fd;
 static struct sockaddr_in address;
@@ -173,6 +176,7 @@ static void close_connection(Connection *c) {
   c->fd = -1;
   c->state = CLOSED;
   c->in_len = 0;
+  c->draining = 0;
   open_count--;
   if (c->h2) { /* its streams' calls end with it */
     nghttp2_session *session = c->h2;
@@ -422,13 +426,24 @@ static int h2_data(nghttp2_session *session, uint8_t flags, int32_t stream_id, c
   return 0;
 }
 
+static int h2_frame(nghttp2_session *session, const nghttp2_frame *frame, void *user) {
+  (void)session;
+  if (frame->hd.type == NGHTTP2_GOAWAY) ((Connection *)user)->draining = 1; /* its streams finish, no new ones */
+  return 0;
+}
+
 static int h2_close(nghttp2_session *session, int32_t stream_id, uint32_t error_code, void *user) {
   (void)user;
   Stream *stream = nghttp2_session_get_stream_user_data(session, stream_id);
   if (!stream) return 0;
   if (stream->call >= 0) {
     int status = stream->grpc_status, variant = -1;
-    if (error_code != NGHTTP2_NO_ERROR || stream->http_status != 200)
+    if (status < 0 && error_code != NGHTTP2_NO_ERROR) /* reset before its trailers: gRPC's mapping of the code */
+      status = error_code == NGHTTP2_REFUSED_STREAM      ? GRPC_UNAVAILABLE
+               : error_code == NGHTTP2_CANCEL            ? GRPC_CANCELLED
+               : error_code == NGHTTP2_ENHANCE_YOUR_CALM ? GRPC_RESOURCE_EXHAUSTED
+                                                         : GRPC_INTERNAL;
+    else if (stream->http_status != 200)
       status = stream->http_status ? BAD_ANSWER : CONNECTION_ERROR;
     else if (status < 0)
       status = BAD_ANSWER; /* no grpc-status: not a gRPC answer */
@@ -467,6 +482,7 @@ static int h2_open(Connection *c) {
   nghttp2_session_callbacks_set_on_header_callback(callbacks, h2_header);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, h2_data);
   nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, h2_close);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, h2_frame);
   nghttp2_session_client_new(&c->h2, callbacks, c);
   nghttp2_session_callbacks_del(callbacks);
   /* Windows as large as HTTP/2 allows: the answers' flow is never the generator's to hold back. */
@@ -477,16 +493,31 @@ static int h2_open(Connection *c) {
   return 0;
 }
 
+/* The connection for the calls of place `place`: its own, or a new one when the server closed or is draining it. */
+static int grpc_connection(int place) {
+  Connection *c = &connections[active[place]];
+  if (c->fd >= 0 && !c->draining) return active[place];
+  if (c->fd >= 0) { /* draining: its calls finish there, new ones go to a free slot */
+    int slot = -1;
+    for (int i = 0; i < pool_size && slot < 0; i++)
+      if (connections[i].fd < 0) slot = i;
+    if (slot < 0) return -1;
+    active[place] = slot;
+    c = &connections[slot];
+  }
+  return h2_open(c) < 0 ? -1 : active[place];
+}
+
 static void grpc_dispatch(int index) {
   Call *call = &calls[index];
-  int slot = next_connection;
+  int slot = grpc_connection(next_connection);
   next_connection = (next_connection + 1) % connection_count;
-  Connection *c = &connections[slot];
   inflight[inflight_count++] = index;
-  if (c->fd < 0 && h2_open(c) < 0) { /* the server went away: try to connect again, once per call */
+  if (slot < 0) { /* the server went away: try to connect again, once per call */
     end_call(index, CONNECTION_ERROR, -1);
     return;
   }
+  Connection *c = &connections[slot];
   Stream *stream = calloc(1, sizeof *stream);
   if (!stream) die("memory");
   stream->call = index;
@@ -695,10 +726,14 @@ int main(int argc, char **argv) {
     setrlimit(RLIMIT_NOFILE, &files);
   }
   signal(SIGPIPE, SIG_IGN);
-  connections = calloc((size_t)connection_count, sizeof *connections);
-  idle = calloc((size_t)connection_count, sizeof *idle);
+  /* gRPC: room for the connections the server sends GOAWAY on while their calls finish, beside their successors. */
+  pool_size = grpc_mode ? connection_count * 4 : connection_count;
+  connections = calloc((size_t)pool_size, sizeof *connections);
+  idle = calloc((size_t)pool_size, sizeof *idle);
+  active = calloc((size_t)connection_count, sizeof *active);
   inflight = calloc((size_t)max_outstanding + 1, sizeof *inflight);
-  for (int i = 0; i < connection_count; i++) connections[i] = (Connection){.fd = -1, .call = -1};
+  for (int i = 0; i < pool_size; i++) connections[i] = (Connection){.fd = -1, .call = -1};
+  for (int i = 0; i < connection_count; i++) active[i] = i;
   epoll_fd = epoll_create1(EPOLL_CLOEXEC);
   if (epoll_fd < 0) die("epoll_create1");
   deadline_ns = (int64_t)(deadline_ms * 1e6);
@@ -757,6 +792,6 @@ int main(int argc, char **argv) {
             (long long)(call->sent < 0 || call->done < 0 ? -1 : call->done / 1000), call->status, call->variant);
   }
   if (fclose(out) != 0) die(out_path);
-  for (int i = 0; i < connection_count; i++) close_connection(&connections[i]);
+  for (int i = 0; i < pool_size; i++) close_connection(&connections[i]);
   return 0;
 }
