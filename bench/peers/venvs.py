@@ -1,7 +1,9 @@
 """The peers' venvs under build/peers/<peer>/, made from their pinned requirements files with an interpreter on PATH.
 
 A venv is (re)built when its requirements file or interpreter changes (a stamp holds their hash), so `make
-bench-peers` downloads only the first time; pip's output goes to a log whose end an error quotes.
+bench-peers` downloads only the first time; pip's output goes to a log whose end an error quotes. This checkout is
+installed in it too, editable and without its dependencies: a peer imports `bench.peers.common`, which takes its dtype
+table from `tritonnx.backend`, a folder the package maps into its namespace only when installed.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ def python_of(peer: str) -> Path:
 
 
 def stamp(peer: str, interpreter: str) -> str:
-    """What the venv was built from: the requirements file's hash and the interpreter."""
-    return hashlib.sha256(requirements(peer).read_bytes() + interpreter.encode()).hexdigest()
+    """What the venv was built from: the requirements file's hash, the interpreter and the checkout's packaging."""
+    made_from = requirements(peer).read_bytes() + interpreter.encode() + (ROOT / "pyproject.toml").read_bytes()
+    return hashlib.sha256(made_from).hexdigest()
 
 
 def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], None] = print) -> Path:
@@ -51,14 +54,13 @@ def ensure(peer: str, interpreter: str = DEFAULT_PYTHON, say: Callable[[str], No
     if made.returncode != 0:
         raise VenvError(f"{found} -m venv {venv} failed: {made.stderr.strip()[-500:]}")
     log = venv / "pip.log"
-    with open(log, "ab") as output:
-        pip = ["-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements(peer))]
-        done = subprocess.run(
-            [str(python_of(peer)), *pip], stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False
-        )
-    if done.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise VenvError(f"pip install -r {requirements(peer)} exited {done.returncode}; end of {log}:\n{tail}")
+    pip = [str(python_of(peer)), "-m", "pip", "install", "--disable-pip-version-check"]
+    for step in (["-r", str(requirements(peer))], ["--no-deps", "-e", str(ROOT)]):
+        with open(log, "ab") as output:
+            done = subprocess.run([*pip, *step], stdout=output, stderr=subprocess.STDOUT, timeout=1800, check=False)
+        if done.returncode != 0:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            raise VenvError(f"pip install {' '.join(step)} exited {done.returncode}; end of {log}:\n{tail}")
     installed.write_text(stamp(peer, interpreter))
     return python_of(peer)
 
