@@ -175,33 +175,6 @@ def test_a_flood_above_the_cap_gets_resource_exhausted_and_everything_else_is_ri
     assert page.value("tritonnx_facade_in_flight_requests") == 0
 
 
-def test_tritons_own_queue_rejections_surface_as_unavailable(triton, tmp_path):
-    # A facade whose own cap is above resnet50's queue: the excess is refused by Triton, not by it.
-    own = start_facade(
-        triton,
-        tmp_path,
-        *("--max-in-flight", "1000", "--max-receiving", "1000", "--max-receiving-per-connection", "1000"),
-        *("--max-in-flight-bytes", str(1 << 30)),
-    )
-    channel = grpc.insecure_channel(own.grpc_url)
-    stub = inference_pb2_grpc.InferenceServiceStub(channel)
-    payload = image(seed=8).tobytes()
-    futures = [
-        stub.Predict.future(inference_pb2.PredictRequest(raw_data=payload, shape=IMAGE_SHAPE)) for _ in range(250)
-    ]
-    codes = []
-    for future in futures:
-        try:
-            codes.append("OK" if list(future.result(timeout=180).shape) == [1, 1000] else "WRONG")
-        except grpc.RpcError as error:
-            codes.append(error.code().name)
-            if error.code() == grpc.StatusCode.UNAVAILABLE:
-                assert "cannot take the request now" in error.details() and "queue" in error.details()
-    channel.close()
-    own.stop()
-    assert set(codes) == {"OK", "UNAVAILABLE"}, sorted(set(codes))
-
-
 def in_flight(facade) -> float:
     """The calls the facade holds (its in-flight gauge)."""
     return metrics(facade.http_url).value("tritonnx_facade_in_flight_requests")

@@ -114,7 +114,8 @@ def test_a_high_priority_request_overtakes_queued_low_ones_through_the_facade(st
 
 
 def test_requests_beyond_the_queue_bound_are_refused_at_once_and_the_queued_ones_answered(stack):
-    """A queue policy's bound, as a user configures one: the call past it is UNAVAILABLE, the others run."""
+    """A queue policy's bound, as a user configures one: the call past it is UNAVAILABLE, directly and through the
+    facade, and the others run."""
     folder: Path = stack.triton.model_repository / "slow"
     with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
         inputs = lambda ms: make_inputs({"milliseconds": np.array([[ms]], np.float32)})  # noqa: E731
@@ -128,11 +129,17 @@ def test_requests_beyond_the_queue_bound_are_refused_at_once_and_the_queued_ones
             wait_until(lambda: queued(stack) == QUEUE_SIZE, 30, "the queue full")
             with pytest.raises(InferenceServerException) as refused:
                 client.infer("slow", inputs(0), priority=LOW)
+            # Through the facade, Triton's refusal is UNAVAILABLE too, saying why.
+            with grpc.insecure_channel(stack.facade.grpc_url) as channel, pytest.raises(grpc.RpcError) as through:
+                predict = inference_pb2.PredictRequest(data=[0.0], shape=[1, 1], model_name="slow", priority=LOW)
+                inference_pb2_grpc.InferenceServiceStub(channel).Predict(predict, timeout=30)
         finally:
             (folder / "hold").unlink()
         wait_until(lambda: len(done) == QUEUE_SIZE + 1, 30, "every queued request answered")
     assert refused.value.status() == "StatusCode.UNAVAILABLE"
     assert "Exceeds maximum queue size" in refused.value.message()
+    assert through.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "cannot take the request now" in through.value.details() and "queue" in through.value.details()
     assert done == [None] * (QUEUE_SIZE + 1)
 
 
