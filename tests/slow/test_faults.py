@@ -412,9 +412,16 @@ def test_the_watchdog_kills_one_hung_stub_of_two_while_the_other_serves_under_lo
     pids = {stub.pid for stub in model_stubs(stack.triton, STALLING_PAIR)}
     stop, answers = threading.Event(), []
 
-    def load() -> None:  # requests that sleep 0 ms, one after the other, until the kill
-        while not stop.is_set():
-            answers.append(infer(stack, STALLING_PAIR, 0))
+    def load() -> None:  # requests that sleep 0 ms, back to back on one client, until the kill: a queue forms
+        tensor = grpcclient.InferInput("milliseconds", [1, 1], "FP32")
+        tensor.set_data_from_numpy(np.zeros((1, 1), np.float32))
+        with grpcclient.InferenceServerClient(stack.triton.grpc_url) as client:
+            while not stop.is_set():
+                try:
+                    client.infer(STALLING_PAIR, [tensor], client_timeout=30)
+                    answers.append("OK")
+                except InferenceServerException as error:
+                    answers.append(f"{error.status()}: {error.message()}")
 
     (folder / "hold").touch()
     try:
