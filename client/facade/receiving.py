@@ -3,10 +3,12 @@
 A call waits for its body in a place, for at most the body deadline. Places are bounded three ways:
 
 * in count (`limit`), and per connection (`per_connection`): when every place is taken, a new call takes the place
-  of the oldest call of the connection holding the most places, provided that connection holds more than the new
-  call's own and its call has waited a moment (`EVICTABLE_AFTER_S`); otherwise the new call is refused. A few
-  connections that open calls and send nothing cannot keep out a caller on a connection of its own, and 1,000
-  connections with one silent call each lose their places, oldest first, to newcomers;
+  of the oldest call of a connection holding more places than the new call's own (one that has not delivered a
+  body lately first, then one holding the most); otherwise the new call is refused (a burst on one connection is
+  refused at the door). A few connections that open calls and send nothing cannot keep out a caller on a
+  connection of its own, and 1,000 connections with one silent call each lose their places, oldest first, to
+  newcomers, never to the calls of a connection whose bodies keep arriving (its next body may be waiting for the
+  event loop, not for the caller);
 * in bytes (`max_bytes`): gRPC holds a body on its way until it is whole, before the facade can see it, so its size
   is read where it is held: the process's resident memory above its level when nothing was being received. Beyond
   it, the calls that have waited longest are cut until it is back (`sweep`, a few times a second).
@@ -25,9 +27,8 @@ from typing import TypeVar
 from tritonnx.client.facade.errors import DeadlineExceeded, FacadeError, Overloaded
 
 T = TypeVar("T")
-# A call younger than this keeps its place: a burst of callers whose bodies are on their way is refused at the door
-# (as before any eviction) instead of the callers evicting each other.
-EVICTABLE_AFTER_S = 0.05
+# Connections whose delivered bodies are remembered (the most recent), for eviction to spare them.
+REMEMBERED_CONNECTIONS = 4096
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -94,6 +95,7 @@ class ReceivePlaces:
         self._all: OrderedDict[Receiver, None] = OrderedDict()  # oldest first
         self._by_connection: dict[str, list[Receiver]] = {}  # only connections with a call waiting: bounded
         self._holding: Counter[int] = Counter()  # places held -> connections holding that many
+        self._delivered: OrderedDict[str, None] = OrderedDict()  # connections that delivered a body, latest last
         self._floor = resident_bytes()  # resident memory when nothing was being received
         self.evicted = 0  # calls that lost their place to a newcomer
         self.cut_for_memory = 0
@@ -108,9 +110,14 @@ class ReceivePlaces:
         """The call's body, awaited in a place for at most `seconds`; Overloaded at once when it gets none."""
         receiver = self._enter(connection)
         try:
-            return await receiver.wait(body(), seconds, self.on_reset)
+            received = await receiver.wait(body(), seconds, self.on_reset)
         finally:
             self._leave(receiver)
+        self._delivered[connection] = None
+        self._delivered.move_to_end(connection)
+        if len(self._delivered) > REMEMBERED_CONNECTIONS:
+            self._delivered.popitem(last=False)
+        return received
 
     def _enter(self, connection: str) -> Receiver:
         mine = self._by_connection.get(connection, [])
@@ -120,7 +127,7 @@ class ReceivePlaces:
             )
         now = asyncio.get_running_loop().time()
         if len(self._all) >= self.limit:
-            victim = self._victim(len(mine), now)
+            victim = self._victim(len(mine))
             if victim is None:
                 raise self._overloaded(f"the server is waiting for the bodies of its limit of {self.limit} calls")
             self.evicted += 1
@@ -143,15 +150,19 @@ class ReceivePlaces:
         if calls:
             self._holding[len(calls)] += change
 
-    def _victim(self, newcomers_own: int, now: float) -> Receiver | None:
-        """The oldest call of the connections holding the most places, if they hold more than the newcomer's."""
+    def _victim(self, newcomers_own: int) -> Receiver | None:
+        """The call whose place a newcomer takes, if any (see the module); oldest first."""
         most = max(count for count, connections in self._holding.items() if connections > 0)
         if most <= newcomers_own:
             return None
-        # Oldest first: the first whose connection holds the most (with a thousand connections of one call each,
-        # the very first).
-        oldest = next(r for r in self._all if len(self._by_connection[r.connection]) == most)
-        return oldest if now - oldest.started >= EVICTABLE_AFTER_S else None
+        fallback = None
+        for receiver in self._all:
+            held = len(self._by_connection[receiver.connection])
+            if held > newcomers_own and receiver.connection not in self._delivered:
+                return receiver
+            if fallback is None and held == most:
+                fallback = receiver
+        return fallback
 
     def _leave(self, receiver: Receiver) -> None:
         if self._all.pop(receiver, False) is False:

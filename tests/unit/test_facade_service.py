@@ -6,7 +6,6 @@ import pytest
 from tritonnx.client.facade import errors, receiving
 from tritonnx.client.facade.admission import Admission
 from tritonnx.client.facade.metrics import FacadeMetrics
-from tritonnx.client.facade.receiving import EVICTABLE_AFTER_S
 
 
 def test_admission_refuses_beyond_the_limit_with_a_retry_hint():
@@ -72,7 +71,7 @@ def test_receive_places_are_counted_apart_from_the_slots():
         release = asyncio.Event()
         connections = ["ipv4:10.0.0.1:5000", "ipv4:10.0.0.1:5000", "ipv4:10.0.0.2:5000"]
         held = [asyncio.ensure_future(_hold(admission, connection, release)) for connection in connections]
-        await asyncio.sleep(EVICTABLE_AFTER_S * 2)
+        await _settle()
         assert metrics.registry.get_sample_value("tritonnx_facade_receiving_calls") == 3
         with pytest.raises(errors.Overloaded, match="bodies of its limit of 3 calls"):
             await _hold(admission, "ipv4:10.0.0.1:5000", release)  # its own connection holds the most: refused
@@ -110,7 +109,7 @@ def test_a_full_pool_gives_the_place_of_the_busiest_connections_oldest_call_to_a
         attacker = [asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:1", stalled)) for _ in range(3)]
         await _settle()
         lone = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:2", stalled))
-        await asyncio.sleep(EVICTABLE_AFTER_S * 2)
+        await _settle()
         newcomer = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.1:7", release))
         await _settle()
         assert attacker[0].done() and not any(call.done() for call in (*attacker[1:], lone, newcomer))
@@ -125,16 +124,44 @@ def test_a_full_pool_gives_the_place_of_the_busiest_connections_oldest_call_to_a
     asyncio.run(test())
 
 
-def test_a_call_younger_than_the_eviction_age_keeps_its_place():
+def test_a_connection_whose_bodies_arrive_keeps_its_place_while_silent_ones_lose_theirs():
     async def test() -> None:
-        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=2)
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=3)
+        prober, stalled, release = "ipv4:10.0.0.1:7", asyncio.Event(), asyncio.Event()
+
+        async def arrived() -> str:
+            return "body"
+
+        assert await admission.receive(arrived, prober, 30.0) == "body"  # a connection whose bodies arrive
+        probe = asyncio.ensure_future(_hold(admission, prober, release))  # its next call, the oldest waiting
+        await _settle()
+        silent = [asyncio.ensure_future(_hold(admission, f"ipv4:10.0.0.9:{i}", stalled)) for i in range(2)]
+        await _settle()
+        newcomer = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:99", stalled))
+        await _settle()
+        # Every connection holds one place; the oldest silent one's goes, not the older call of the prober.
+        assert silent[0].done() and not probe.done() and not silent[1].done() and not newcomer.done()
+        with pytest.raises(errors.Overloaded, match="needed this call's place"):
+            silent[0].result()
+        release.set()
+        assert await probe == "body"
+        stalled.set()
+        await asyncio.gather(silent[1], newcomer)
+
+    asyncio.run(test())
+
+
+def test_a_burst_on_one_connection_is_refused_at_the_door():
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=2,
+                              max_receiving_per_connection=8)  # fmt: skip
         release = asyncio.Event()
         held = [asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.9:1", release)) for _ in range(2)]
         await _settle()
         with pytest.raises(errors.Overloaded, match="limit of 2 calls"):
-            await _hold(admission, "ipv4:10.0.0.1:7", release)  # a burst: the newest is refused at the door
+            await _hold(admission, "ipv4:10.0.0.9:1", release)  # its own connection holds the most: no victim
         release.set()
-        await asyncio.gather(*held)
+        assert await asyncio.gather(*held) == ["body", "body"]
 
     asyncio.run(test())
 
