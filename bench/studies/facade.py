@@ -98,12 +98,31 @@ def run_fake_triton(ports: multiprocessing.Queue) -> None:
 
 @dataclass
 class TreeFacade(FacadeProcess):
-    """The facade run from the code of `tree`."""
+    """The facade run from the code of a tree, through its import root (see import_root())."""
 
-    tree: Path = ROOT
+    import_root: Path = ROOT
 
     def spawn(self, command: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
-        super().spawn(command, {**(env or os.environ), "PYTHONPATH": str(self.tree)}, self.tree)
+        # Run from the import root too: the working directory comes first on the path.
+        super().spawn(command, {**(env or os.environ), "PYTHONPATH": str(self.import_root)}, self.import_root)
+
+
+def import_root(tree: Path, stack: ExitStack) -> Path:
+    """A folder whose `tritonnx` is `tree`'s as it installs, for PYTHONPATH; `stack` removes it.
+
+    pyproject.toml maps the top-level backend/ and client/ into the namespace, which only an installed package
+    sees: here links outside the repository lay them out so. A tree from before that mapping has them in tritonnx/.
+    """
+    if (tree / "tritonnx" / "client").exists():
+        return tree
+    root = Path(tempfile.mkdtemp(prefix="tritonnx-import-root-"))
+    stack.callback(shutil.rmtree, root, ignore_errors=True)
+    (root / "tritonnx").mkdir()
+    for entry in (tree / "tritonnx").iterdir():
+        (root / "tritonnx" / entry.name).symlink_to(entry)
+    for folder in ("backend", "client"):
+        (root / "tritonnx" / folder).symlink_to(tree / folder)
+    return root
 
 
 def git(*args: str) -> str:
@@ -124,11 +143,12 @@ def worktree(ref: str, stack: ExitStack) -> Path:
 def start_facade(tree: Path, triton_port: int, log: Path, stack: ExitStack) -> TreeFacade:
     """The facade of `tree`, ready, stopped by `stack`; checked to import that tree's code, not the installed one."""
     check = "import tritonnx.client.facade.server as m; print(m.__file__)"
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    found = subprocess.run([sys.executable, "-c", check], env=env, cwd=tree, capture_output=True, text=True)
+    root = import_root(tree, stack)
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    found = subprocess.run([sys.executable, "-c", check], env=env, cwd=root, capture_output=True, text=True)
     if not Path(found.stdout.strip()).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"the facade of {tree} would run {found.stdout.strip() or found.stderr}")
-    facade = TreeFacade(triton_url=f"127.0.0.1:{triton_port}", log_file=log, extra_args=FACADE_FLAGS, tree=tree)
+    facade = TreeFacade(triton_url=f"127.0.0.1:{triton_port}", log_file=log, extra_args=FACADE_FLAGS, import_root=root)
     stack.callback(facade.stop)
     facade.start()
     facade.wait_ready()

@@ -39,6 +39,9 @@ WAITING = re.compile(
     r"^(epoll_wait|epoll_pwait|__futex|futex|poll|ppoll|select|pselect|nanosleep|clock_nanosleep|sem_)"
 )
 GENERIC = re.compile(r"^(libc|libpython|python3|libstdc\+\+|libpthread|ld-linux|libm|\[kernel|\[unknown|\[vdso)")
+# The checkout's folders that install into the tritonnx namespace (pyproject.toml's package-dir): py-spy names
+# their frames by the checkout's paths.
+NAMESPACE_FOLDERS = {"backend": "tritonnx", "client": "tritonnx"}
 FRAME = re.compile(r"^(?P<function>.*?) \((?P<where>[^()]*?)(?::\d+)?\)$")
 
 
@@ -47,7 +50,8 @@ def owner(frame: str) -> str | None:
     match = FRAME.match(frame)
     where = re.sub(r"^/.*/(site-packages|python3\.\d+)/", "", match["where"]) if match else ""
     if where.endswith(".py"):
-        return where.split("/")[0].removesuffix(".py")
+        top = where.split("/")[0].removesuffix(".py")
+        return NAMESPACE_FOLDERS.get(top, top)
     if ".so" in where or where.startswith("["):
         name = re.sub(r"(\.cpython[^.]*|\.abi3)?\.so.*$", "", where.rsplit("/", 1)[-1])
         return None if GENERIC.match(name) else name

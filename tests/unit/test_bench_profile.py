@@ -8,7 +8,8 @@ from bench.studies.profile import owner, profile_of
 
 
 def test_a_frame_belongs_to_its_python_package_or_native_library_and_generic_frames_to_none():
-    assert owner("InferenceServicer._serve (tritonnx/client/facade/service.py:180)") == "tritonnx"
+    assert owner("InferenceServicer._serve (client/facade/service.py:180)") == "tritonnx"
+    assert owner("Runner.run (backend/runner.py:90)") == "tritonnx"  # the checkout's backend/, as py-spy names it
     assert owner("Runner.run (/root/.pyenv/versions/3.11.7/lib/python3.11/asyncio/runners.py:118)") == "asyncio"
     assert owner("_call (/x/.venv/lib/python3.11/site-packages/grpc/aio/_call.py:3)") == "grpc"
     assert owner("0x7feda8ae79fa (grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so)") == "cygrpc"
