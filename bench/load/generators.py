@@ -55,7 +55,9 @@ async def _python_offer(target: Target, rate: float, seconds: float, seed: int) 
 
 GENERATORS = {
     "loadgen": Generator(
-        "loadgen", "loadgen (bench/load/loadgen.c: compiled, epoll, gRPC through libnghttp2)", _compiled_keep,
+        "loadgen",
+        f"loadgen (bench/load/loadgen.c: compiled, epoll, gRPC through libnghttp2; scheduled {compiled.priority()})",
+        _compiled_keep,
         _compiled_offer,
     ),
     "python": Generator(
