@@ -3,7 +3,7 @@
 docs/benchmarks.md#tuning-a-models-policy says how. A lone request's latency is a constraint, not an afterthought: one
 intra-op thread per instance and a queue delay serve more under load but make a lone request slower, so the choice is
 the highest goodput among the candidates whose lone request is within its budget (by default the in-process p50 plus
-the project's allowance, goodput.LONE_ALLOWANCE_MS), and the fastest lone request when none is.
+the project's allowance, goodput.LONE_ALLOWANCE_MS), and among the fastest lone requests when none is.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from tritonnx.server.repository import CONFIG_FILE, link_models
 
 SPINNING = "session.intra_op.allow_spinning"
 DEFAULT_ALLOWANCE_MS = 1.0  # a lone request's budget over in-process for a model the goals do not name
+LONE_NOISE = 0.1  # lone requests' p50s this close (a share of the fastest) are one within a sweep's noise
 
 
 @dataclass(frozen=True)
@@ -95,17 +96,18 @@ def _lone(record: dict) -> float:
 def choose(results: list[Result], objective: float, lone_p50_budget_ms: float | None = None) -> Result | None:
     """The highest goodput among the candidates whose lone request's p50 is within the budget.
 
-    When none is within it, the fastest lone request among those with a goodput; None if none has a goodput.
+    When none is within it, the highest goodput among those whose lone request is within LONE_NOISE of the fastest
+    (one sweep cannot tell them apart); None if none has a goodput.
     """
     scored = [(goodput.goodput(record.get("steps", []), objective), candidate, record) for candidate, record in results]
-    scored = [score for score in scored if score[0] > 0]
+    scored = [score for score in scored if score[0] > 0 and not math.isnan(_lone(score[2]))]
+    if not scored:
+        return None
     within = [score for score in scored if lone_p50_budget_ms is None or _lone(score[2]) <= lone_p50_budget_ms]
-    if within:
-        return max(within, key=lambda score: score[0])[1:]
-    fastest = min(
-        scored, key=lambda score: _lone(score[2]) if not math.isnan(_lone(score[2])) else math.inf, default=None
-    )
-    return None if fastest is None else fastest[1:]
+    if not within:
+        fastest = min(_lone(score[2]) for score in scored)
+        within = [score for score in scored if _lone(score[2]) <= fastest * (1 + LONE_NOISE)]
+    return max(within, key=lambda score: score[0])[1:]
 
 
 def figures(record: dict, objective: float) -> str:

@@ -51,10 +51,12 @@ def test_the_highest_goodput_at_the_objective_wins():
 
 def test_a_lone_request_budget_keeps_single_request_latency():
     assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=60)[0] == TWO_THREADS
-    # None within the budget: the fastest lone request among the candidates with a goodput (ERRORS's is 10 req/s).
-    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=40)[0] == ERRORS
+    # None within the budget: the highest goodput among the lone requests within a tenth of the fastest (ERRORS's
+    # 45 ms, 10 req/s): two threads' 46 ms and 18 req/s; one thread's 83 ms is out whatever its goodput.
+    assert choose(RESULTS, OBJECTIVE, lone_p50_budget_ms=40)[0] == TWO_THREADS
     said = note(choose(RESULTS, OBJECTIVE, 40), OBJECTIVE, candidates=4, budget_ms=40)
-    assert "a lone request's p50 45.00 ms; none kept a lone budget of 40.00 ms." in said
+    assert "a lone request's p50 46.00 ms; none kept a lone budget of 40.00 ms." in said
+    assert choose(RESULTS[:1] + RESULTS[2:], OBJECTIVE, lone_p50_budget_ms=40)[0] == ERRORS
     assert "within a lone budget of 60.00 ms." in note(choose(RESULTS, OBJECTIVE, 60), OBJECTIVE, 4, budget_ms=60)
 
 
