@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -52,6 +53,8 @@ STALLING_CONFIG = (
 # The same with two instances: one can hang while the other serves.
 STALLING_PAIR = "stalling_pair"
 STALLING_PAIR_CONFIG = STALLING_CONFIG.replace("count: 1", "count: 2")
+# The demo model with two instances, whatever its tuned count: a killed stub's sibling serves on.
+MODEL_CONFIG = re.sub(r"count: \d+", "count: 2", (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text())
 
 
 @dataclass
@@ -73,7 +76,7 @@ def stack(tmp_path_factory):
             STALLING_PAIR: TEST_MODELS / "slow",
             MODEL: MODEL_REPOSITORY / MODEL,
         },
-        {STALLING: STALLING_CONFIG, STALLING_PAIR: STALLING_PAIR_CONFIG},
+        {STALLING: STALLING_CONFIG, STALLING_PAIR: STALLING_PAIR_CONFIG, MODEL: MODEL_CONFIG},
     )
     serving = ServingStack(
         repository,
