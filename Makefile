@@ -127,7 +127,7 @@ chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault t
 	$(PY) -m bench.attacks $(ATTACKS_ARGS)
 	$(PY) -m bench.attacks --token $(ATTACKS_ARGS)
 
-conformance: setup ## Serve ONNX's ~1,400 test models through tritonserver, every output checked (~15 min; CONFORMANCE_ARGS=...)
+conformance: setup ## Serve ONNX's ~1,400 test models and the exporters' corpus through tritonserver, every output checked (CONFORMANCE_ARGS=--corpus onnx|exported)
 	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)
 
 test-conformance: setup ## The conformance tier: a 26-model slice of the corpus and the command at its smallest (tests/conformance)

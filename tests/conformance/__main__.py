@@ -109,9 +109,9 @@ def write_report(directory: Path, facts: dict, verdicts: list[Verdict], excluded
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.conformance",
-        description="Serve every test model of the onnx wheel that in-process ONNX Runtime runs correctly through "
-        "tritonserver (stock model.py, policy-only config.pbtxt) and compare every output. About 15 minutes "
-        "on 2 cores for the whole corpus.",
+        description="Serve every test model of the onnx wheel that in-process ONNX Runtime runs correctly, and the "
+        "exporters' corpus, through tritonserver (stock model.py, policy-only config.pbtxt) and compare every output. "
+        "About 15 minutes on 2 cores for the onnx corpus, plus the exporters' venv the first time.",
         epilog="Example: python -m tests.conformance --pattern node/test_reduce --chunk-size 32",
     )
     parser.add_argument(
