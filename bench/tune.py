@@ -3,7 +3,7 @@
 docs/benchmarks.md#tuning-a-models-policy says how. A lone request's latency is a constraint, not an afterthought: one
 intra-op thread per instance and a queue delay serve more under load but make a lone request slower, so the choice is
 the highest goodput among the candidates whose lone request is within its budget (by default the in-process p50 plus
-the project's allowance, goodput.LONE_ALLOWANCE_MS), and among the fastest lone requests when none is.
+the project's allowance, goodput_report.LONE_ALLOWANCE_MS), and among the fastest lone requests when none is.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from bench import REPOSITORY
 from bench.load.generators import GENERATORS
 from bench.output import say
-from bench.peers import goodput, servers
+from bench.peers import goodput, goodput_report, servers
 from tritonnx.server.repository import CONFIG_FILE, link_models
 
 SPINNING = "session.intra_op.allow_spinning"
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         single_p50, _ = goodput.single_request_ms(args.model, onnx_file, args.capacity_seconds)
         say(f"{args.model}: in-process single request p50 {single_p50:.2f} ms")
         objective = objective or goodput.objective_ms(single_p50)
-        budget = budget or single_p50 + goodput.LONE_ALLOWANCE_MS.get(args.model, DEFAULT_ALLOWANCE_MS)
+        budget = budget or single_p50 + goodput_report.LONE_ALLOWANCE_MS.get(args.model, DEFAULT_ALLOWANCE_MS)
     say(f"objective: answered p99 <= {objective:.1f} ms; a lone request's p50 within {budget:.2f} ms")
     preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
     dimensions = (args.instances, args.threads, args.delays, preferred, args.spinning)

@@ -1,6 +1,6 @@
 """python -m bench.peers (make bench-peers): every server beside the limit, in interleaved rounds.
 
-With --open-loop it measures goodput at a latency objective instead (goodput.py). docs/benchmarks.md says how.
+With --open-loop it measures goodput at a latency objective instead (goodput.py, goodput_report.py). docs/benchmarks.md says how.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from bench.baseline.workers import setups
 from bench.limit import measure_limit
 from bench.load.generators import GENERATORS
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
-from bench.peers import goodput, servers, venvs
+from bench.peers import goodput, goodput_report, servers, venvs
 from bench.peers.claims import write_summary
 from bench.report import notes, servers_table
 
@@ -103,7 +103,7 @@ def open_loop(args: argparse.Namespace) -> int:
         data: dict = {"single_p50_ms": single_p50, "single_p99_ms": single_p99, "objective_ms": objective}
         data["servers"], data["rounds"] = {}, []
         results["models"][model] = data
-        if model in goodput.IN_PROCESS_SHARE:
+        if model in goodput_report.IN_PROCESS_SHARE:
             say(f"{model}: in-process limit ...")
             limit = measure_limit(onnx_file, model, CORES, seconds=args.limit_seconds)
             data["in_process_rps"] = limit.best[1]
@@ -124,8 +124,8 @@ def open_loop(args: argparse.Namespace) -> int:
                 data["rounds"][-1][server.name] = goodput.figures(record)
                 write_json(out / "results.json", results)  # what is done so far survives an interruption
     results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
-    judged = goodput.gates(results)
-    code = finish(out, goodput.open_report(out, results, judged), judged, results)
+    judged = goodput_report.gates(results)
+    code = finish(out, goodput_report.open_report(out, results, judged), judged, results)
     write_summary(out, results)
     return code
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.output import write_json
-from bench.peers.goodput import DIRECT, FACADE, ratios
+from bench.peers.goodput_report import DIRECT, FACADE, ratios
 
 SUMMARY = "summary.json"
 REPORTS = Path(__file__).resolve().parents[1] / "reports"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.peers.claims import SUMMARY, latest_rounds, read_summaries, speed_sentence, write_summary
-from bench.peers.goodput import DIRECT, FACADE
+from bench.peers.goodput_report import DIRECT, FACADE
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = {"README.md": ROOT / "README.md", "docs/benchmarks.md": ROOT / "docs" / "benchmarks.md"}
