@@ -16,7 +16,7 @@ from bench.limit import measure_limit
 from bench.load import loops
 from bench.load.targets import FacadeTarget, KServeTarget
 from bench.output import CORES, machine, run_folder, say, settings
-from bench.peers import servers
+from bench.peers import peer_servers, servers
 from bench.perf import run_perf_analyzer
 from bench.report import write_report
 from bench.usage import tree_memory
@@ -72,7 +72,9 @@ def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
 
     peers: list[servers.Server] = [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
     if not args.skip_pytriton:
-        peers.append(servers.peer("pytriton", model, onnx_file, servers.Policy.of(REPOSITORY / model, CORES), workdir))
+        peers.append(
+            peer_servers.peer("pytriton", model, onnx_file, servers.Policy.of(REPOSITORY / model, CORES), workdir)
+        )
     for server in peers:
         say(f"{model}: {server.name} ({server.description}) ...")
         record = servers.closed_loop(server, onnx_file, args.concurrency, args.duration)

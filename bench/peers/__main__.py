@@ -15,12 +15,12 @@ from bench.baseline.workers import setups
 from bench.limit import measure_limit
 from bench.load.generators import GENERATORS
 from bench.output import CORES, finish, machine, run_folder, say, settings, write_json
-from bench.peers import goodput, goodput_report, servers, venvs
+from bench.peers import goodput, goodput_report, peer_servers, servers, venvs
 from bench.peers.claims import write_summary
 from bench.report import notes, servers_table
 
 TRITONNX = ("triton", "facade")
-SERVERS = (*TRITONNX, "fastapi", *servers.PEERS)
+SERVERS = (*TRITONNX, "fastapi", *peer_servers.PEERS)
 # The open loop only: Triton direct with the model's policy bounded for the objective (servers.LatencyBound).
 BOUNDED = "triton-bounded"
 OBJECTIVE_WHY = (
@@ -44,7 +44,9 @@ def make_servers(
         elif name == "fastapi":
             made += [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
         else:
-            made.append(servers.peer(name, model, onnx_file, servers.Policy.of(REPOSITORY / model, CORES), workdir))
+            made.append(
+                peer_servers.peer(name, model, onnx_file, servers.Policy.of(REPOSITORY / model, CORES), workdir)
+            )
     return made
 
 
@@ -123,7 +125,7 @@ def open_loop(args: argparse.Namespace) -> int:
                 data["servers"][server.name] = {"setup": server.description, **record}  # the latest round's
                 data["rounds"][-1][server.name] = goodput.figures(record)
                 write_json(out / "results.json", results)  # what is done so far survives an interruption
-    results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
+    results["venvs"] = {p: venvs.frozen(p) for p in peer_servers.PEERS if venvs.python_of(p).exists()}
     judged = goodput_report.gates(results)
     code = finish(out, goodput_report.open_report(out, results, judged), judged, results)
     write_summary(out, results)
@@ -161,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.rounds, args.duration, args.limit_seconds, args.step_seconds, args.capacity_seconds = 1, 2.0, 0.5, 1.0, 1.0
     if args.build_only:
-        for name in (n for n in args.servers if n in servers.PEERS):
-            interpreter = servers.PYTRITON_PYTHON if name == "pytriton" else venvs.DEFAULT_PYTHON
+        for name in (n for n in args.servers if n in peer_servers.PEERS):
+            interpreter = peer_servers.PYTRITON_PYTHON if name == "pytriton" else venvs.DEFAULT_PYTHON
             say(f"{name}: {venvs.ensure(name, interpreter, say)}")
         return 0
     if args.open_loop:
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
     for model in args.models:
         results["models"][model] = bench_model(model, args, out / "logs")
-        results["venvs"] = {p: venvs.frozen(p) for p in servers.PEERS if venvs.python_of(p).exists()}
+        results["venvs"] = {p: venvs.frozen(p) for p in peer_servers.PEERS if venvs.python_of(p).exists()}
         write_report(out, results)
     say(f"report: {out / 'report.md'}")
     return 0

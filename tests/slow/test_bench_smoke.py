@@ -58,12 +58,12 @@ def test_the_benchmark_runs_every_stage_and_writes_its_report(tmp_path):
 def test_pytriton_in_the_benchmark_answers_like_onnx_runtime_and_is_measured(tmp_path):
     """PyTriton from its own venv (made under build/peers/ on first use), as `make bench` runs it."""
     from bench import REPOSITORY
-    from bench.peers import servers
+    from bench.peers import peer_servers, servers
 
     model = "mobilenet_v3_small"
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
     policy = servers.Policy.of(REPOSITORY / model, 2)
-    pytriton = servers.peer("pytriton", model, onnx_file, policy, tmp_path)
+    pytriton = peer_servers.peer("pytriton", model, onnx_file, policy, tmp_path)
     record = servers.closed_loop(pytriton, onnx_file, [1, 4], 1.0)
     assert "points" in record, record  # neither left out (no venv) nor failed (answers unlike ONNX Runtime)
     assert [p["concurrency"] for p in record["points"]] == [1, 4]

@@ -13,7 +13,7 @@ from aiohttp import web
 from bench import REPOSITORY
 from bench.load.http import HttpTarget, encode, named_raw
 from bench.load.targets import VerificationError
-from bench.peers import servers, venvs
+from bench.peers import peer_servers, servers, venvs
 from bench.peers.common import decode_named
 from bench.peers.servers import check_answers, sample_images
 from bench.report import notes, servers_table, value_range
@@ -34,18 +34,18 @@ def test_the_policy_is_the_models_own_config(tmp_path):
 
 def test_every_peer_has_a_setup_a_description_and_its_requirements(tmp_path):
     policy = servers.Policy(16, 3, 0.0, 2, triton_threads=2)
-    for name in servers.PEERS:
-        peer = servers.peer(name, "m", tmp_path / "model.onnx", policy, tmp_path)
+    for name in peer_servers.PEERS:
+        peer = peer_servers.peer(name, "m", tmp_path / "model.onnx", policy, tmp_path)
         assert peer.description and venvs.requirements(name).exists()
         pins = [line for line in venvs.requirements(name).read_text().splitlines() if line and line[0] != "#"]
         assert pins and all("==" in line for line in pins), name  # every requirement pinned
         command = peer.command(venvs.python_of(name), list(range(9000, 9000 + 1 + len(peer.extra_ports))))
         assert command[1:3] == ["-m", f"bench.peers.{name}.server"] and "--port" in command
-    pytriton = servers.peer("pytriton", "m", tmp_path / "model.onnx", policy, tmp_path)
-    assert pytriton.workers == 3 and pytriton.threads == 2 and pytriton.interpreter == servers.PYTRITON_PYTHON
+    pytriton = peer_servers.peer("pytriton", "m", tmp_path / "model.onnx", policy, tmp_path)
+    assert pytriton.workers == 3 and pytriton.threads == 2 and pytriton.interpreter == peer_servers.PYTRITON_PYTHON
     assert "3 instances x 2 thread(s)" in pytriton.description
     with pytest.raises(ValueError, match="unknown peer"):
-        servers.peer("torchserve", "m", tmp_path / "model.onnx", policy, tmp_path)
+        peer_servers.peer("torchserve", "m", tmp_path / "model.onnx", policy, tmp_path)
 
 
 def test_a_venv_is_rebuilt_when_its_requirements_or_interpreter_change(tmp_path, monkeypatch):
