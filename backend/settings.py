@@ -42,6 +42,7 @@ _GRAPH_LEVELS = {
 
 
 SPINNING = "session.intra_op.allow_spinning"
+SPINNING_STOP = "session.force_spinning_stop"
 _THREAD_COUNTS = ("intra_op_thread_count", "inter_op_thread_count")
 ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 # Triton's name for the accelerator, ONNX Runtime's for its provider, and the wheel that has it.
@@ -310,6 +311,9 @@ class SessionSettings:
             # instance is computing on. Measured on resnet50 (2 instances x 2 threads, 2 cores):
             # single-request latency 76 ms with spinning, 45 ms without.
             entries.setdefault(SPINNING, "0")
+        # Threads that spin on after a run ends burn the cores tritonserver, the stub and the next request's
+        # transport need between requests; spinning within a run, where it pays, is kept.
+        entries.setdefault(SPINNING_STOP, "1")
         inter = _as_int("inter_op_thread_count", params.get("inter_op_thread_count", "0")) or 1
         mode = _as_int("execution_mode", params.get("execution_mode", "0"))
         if mode not in (0, 1):
@@ -374,7 +378,8 @@ class SessionSettings:
             f"intra_op_threads={self.intra_op_threads} inter_op_threads={self.inter_op_threads} "
             f"execution_mode={'parallel' if self.parallel_execution else 'sequential'} "
             f"graph_level={self.graph_level.name} mem_arena={int(self.enable_mem_arena)} "
-            f"spinning={self.session_entries.get(SPINNING, '1')} warm_up={int(self.warm_up)}"
+            f"spinning={self.session_entries.get(SPINNING, '1')} "
+            f"spinning_stop={self.session_entries.get(SPINNING_STOP, '0')} warm_up={int(self.warm_up)}"
             + (f" custom_op_libraries={','.join(self.custom_op_libraries)}" if self.custom_op_libraries else "")
             + (f" accelerators={','.join(self.accelerators)}" if self.accelerators else "")
             + (f" nice={self.nice}" if self.nice else "")

@@ -138,6 +138,14 @@ def test_oversubscribed_threads_do_not_spin_unless_the_config_says_so():
     assert explicit.session_entries["session.intra_op.allow_spinning"] == "1"
 
 
+def test_threads_stop_spinning_when_a_run_ends_unless_the_config_says_so():
+    default = SessionSettings.from_model_config(config(1), cores=2)
+    assert default.session_options().get_session_config_entry("session.force_spinning_stop") == "1"
+    assert "spinning_stop=1" in default.describe()
+    kept = SessionSettings.from_model_config(config(1, session__force_spinning_stop="0"), cores=2)
+    assert kept.session_options().get_session_config_entry("session.force_spinning_stop") == "0"
+
+
 def accelerating(instances: int = 1, **accelerators: list) -> dict:
     return {**config(instances), "optimization": {"execution_accelerators": accelerators}}
 
