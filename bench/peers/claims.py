@@ -56,7 +56,8 @@ def speed_sentence(models: Mapping[str, dict]) -> str:
     names = [m for m in ORDER if m in models] + sorted(set(models) - set(ORDER))
     direct = {m: _median(ratios(models[m], DIRECT)) for m in names}
     facade = {m: _median(ratios(models[m], FACADE)) for m in names}
-    rounds = min(len(models[m]["rounds"]) for m in names)
+    counts = sorted({len(models[m]["rounds"]) for m in names})
+    rounds = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"  # a run cut short keeps fewer
     with_direct = [m for m in names if direct[m] is not None]
     with_facade = [m for m in names if facade[m] is not None]
     text = (

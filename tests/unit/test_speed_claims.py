@@ -62,3 +62,11 @@ def test_the_sentence_is_the_medians_of_the_rounds_in_the_models_order(tmp_path)
         "mobilenet_v3_small and resnet50; a lone request takes 3.2 and 31.0 ms through Triton direct, against 1.2 and "
         "24.0 ms in process."
     )
+
+
+def test_a_run_cut_short_says_how_many_rounds_each_model_kept():
+    models = {
+        "text_classifier": {"single_p50_ms": 0.3, "rounds": [_figures(100, 50, 100, 1.0)] * 4},
+        "resnet50": {"single_p50_ms": 24.0, "rounds": [_figures(10, 7, 10, 30.0)] * 5},
+    }
+    assert "(medians of 4 to 5 rounds)" in speed_sentence(models)
