@@ -6,8 +6,8 @@ Run with the exporters' venv, build/exporters-venv (make conformance CONFORMANCE
 
 import sys
 
-import torch
-from transformers import DistilBertConfig, DistilBertForSequenceClassification
+import torch  # type: ignore[import-not-found]
+from transformers import DistilBertConfig, DistilBertForSequenceClassification  # type: ignore[import-not-found]
 
 out = sys.argv[1]
 torch.manual_seed(0)
