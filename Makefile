@@ -22,7 +22,7 @@ PEERS_ARGS ?=
 TUNE_ARGS ?=
 SOAK_ARGS ?=
 CHAOS_ARGS ?=
-# The fuzz campaign's wall clock in `make chaos` (make test runs it for 45 s; tests/fuzz.py).
+# The fuzz campaign's wall clock in `make chaos` (make test runs it for 20 s; tests/fuzz.py).
 CHAOS_FUZZ_SECONDS ?= 600
 CONFORMANCE_ARGS ?=
 MONITOR_ARGS ?=

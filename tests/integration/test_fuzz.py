@@ -9,7 +9,7 @@ bytes in and bytes out. Each call must end before its deadline with a documented
 never INTERNAL: that is a model failure or a facade bug) and no server internals in its message; a valid
 request must get ONNX Runtime's answer. After each campaign nothing is in flight and the facade still serves.
 
-The requests are tests/fuzz_requests.py's. `FUZZ_SECONDS` (45 in all by default, with the KServe campaign of test_fuzz_kserve.py; `make chaos` runs 600),
+The requests are tests/fuzz_requests.py's. `FUZZ_SECONDS` (20 in all by default, with the KServe campaign of test_fuzz_kserve.py; `make chaos` runs 600),
 `FUZZ_EXAMPLES` and `FUZZ_SEED` set the bounds and the seed (tests/fuzz.py).
 """
 
