@@ -8,6 +8,8 @@ from pathlib import Path
 
 from tritonnx.server import facade as facade_process
 from tritonnx.server.facade import FacadeProcess
+from tritonnx.server.repository import read_config
+from tritonnx.server.stubs import instance_count
 from tritonnx.server.triton import TritonServer
 
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,12 @@ def start_facade(triton: TritonServer, workdir: Path, *extra: str) -> FacadeProc
     return facade_process.start_facade(
         triton.grpc_url, triton.admin_key, workdir / "facade.log", [*FACADE_TEST_ARGS, *extra]
     )
+
+
+def demo_stubs() -> int:
+    """How many Python stub processes Triton starts for the checkout's repository: an instance each, ensembles none."""
+    configs = [read_config(folder) for folder in MODEL_REPOSITORY.iterdir() if (folder / "config.pbtxt").is_file()]
+    return sum(instance_count(config) for config in configs if config.get("platform") != "ensemble")
 
 
 def onnx_file(model: str) -> Path:

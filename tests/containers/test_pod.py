@@ -25,7 +25,7 @@ from tests.containers.docker import Container, listening_addresses, run, wait_ht
 from tests.graphs import small_classifier
 from tests.kserve import assert_close
 from tests.manifests import container, deployment_pod, environment, rendered
-from tests.serving import MODEL_REPOSITORY
+from tests.serving import MODEL_REPOSITORY, demo_stubs
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.server.process import free_ports
 
@@ -55,7 +55,7 @@ def plain(env: dict[str, Any]) -> dict[str, str]:
 
 def demo_case(images: dict[str, str], tmp_path: Path) -> tuple[str, tuple[str, ...], str, Path, int]:
     """The rendered image with its demo models: (image, extra flags, input name, graph, stubs at least)."""
-    return images["demo"], (), "input", MODEL_REPOSITORY / "resnet50/1/model.onnx", 9
+    return images["demo"], (), "input", MODEL_REPOSITORY / "resnet50/1/model.onnx", demo_stubs()
 
 
 def own_case(images: dict[str, str], tmp_path: Path) -> tuple[str, tuple[str, ...], str, Path, int]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -28,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.helpers import time_of, wait_until
 from tests.kserve import assert_close, reference_session
-from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, onnx_file, start_facade
+from tests.serving import FACADE_TEST_ARGS, MODEL_REPOSITORY, demo_config, onnx_file, start_facade
 from tritonnx.client.proto import inference_pb2, inference_pb2_grpc
 from tritonnx.server.prometheus import scrape
 from tritonnx.server.repository import link_models
@@ -54,7 +53,7 @@ STALLING_CONFIG = (
 STALLING_PAIR = "stalling_pair"
 STALLING_PAIR_CONFIG = STALLING_CONFIG.replace("count: 1", "count: 2")
 # The demo model with two instances, whatever its tuned count: a killed stub's sibling serves on.
-MODEL_CONFIG = re.sub(r"count: \d+", "count: 2", (MODEL_REPOSITORY / MODEL / "config.pbtxt").read_text())
+MODEL_CONFIG = demo_config(MODEL, 2)
 
 
 @dataclass
