@@ -227,7 +227,7 @@ def cpu_now(caller_pid: int, server_pid: int) -> dict[str, float]:
     caller, server = psutil.Process(caller_pid), psutil.Process(server_pid)
     used = {"caller_ms": cpu_seconds(caller)}
     used["loop_ms"] = sum(t.user_time + t.system_time for t in caller.threads() if t.id == caller_pid)
-    core = cpu_seconds(server)
+    core = used["caller_ms"] if server_pid == caller_pid else cpu_seconds(server)  # one reading of one process
     used["stub_ms"] = sum(cpu_seconds(stub) for stub in server.children(recursive=True))
     used["triton_ms"] = core - used["loop_ms"] if server_pid == caller_pid else core
     used["total_ms"] = used["caller_ms"] + used["stub_ms"] + (0.0 if server_pid == caller_pid else core)
