@@ -13,7 +13,8 @@ from bench.peers import goodput
 from bench.peers.goodput import objective_ms, within
 
 
-def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
+def step_record(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
+    """One offered step as the engine records it (the report's tests build theirs with it too)."""
     return {
         "offered_rps": rate,
         "p50_ms": p99 / 2,
@@ -29,7 +30,7 @@ def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **m
 
 
 def test_goodput_is_the_highest_rate_within_the_objective_and_the_error_budget():
-    steps = [_step(10, 5), _step(20, 8), _step(30, 9.9), _step(40, 12), _step(50, 400)]
+    steps = [step_record(10, 5), step_record(20, 8), step_record(30, 9.9), step_record(40, 12), step_record(50, 400)]
     assert goodput.goodput(steps, objective=10.0) == 30
     # Errors over 0.1% disqualify a step however fast its answers were; 0.1% itself is allowed.
     steps[2]["error_share"] = 0.0011
@@ -37,8 +38,8 @@ def test_goodput_is_the_highest_rate_within_the_objective_and_the_error_budget()
     steps[1]["error_share"] = 0.001
     assert goodput.goodput(steps, objective=10.0) == 20
     # A step with no answers (all refused, p99 nan) keeps no promise; nothing kept gives 0.
-    assert not within(_step(5, math.nan, answered=0), 10.0)
-    assert goodput.goodput([_step(10, 11), _step(20, 30)], objective=10.0) == 0.0
+    assert not within(step_record(5, math.nan, answered=0), 10.0)
+    assert goodput.goodput([step_record(10, 11), step_record(20, 30)], objective=10.0) == 0.0
 
 
 def test_the_objective_is_a_multiple_of_the_in_process_latency_with_a_floor():
@@ -102,10 +103,10 @@ def test_refinement_bisects_between_the_goodput_and_the_next_rate_above_it(monke
 
     async def step(target, rate, args, seed, server_cpu):  # p99 within a 10 ms objective below 70 req/s
         offered.append(rate)
-        return _step(rate, 5.0 if rate < 70 else 50.0)
+        return step_record(rate, 5.0 if rate < 70 else 50.0)
 
     monkeypatch.setattr(goodput, "_step", step)
-    steps = [_step(50, 5.0), _step(80, 50.0), _step(100, 50.0)]
+    steps = [step_record(50, 5.0), step_record(80, 50.0), step_record(100, 50.0)]
     asyncio.run(goodput._refine(_Fake(0.0), steps, 100.0, 10.0, _args(), _idle))
     assert offered == [65.0, 72.5]  # halfway to 80 kept it, halfway to 80 from 65 did not
     assert goodput.goodput(steps, 10.0) == 65.0 and steps[-1]["factor"] == 0.725

@@ -8,26 +8,15 @@ from bench.output import finish
 from bench.peers import goodput, goodput_report
 from bench.peers.goodput import within
 from bench.peers.goodput_report import DIRECT, FACADE, best_fastapi, gates
-
-
-def _step(rate: float, p99: float, errors: float = 0.0, answered: int = 100, **more) -> dict:
-    return {
-        "offered_rps": rate,
-        "p50_ms": p99 / 2,
-        "p99_ms": p99,
-        "answered": answered,
-        "error_share": errors,
-        "refused_share": errors,
-        "timed_out_share": 0.0,
-        "lag_p99_ms": 0.5,
-        "lag_max_ms": 2.0,
-        **more,
-    }
+from tests.unit.test_bench_goodput import step_record
 
 
 def _record(good: float, at_2x_p99: float | None = None, lone: float = 1.0) -> dict:
-    steps = [_step(good / 2, 5), _step(good, 9), _step(good * 2, 80, errors=0.2)]
-    overloads = {"1.5": _step(good * 1.5, 20, errors=0.1), "2.0": _step(good * 2, at_2x_p99 or 50, errors=0.4)}
+    steps = [step_record(good / 2, 5), step_record(good, 9), step_record(good * 2, 80, errors=0.2)]
+    overloads = {
+        "1.5": step_record(good * 1.5, 20, errors=0.1),
+        "2.0": step_record(good * 2, at_2x_p99 or 50, errors=0.4),
+    }
     record = {"setup": "s", "capacity_rps": good * 1.3, "goodput_rps": good, "steps": steps, "overloads": overloads}
     return record | {"lone": {"p50_ms": lone}}
 
@@ -125,7 +114,9 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     text_record["steps"][0]["other_errors"] = {"INTERNAL": 4}  # a peer failing batches of mixed lengths, say
     text_record["steps"][2]["other_errors"] = {"INTERNAL": 1, "UNKNOWN": 2}
     results["models"]["resnet50"]["servers"][DIRECT]["steps"][1].update(server_cpu_s=0.3, client_cpu_s=0.1)
-    common = _step(6.0, 50.0, answered=30, server_cpu_s=0.3, client_cpu_s=0.03)  # the rate every server is offered
+    common = step_record(
+        6.0, 50.0, answered=30, server_cpu_s=0.3, client_cpu_s=0.03
+    )  # the rate every server is offered
     results["models"]["resnet50"]["servers"][DIRECT]["common"] = common
     judged = gates(results)
     text = goodput_report.open_report(tmp_path, results, judged)
