@@ -1,8 +1,9 @@
 """python -m bench.overload: offer 3x a path's capacity and check that nothing breaks.
 
 For one path at a time (the facade's Predict, or Triton's KServe ModelInfer directly) and one model: its capacity from
-a closed loop at 48 in flight (within the facade's share for default-priority requests, 3/4 of its in-flight limit);
-the servers' idle memory (PSS of each process tree) once that warm-up made them serve their largest batches; then an
+a closed loop holding as many requests as the path admits (the facade's share for default-priority requests, 3/4 of
+its in-flight limit; for the direct path its queue bound and a full batch per instance); the servers' idle memory (PSS of each process tree) once that
+warm-up made them hold the most requests and serve the largest batches the overload will; then an
 open loop sending `--factor` x capacity for `--seconds`, each request one of a few images with its expected output
 from in-process ONNX Runtime; then a closed loop at the concurrency the accepted requests had (Little's law), for
 their p99 without overload; then the memory again.
@@ -13,13 +14,15 @@ reference p99; no wrong output; the servers stay up and their memory is back wit
 
 The demo models run a plain batcher, which bounds nothing: the facade's admission protects the facade's path. Triton's
 own ports are protected by a queue policy in the model's config (docs/models.md), so the direct path is measured on
-the model with one (`bounded`), as a deployment that exposes those ports would configure it.
+the model with one and two single-threaded instances (`bounded`), as docs/models.md configures a deployment that
+exposes those ports.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -44,17 +47,53 @@ REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
 # The direct path's queue policy: requests past this many waiting, or waiting longer, are refused.
 QUEUE_BOUND, QUEUE_TIMEOUT_US = 64, 10_000_000
+# With a queue policy Triton forms the next batch only once an instance is idle: a second instance computes meanwhile,
+# and one intra-op thread each keeps a core stolen by the rejected calls from stalling both (docs/models.md).
+BOUNDED_INSTANCES, BOUNDED_THREADS = 2, 1
+# The facade's capacity loop: its share for default-priority requests, 3/4 of its 64 in flight.
+FACADE_CAPACITY_CONCURRENCY = 48
+
+
+_INSTANCE_COUNT = r"(instance_group\s*\[\s*\{[^}]*count:\s*)(\d+)"
+
+
+def _set(config: str, pattern: str, value: object) -> str:
+    config, found = re.subn(pattern, rf"\g<1>{value}", config)
+    if found != 1:
+        raise ValueError(f"the config has no single match of {pattern!r}")
+    return config
+
+
+def _read(config: str, pattern: str) -> int:
+    match = re.search(pattern, config)
+    if match is None:
+        raise ValueError(f"the config has no match of {pattern!r}")
+    return int(match[match.lastindex or 0])
 
 
 def bounded(config: str, size: int = QUEUE_BOUND) -> str:
-    """A model config whose dynamic batcher refuses requests past `size` waiting, or waiting too long (UNAVAILABLE)."""
+    """A model config whose dynamic batcher refuses requests past `size` waiting, or waiting too long (UNAVAILABLE).
+
+    In front of `BOUNDED_INSTANCES` instances of `BOUNDED_THREADS` intra-op threads each.
+    """
     policy = (
         f"  default_queue_policy {{ max_queue_size: {size} timeout_action: REJECT "
         f"default_timeout_microseconds: {QUEUE_TIMEOUT_US} allow_timeout_override: true }}\n"
     )
     if "dynamic_batching {\n" not in config:
         raise ValueError("the config has no dynamic_batching block")
+    config = _set(config, _INSTANCE_COUNT, BOUNDED_INSTANCES)
+    config = _set(config, r'(key:\s*"intra_op_thread_count"\s*value:\s*\{\s*string_value:\s*")(\d+)', BOUNDED_THREADS)
     return config.replace("dynamic_batching {\n", "dynamic_batching {\n" + policy, 1)
+
+
+def held_requests(config: str) -> int:
+    """The most requests a `bounded` model holds: its queue bound, and a full batch on each instance.
+
+    The capacity loop holds that many, so the idle memory measured after it counts the buffers the overload needs.
+    """
+    size = _read(config, r"max_queue_size:\s*(\d+)")
+    return size + _read(config, _INSTANCE_COUNT) * _read(config, r"max_batch_size:\s*(\d+)")
 
 
 def bounded_repository(directory: Path, model: str) -> Path:
@@ -142,7 +181,7 @@ async def measure(
     *,
     seconds: float,
     factor: float = 3.0,
-    capacity_concurrency: int = 48,
+    capacity_concurrency: int,
     capacity_seconds: float = 8.0,
     reference_seconds: float = 10.0,
 ) -> OverloadResult:
@@ -210,7 +249,21 @@ def run_stack(args: argparse.Namespace, out: Path) -> list[OverloadResult]:
             pids = {"tritonserver": triton.pid, "facade": facade.pid}
             url = facade.grpc_url if path == "facade" else triton.grpc_url
             target = path_target(path, url, args.model, images, expected)
-            result = asyncio.run(measure(path, target, pids, seconds=args.seconds, factor=args.factor))
+            concurrency = (
+                FACADE_CAPACITY_CONCURRENCY
+                if path == "facade"
+                else held_requests((repository / args.model / CONFIG_FILE).read_text())
+            )
+            result = asyncio.run(
+                measure(
+                    path,
+                    target,
+                    pids,
+                    seconds=args.seconds,
+                    factor=args.factor,
+                    capacity_concurrency=concurrency,
+                )
+            )
             running = all(s.process is not None and s.process.poll() is None for s in (triton, facade))
             if not running or supervisor.restarts:
                 result.problems.append("a server went down")

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import psutil
+
 from tritonnx.server.prometheus import MetricsPage, scrape
 
 T = TypeVar("T")
 
-__all__ = ["MetricsPage", "judged", "metrics", "time_of", "wait_until"]
+__all__ = ["MetricsPage", "judged", "metrics", "process_gone", "time_of", "wait_until"]
 
 
 def wait_until(condition: Callable[[], T], timeout: float, what: str | Callable[[], str], interval: float = 0.05) -> T:
@@ -37,6 +39,14 @@ def time_of(
     """`wait_until`, returning the time.monotonic() at which `condition` was seen to hold."""
     wait_until(condition, timeout, what, interval)
     return time.monotonic()
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` has exited: gone, or a zombie its parent has not reaped yet (a signal's kill is not instant)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def metrics(http_url: str) -> MetricsPage:

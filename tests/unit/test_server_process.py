@@ -10,7 +10,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.helpers import wait_until
+from tests.helpers import process_gone, wait_until
 from tritonnx.server.process import ManagedProcess
 
 # A child that reports the signal Linux will send it when its parent dies (prctl PR_GET_PDEATHSIG), then waits.
@@ -50,13 +50,6 @@ def death_signal(log: Path) -> int:
     return int(wait_until(lambda: log.exists() and log.read_text().strip(), 10, "the child's report"))
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_a_child_dies_with_the_process_that_started_it_even_when_that_one_is_killed(tmp_path):
     parent, child = start_parent("main", tmp_path / "child.log")
     try:
@@ -64,9 +57,9 @@ def test_a_child_dies_with_the_process_that_started_it_even_when_that_one_is_kil
         assert os.getpgid(child) == child  # a group of its own: no signal to the parent's group reaches it
         parent.kill()
         parent.wait()
-        wait_until(lambda: gone(child), 10, "the child after its parent was killed")
+        wait_until(lambda: process_gone(child), 10, "the child after its parent was killed")
     finally:
-        if not gone(child):
+        if not process_gone(child):
             os.killpg(child, signal.SIGKILL)
 
 
@@ -75,7 +68,7 @@ def test_a_child_started_from_another_thread_is_not_tied_to_that_thread(tmp_path
     parent, child = start_parent("thread", tmp_path / "child.log")
     try:
         assert death_signal(tmp_path / "child.log") == 0
-        assert not gone(child)
+        assert not process_gone(child)
     finally:
         parent.kill()
         parent.wait()
@@ -89,4 +82,4 @@ def test_stop_ends_the_whole_group():
     wait_until(lambda: psutil.Process(process.pid).children(), 10, "the grandchild")
     [sleeper] = psutil.Process(process.pid).children()
     assert process.stop(timeout=5) == -signal.SIGTERM
-    wait_until(lambda: gone(sleeper.pid), 10, "the grandchild after stop")
+    wait_until(lambda: process_gone(sleeper.pid), 10, "the grandchild after stop")
