@@ -184,18 +184,20 @@ def run(target: Target, seconds: float, *, rate: float = 0.0, concurrency: int =
     return calls
 
 
-def _ahead_of_the_servers() -> None:
-    """In the generator's process before it runs: the lowest real-time priority, else a raised nice, where allowed.
+def _ahead_of_the_servers(pid: int) -> None:
+    """The generator's process gets the lowest real-time priority, else a raised nice, where allowed.
 
     It shares the cores with the server it loads. Scheduled like the server's threads, it waits for a core behind
     them when they are busy and sends late: its lag, not the server's latency. Ahead of them it sends when due, as a
-    generator on a machine of its own would; it blocks in epoll between calls, and its CPU is reported.
+    generator on a machine of its own would; it blocks in epoll between calls, and its CPU is reported. Set from
+    here once it is spawned: a `preexec_fn` would fork this process, whose gRPC threads' fork handlers can abort the
+    child before it runs loadgen.
     """
     try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(1))
     except OSError:
         with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
+            os.setpriority(os.PRIO_PROCESS, pid, -10)
 
 
 def priority() -> str:
@@ -208,12 +210,8 @@ def priority() -> str:
 def _wait(command: list[str], work: Path, limit_s: float) -> tuple[float, int, str]:
     """Run `command` to its end (killed past `limit_s`): its CPU seconds, exit code and standard error."""
     with open(work / "stderr", "wb") as errors:
-        process = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=errors,
-            preexec_fn=_ahead_of_the_servers,
-        )
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+        _ahead_of_the_servers(process.pid)
         timer = threading.Timer(limit_s, process.kill)
         timer.start()
         try:
