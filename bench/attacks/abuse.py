@@ -8,6 +8,8 @@ each at the moment it happened.
 from __future__ import annotations
 
 import io
+import selectors
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -200,6 +202,57 @@ def reflection_flood(count: int):
     return run
 
 
+def slow_headers():
+    """Sizes' connections to the HTTP port (/metrics, /health), each sending a GET's header lines, one a second.
+
+    The headers never end: each connection counts as CLOSED when the facade closes it (within CLOSE_WAIT_S), else
+    NOT_CLOSED.
+    """
+
+    def run(ctx: Context) -> Outcome:
+        host, _, port = ctx.target.http_url.removeprefix("http://").rpartition(":")
+        started, count = time.monotonic(), ctx.sizes.slow_connections
+        selector, closed = selectors.DefaultSelector(), {}
+        sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(count)]
+        for sock in sockets:
+            sock.setblocking(False)
+            sock.send(b"GET /metrics HTTP/1.1\r\nHost: facade\r\n")
+            selector.register(sock, selectors.EVENT_READ)
+        next_line = started + 1.0
+        while len(closed) < count and time.monotonic() < started + CLOSE_WAIT_S and not ctx.guard.is_set():
+            for key, _ in selector.select(timeout=max(0.0, next_line - time.monotonic())):
+                sock = key.fileobj
+                try:
+                    ended = not sock.recv(65536)  # type: ignore[union-attr]
+                except OSError:
+                    ended = True
+                if ended:
+                    closed[sock] = time.monotonic() - started
+                    selector.unregister(sock)
+            if time.monotonic() >= next_line:
+                next_line += 1.0
+                for sock in sockets:
+                    if sock not in closed:
+                        try:
+                            sock.send(b"X-Slow: 1\r\n")
+                        except OSError:
+                            closed[sock] = time.monotonic() - started
+                            selector.unregister(sock)
+        held = [
+            Call("CLOSED", closed[sock]) if sock in closed else Call("NOT_CLOSED", time.monotonic() - started)
+            for sock in sockets
+        ]
+        selector.close()
+        for sock in sockets:
+            sock.close()
+        latest = max(closed.values(), default=0.0)
+        return Outcome(
+            count, 0, held=held, notes=[f"{len(closed):,} closed by the facade, the last after {latest:.1f} s"]
+        )
+
+    return run
+
+
 def decompression_bomb_png(side: int) -> bytes:
     """A PNG of side x side pixels of one colour: ~100 KB that decodes to side^2 x 3 bytes."""
     buffer = io.BytesIO()
@@ -244,6 +297,11 @@ def attacks() -> list[Attack]:
             "rapid_reset",
             "20,000 Predict streams (5,000 quick) opened and reset, on two connections in turn",
             rapid_reset(2),
+        ),
+        Attack(
+            "slow_headers",
+            "500 connections (100 quick) to /metrics sending a header line a second, never the end",
+            slow_headers(),
         ),
         Attack("settings_flood", "SETTINGS frames for 3 s (1 s quick) on one connection", settings_flood()),
         Attack("reflection_flood", "30,001 reflection requests on one stream", reflection_flood(30_001)),

@@ -54,6 +54,7 @@ class Sizes:
     unauthenticated_calls: int = 32
     baseline_seconds: float = 10.0
     silent_connections: int = 1000
+    slow_connections: int = 500
     reset_streams: int = 20_000
     flood_seconds: float = 3.0
 
@@ -73,6 +74,7 @@ QUICK = replace(
     unauthenticated_calls=4,
     baseline_seconds=3.0,
     silent_connections=250,
+    slow_connections=100,
     reset_streams=5_000,
     flood_seconds=1.0,
 )

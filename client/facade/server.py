@@ -281,7 +281,9 @@ class Facade:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health)
-        self._http = web.AppRunner(app, access_log=None)
+        # aiohttp's keep-alive timer runs from the connect and closes a connection whose request is incomplete when
+        # it fires: with it short, it is also the deadline for slow headers.
+        self._http = web.AppRunner(app, access_log=None, keepalive_timeout=s.http_request_timeout)
         await self._http.setup()
         try:
             await web.TCPSite(self._http, s.host, s.http_port, reuse_address=False).start()

@@ -79,6 +79,11 @@ class FacadeSettings:
         "calls one connection may cancel before their body arrived, per second; beyond it the connection is closed "
         "(HTTP/2 rapid reset)",
     )
+    http_request_timeout: float = setting(
+        10.0,
+        "seconds a connection to the HTTP port may take to send a whole request, from its connect or its previous "
+        "answer; then it is closed (slow headers and idle keep-alive connections hold nothing)",
+    )
     max_predict_streams: int = setting(
         64, "PredictStreams open at once (a quarter of them per connection); beyond it RESOURCE_EXHAUSTED"
     )

@@ -138,3 +138,19 @@ def test_an_idle_connection_gets_goaway_and_connections_past_the_cap_are_closed(
                 raw.close()
 
     run(test)
+
+
+def test_the_http_port_closes_a_connection_whose_request_never_completes_and_serves_whole_ones():
+    async def test() -> None:
+        async with serving(FakeGateway(), http_request_timeout=0.3) as (facade, _):
+            slow_reader, slow = await asyncio.open_connection("127.0.0.1", facade.http_port)
+            slow.write(b"GET /metrics HTTP/1.1\r\nHost: facade\r\n")  # headers that never end
+            reader, writer = await asyncio.open_connection("127.0.0.1", facade.http_port)
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: facade\r\n\r\n")
+            assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+            assert await slow_reader.read() == b""  # closed by the facade, nothing answered
+            assert b"tritonnx_facade_" in await reader.read()  # the answer's rest, then EOF: idle, it is closed too
+            slow.close()
+            writer.close()
+
+    run(test)
