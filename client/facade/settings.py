@@ -125,8 +125,8 @@ class FacadeSettings:
     )
     max_streams_per_connection: int = setting(
         256,
-        "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS); a client that opens more "
-        "before it learned the limit has the excess refused (REFUSED_STREAM, UNAVAILABLE to gRPC callers)",
+        "concurrent calls on one HTTP/2 connection (its SETTINGS_MAX_CONCURRENT_STREAMS); gRPC's core refuses the "
+        "streams a client opens past it (REFUSED_STREAM, UNAVAILABLE to gRPC callers, which may retry)",
     )
     request_timeout: float = setting(
         60.0,
