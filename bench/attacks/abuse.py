@@ -212,18 +212,20 @@ def slow_headers():
     def run(ctx: Context) -> Outcome:
         host, _, port = ctx.target.http_url.removeprefix("http://").rpartition(":")
         started, count = time.monotonic(), ctx.sizes.slow_connections
-        selector, closed = selectors.DefaultSelector(), {}
+        selector, closed = selectors.DefaultSelector(), dict[socket.socket, float]()
         sockets = [socket.create_connection((host, int(port)), timeout=5) for _ in range(count)]
         for sock in sockets:
             sock.setblocking(False)
             sock.send(b"GET /metrics HTTP/1.1\r\nHost: facade\r\n")
-            selector.register(sock, selectors.EVENT_READ)
+            selector.register(sock, selectors.EVENT_READ, sock)
         next_line = started + 1.0
         while len(closed) < count and time.monotonic() < started + CLOSE_WAIT_S and not ctx.guard.is_set():
             for key, _ in selector.select(timeout=max(0.0, next_line - time.monotonic())):
-                sock = key.fileobj
+                sock = key.data
                 try:
-                    ended = not sock.recv(65536)  # type: ignore[union-attr]
+                    ended = not sock.recv(65536)
+                except BlockingIOError:
+                    continue
                 except OSError:
                     ended = True
                 if ended:
