@@ -1,9 +1,10 @@
 """python -m bench.overload: offer 3x a path's capacity and check that nothing breaks.
 
 For one path at a time (the facade's Predict, or Triton's KServe ModelInfer directly) and one model: its capacity from
-a closed loop holding as many requests as the path admits (the facade's share for default-priority requests, 3/4 of
-its in-flight limit; for the direct path its queue bound and a full batch per instance); the servers' idle memory (PSS of each process tree) once that
-warm-up made them hold the most requests and serve the largest batches the overload will; then an
+a closed loop, after as long a warm-up, holding as many requests as the path admits (the facade's share for
+default-priority requests, 3/4 of its in-flight limit; for the direct path its queue bound and a full batch per
+instance); the servers' idle memory (PSS of each process tree) once that loop made them hold the most requests and
+serve the largest batches the overload will; then an
 open loop sending `--factor` x capacity for `--seconds`, each request one of a few images with its expected output
 from in-process ONNX Runtime; then a closed loop at the concurrency the accepted requests had (Little's law), for
 their p99 without overload; then the memory again.
@@ -47,8 +48,8 @@ REJECTION_SECONDS = 0.05
 P99_FACTOR = 2.0
 # The direct path's queue policy: requests past this many waiting, or waiting longer, are refused.
 QUEUE_BOUND, QUEUE_TIMEOUT_US = 64, 10_000_000
-# With a queue policy Triton forms the next batch only once an instance is idle: a second instance computes meanwhile,
-# and one intra-op thread each keeps a core stolen by the rejected calls from stalling both (docs/models.md).
+# With a queue policy Triton forms the next batch only once an instance is idle: a second instance computes meanwhile
+# (docs/models.md gives a queue policy two instances of one intra-op thread each).
 BOUNDED_INSTANCES, BOUNDED_THREADS = 2, 1
 # The facade's capacity loop: its share for default-priority requests, 3/4 of its 64 in flight.
 FACADE_CAPACITY_CONCURRENCY = 48
