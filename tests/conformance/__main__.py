@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("onnx", "exported", "both"),
         default="both",
         help="onnx: the onnx wheel's test models; exported: models exported with torch.onnx.export from "
-        "transformers, torchvision and timm (tests/conformance/exported.py; its venv is made once, a few minutes); "
+        "transformers, torchvision and timm (tests/conformance/exported.py; its venv is made once: a few minutes, about 9 GB of disk); "
         "default: %(default)s",
     )
     args = parser.parse_args(argv)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -30,9 +31,14 @@ from tritonnx.server.stack import ServingStack
 HERE = Path(__file__).parent
 REQUIREMENTS = HERE / "requirements-exporters.txt"
 EXPORTER = HERE / "export_models.py"
-# The models the CI slice exports and serves: the transformers and timm exports that lost batching to the rule's
-# false positives, torchvision's ViT, and a detector without a batch dim.
-SLICE = ("hf_bert", "hf_distilbert", "hf_vit", "tv_vit", "timm_mobilevit", "tv_ssdlite")
+# The CI slice, exported once by export_models.py with requirements-exporters.txt and kept in git: the transformers
+# and timm exports that lost batching to the rule's false positives, and torchvision's ViT. CI serves these files
+# without the exporters' venv (PyPI's torch for x86_64 is a CUDA build, several GB). To export them again:
+#   build/exporters-venv/bin/python tests/conformance/export_models.py tests/conformance/exports hf_bert ...
+EXPORTS = HERE / "exports"
+SLICE = ("hf_bert", "hf_distilbert", "hf_vit", "tv_vit", "timm_mobilevit")
+# What the exporters' venv takes under the build folder, with pip's downloads: torch 2.14.1 and its CUDA libraries.
+VENV_DISK_BYTES = 9 * 2**30
 ONE_THREAD = 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
 BATCHING = (
     'platform: "onnxruntime_onnx"\nmax_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 300000 }\n'
@@ -52,6 +58,13 @@ def exporters_python(build: Path, say: Callable[[str], None]) -> Path:
     wanted = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
     if python.exists() and stamp.exists() and stamp.read_text() == wanted:
         return python
+    free = shutil.disk_usage(build if build.exists() else build.parent).free
+    if free < VENV_DISK_BYTES:
+        raise OSError(
+            f"the exporters' venv needs about {VENV_DISK_BYTES / 2**30:.0f} GB free under {build} (torch from PyPI is "
+            f"a CUDA build), and {free / 2**30:.1f} GB are: free some space, or serve the slice kept in git, "
+            f"{EXPORTS.relative_to(HERE.parent.parent)}, with `pytest tests/conformance/test_exported_models.py`"
+        )
     say(f"installing the exporters' venv in {venv} (torch, torchvision, transformers, timm: a few minutes, once)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     subprocess.run(
@@ -87,6 +100,11 @@ class Exported:
 def export(python: Path, names: list[str], out: Path) -> list[Exported]:
     """Export `names` (all when empty) into `out` with the exporters' interpreter."""
     subprocess.run([str(python), str(EXPORTER), str(out), *names], check=True, capture_output=True, text=True)
+    return exported_in(out, names)
+
+
+def exported_in(out: Path, names: list[str]) -> list[Exported]:
+    """The models export_models.py wrote into `out`: `names`, or all when empty."""
     found = []
     for folder in sorted(p for p in out.iterdir() if (p / "expect.json").exists() and (not names or p.name in names)):
         expect = json.loads((folder / "expect.json").read_text())

@@ -66,7 +66,8 @@ def test_a_slice_of_the_corpus_is_served_with_the_outputs_onnx_expects(tmp_path)
 
 def test_the_command_serves_the_chosen_cases_and_writes_its_report(tmp_path):
     """`make conformance CONFORMANCE_ARGS=...` at its smallest: one case served, one refused, a report written."""
-    assert main(["--pattern", "node/test_abs", "--pattern", "node/test_identity_opt", "--output", str(tmp_path)]) == 0
+    arguments = ["--corpus", "onnx", "--pattern", "node/test_abs", "--pattern", "node/test_identity_opt"]
+    assert main([*arguments, "--output", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "results.json").read_text())["summary"]
     assert (summary["corpus_cases"], summary["served_correctly"], summary["refused_at_load"]) == (2, 1, 1)
     assert summary["failed"] == 0 and summary["identical_to_in_process"] == 1
