@@ -127,10 +127,10 @@ chaos: setup ## 3x capacity for 60 s per path (CHAOS_ARGS=...), then the fault t
 	$(PY) -m bench.attacks $(ATTACKS_ARGS)
 	$(PY) -m bench.attacks --token $(ATTACKS_ARGS)
 
-conformance: setup ## Serve ONNX's ~1,400 test models and the exporters' corpus through tritonserver, every output checked (CONFORMANCE_ARGS=--corpus onnx|exported)
+conformance: setup ## Serve ONNX's ~1,400 test models and the exporters' corpus through tritonserver, every output checked (CONFORMANCE_ARGS=--corpus onnx|exported; the exporters' venv takes ~9 GB)
 	$(PY) -m tests.conformance $(CONFORMANCE_ARGS)
 
-test-conformance: setup ## The conformance tier: a 26-model slice of the corpus and the command at its smallest (tests/conformance)
+test-conformance: setup ## The conformance tier: 26 of ONNX's models, 5 exporters' models (tests/conformance/exports), the command at its smallest
 	$(PY) -m pytest $(PYTEST_ARGS) tests/conformance
 
 docker-engine: ## Install (Debian's docker.io) and start the Docker engine when none answers
