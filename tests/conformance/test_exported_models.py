@@ -7,10 +7,13 @@ exports and serves the whole corpus (make conformance).
 
 from __future__ import annotations
 
+import shutil
+
 import onnx
 import pytest
 
-from tests.conformance.exported import EXPORTS, SLICE, exported_in, serve
+from tests.conformance import exported as exported_module
+from tests.conformance.exported import EXPORTS, SLICE, exported_in, exporters_python, serve
 from tritonnx.backend.onnx_io import read_graph_io
 
 
@@ -36,3 +39,10 @@ def test_each_exported_model_batches_and_every_request_gets_what_it_would_get_al
     for served in serve(exported, tmp_path):
         assert served.correct, served
         assert served.verdict.startswith("batches (") and served.merged, served
+
+
+def test_the_exporters_venv_is_not_started_without_the_disk_it_needs(tmp_path, monkeypatch):
+    monkeypatch.setattr(exported_module, "VENV_DISK_BYTES", shutil.disk_usage(tmp_path).free + 2**40)
+    with pytest.raises(OSError, match=r"needs about \d+ GB free under .*, and [\d.]+ GB are: free some space"):
+        exporters_python(tmp_path / "build", print)
+    assert not (tmp_path / "build").exists()
