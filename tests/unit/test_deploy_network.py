@@ -10,8 +10,6 @@ import pytest
 from tests.manifests import (
     K8S_OVERLAYS,
     TRITON,
-    Peer,
-    admits,
     container,
     environment,
     facade_settings_from,
@@ -20,9 +18,9 @@ from tests.manifests import (
     one,
     pod_case,
     rendered,
-    selects,
     triton_settings,
 )
+from tests.network_policies import Peer, admits, selects
 
 K8S = ["k8s/base", *K8S_OVERLAYS]
 FACADE_GRPC, METRICS = 50051, (8002, 8003, 3000)
