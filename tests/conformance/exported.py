@@ -63,7 +63,7 @@ def exporters_python(build: Path, say: Callable[[str], None]) -> Path:
         raise OSError(
             f"the exporters' venv needs about {VENV_DISK_BYTES / 2**30:.0f} GB free under {build} (torch from PyPI is "
             f"a CUDA build), and {free / 2**30:.1f} GB are: free some space, or serve the slice kept in git, "
-            f"{EXPORTS.relative_to(HERE.parent.parent)}, with `pytest tests/conformance/test_exported_models.py`"
+            f"{EXPORTS.relative_to(HERE.parent.parent)}, with `make test-conformance`"
         )
     say(f"installing the exporters' venv in {venv} (torch, torchvision, transformers, timm: a few minutes, once)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
