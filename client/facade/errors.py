@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 
 import grpc
+from tritonclient.grpc import service_pb2
 
 log = logging.getLogger("tritonnx.facade")
 # The longest message a caller gets (gRPC's metadata limit is 8 KiB by default, and the message is metadata).
@@ -19,6 +21,8 @@ MAX_MESSAGE_CHARS = 2000
 # Control characters a caller put in a value the message quotes (a model name): shown escaped, never echoed to a
 # terminal or a log line that reads them.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# The states of Triton's repository index in which a version is served, or about to be.
+_SERVED_STATES = frozenset({"READY", "LOADING"})
 
 
 class FacadeError(Exception):
@@ -126,10 +130,22 @@ def may_be_unloaded_version(code: grpc.StatusCode, version: str) -> bool:
     """Whether the answer to a request naming a version may mean the version is not loaded.
 
     Triton 2.51 answers NOT_FOUND for a version it never had, but UNAVAILABLE ("not at ready state") for one it
-    unloaded (retired, rolled back) or that failed to load, as it does for a full queue: the server's and the
-    version's readiness tell them apart (ready server, version not ready: not served).
+    unloaded (retired, rolled back) or that failed to load, as it does for a full queue: a live Triton whose
+    repository index shows the version neither ready nor loading tells them apart (`version_not_served`).
     """
     return code == grpc.StatusCode.UNAVAILABLE and bool(version)
+
+
+def version_not_served(
+    index: Iterable[service_pb2.RepositoryIndexResponse.ModelIndex], name: str, version: str
+) -> bool:
+    """Whether Triton's repository index (every state) shows the version neither ready nor loading.
+
+    A version being unloaded (a rollback, a retirement) is not served from the moment Triton starts unloading it;
+    one being loaded is served moments later, so its UNAVAILABLE stays "retry". The server's own readiness is not
+    asked: with strict readiness it is false while any version loads or unloads.
+    """
+    return not any(m.name == name and m.version == version and m.state in _SERVED_STATES for m in index)
 
 
 def may_follow_a_restart(code: grpc.StatusCode) -> bool:

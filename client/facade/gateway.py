@@ -30,6 +30,7 @@ from tritonnx.client.facade.errors import (
     reloading,
     replica_may_be_gone,
     restarted,
+    version_not_served,
 )
 from tritonnx.client.facade.replicas import Replica, Replicas, channel_options
 from tritonnx.client.facade.shm import REGION_PREFIX, SHM_DIR, SharedInputPool, shared_pool
@@ -223,13 +224,13 @@ class TritonGateway:
         """Whether Triton's answer means the version asked for is not loaded (see `may_be_unloaded_version`)."""
         if not may_be_unloaded_version(error.code(), version):
             return False
-        stub = self._replicas.pick().stub
         try:
-            server = await stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=2.0)
-            model = await stub.ModelReady(service_pb2.ModelReadyRequest(name=name, version=version), timeout=2.0)
+            # A Triton shutting down is not live (its models are unloading for a restart, not retired).
+            live = await self._replicas.pick().stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2.0)
+            index = await self._index(ready_only=False, timeout=2.0)
         except grpc.aio.AioRpcError:
             return False
-        return server.ready and not model.ready
+        return live.live and version_not_served(index.models, name, version)
 
     async def _shared_pool(self) -> SharedInputPool | None:
         """The pool when Triton knows its region; registers it when needed (at most every few seconds)."""

@@ -2,6 +2,7 @@
 
 import grpc
 import pytest
+from tritonclient.grpc import service_pb2
 
 from tritonnx.client.facade import errors
 
@@ -99,3 +100,16 @@ def test_a_message_quoting_a_huge_caller_value_is_cut_to_fit_grpcs_metadata():
 def test_control_characters_a_caller_sent_are_escaped_in_the_message():
     error = errors.NotFound("model 'a\x00b\x1b[31m\r\nc' is not served")
     assert error.message == "model 'a\\x00b\\x1b[31m\\x0d\\x0ac' is not served"
+
+
+def index_of(*entries: tuple[str, str, str]) -> list[service_pb2.RepositoryIndexResponse.ModelIndex]:
+    return [service_pb2.RepositoryIndexResponse.ModelIndex(name=n, version=v, state=s) for n, v, s in entries]
+
+
+def test_a_version_unloading_unloaded_or_absent_is_not_served_but_one_ready_or_loading_is():
+    for state in ("UNLOADING", "UNAVAILABLE"):
+        assert errors.version_not_served(index_of(("m", "1", "READY"), ("m", "2", state)), "m", "2")
+    assert errors.version_not_served(index_of(("m", "1", "READY")), "m", "2")  # no longer listed
+    assert errors.version_not_served(index_of(("other", "2", "READY")), "m", "2")  # another model's version 2
+    for state in ("READY", "LOADING"):  # a full queue; a version about to be served: UNAVAILABLE stays "retry"
+        assert not errors.version_not_served(index_of(("m", "1", "UNLOADING"), ("m", "2", state)), "m", "2")
