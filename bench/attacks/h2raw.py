@@ -53,11 +53,22 @@ class RawConnection:
     """One TCP connection speaking HTTP/2 to `host:port`; `settings` go in the client's first SETTINGS frame."""
 
     def __init__(
-        self, host: str, port: int, settings: dict[int, int] | None = None, timeout: float = 10.0, read: bool = True
+        self,
+        host: str,
+        port: int,
+        settings: dict[int, int] | None = None,
+        timeout: float = 10.0,
+        read: bool = True,
+        source: str = "",
     ) -> None:
-        """`read` False: no reader thread of its own; something else calls `feed` with what arrives (`read_many`)."""
+        """`read` False: no reader thread of its own; something else calls `feed` with what arrives (`read_many`).
+
+        `source`: the local address to connect from (another loopback address is another caller's).
+        """
         self.authority = f"{host}:{port}"
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=(source, 0) if source else None
+        )
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.goaway: int | None = None  # the error code of the server's GOAWAY, if it sent one
         self.closed = threading.Event()  # the server ended the connection (or it broke)

@@ -3,12 +3,14 @@
 A call waits for its body in a place, for at most the body deadline. Places are bounded three ways:
 
 * in count (`limit`), and per connection (`per_connection`): when every place is taken, a new call takes the place
-  of the oldest call of a connection holding more places than the new call's own (one that has not delivered a
-  body lately first, then one holding the most); otherwise the new call is refused (a burst on one connection is
-  refused at the door). A few connections that open calls and send nothing cannot keep out a caller on a
-  connection of its own, and 1,000 connections with one silent call each lose their places, oldest first, to
-  newcomers, never to the calls of a connection whose bodies keep arriving (its next body may be waiting for the
-  event loop, not for the caller);
+  of the oldest call of the address holding the most places, if that is another address holding more than the
+  newcomer's; otherwise of a connection of its own address holding more than its own connection (one that has not
+  delivered a body lately first). Failing both, the new call is refused (a burst on one connection is refused at
+  the door). So a caller on an address of its own keeps its place against any number of another's connections; a
+  few connections that open calls and send nothing cannot keep out a caller on a connection of its own; 1,000
+  connections with one silent call each lose their places, oldest first, to newcomers, never to the calls of a
+  connection whose bodies keep arriving (its next body may be waiting for the event loop, not for the caller).
+  Behind a proxy every caller shares its address, and connections are the peers;
 * in bytes (`max_bytes`): gRPC holds a body on its way until it is whole, before the facade can see it, so its size
   is read where it is held: the process's resident memory above its level when nothing was being received. Beyond
   it, the calls that have waited longest are cut until it is back (`sweep`, a few times a second).
@@ -24,6 +26,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from tritonnx.client.facade.connections import peer_address
 from tritonnx.client.facade.errors import DeadlineExceeded, FacadeError, Overloaded
 
 T = TypeVar("T")
@@ -43,6 +46,8 @@ class Receiver:
 
     def __init__(self, connection: str, started: float) -> None:
         self.connection = connection
+        address = peer_address(connection)
+        self.address = address[0] if address else connection  # a UNIX socket's peers: connections only
         self.started = started
         self.error: FacadeError | None = None
         self._task: asyncio.Task | None = None
@@ -94,7 +99,7 @@ class ReceivePlaces:
         self._hint = retry_hint
         self._all: OrderedDict[Receiver, None] = OrderedDict()  # oldest first
         self._by_connection: dict[str, list[Receiver]] = {}  # only connections with a call waiting: bounded
-        self._holding: Counter[int] = Counter()  # places held -> connections holding that many
+        self._by_address: Counter[str] = Counter()  # places held, by address with a call waiting: bounded
         self._delivered: OrderedDict[str, None] = OrderedDict()  # connections that delivered a body, latest last
         self._floor = resident_bytes()  # resident memory when nothing was being received
         self.evicted = 0  # calls that lost their place to a newcomer
@@ -126,53 +131,61 @@ class ReceivePlaces:
                 f"this connection has {len(mine)} calls waiting for their body, its limit: send their bodies first"
             )
         now = asyncio.get_running_loop().time()
+        receiver = Receiver(connection, now)
         if len(self._all) >= self.limit:
-            victim = self._victim(len(mine))
+            victim = self._victim(receiver)
             if victim is None:
                 raise self._overloaded(f"the server is waiting for the bodies of its limit of {self.limit} calls")
             self.evicted += 1
             victim.cut(
                 self._overloaded(
                     f"the server needed this call's place for another caller: its body had not arrived after "
-                    f"{now - victim.started:.2f} s, while its connection held the most calls waiting for theirs"
+                    f"{now - victim.started:.2f} s, while its address or connection held more calls waiting for "
+                    "theirs than the other caller's"
                 )
             )
             self._leave(victim)  # at once: the victim's handler lets go of it when it next runs
-        receiver = Receiver(connection, now)
         self._all[receiver] = None
-        calls = self._by_connection.setdefault(connection, [])
-        self._count(calls, -1)
-        calls.append(receiver)
-        self._count(calls, 1)
+        self._by_connection.setdefault(connection, []).append(receiver)
+        self._by_address[receiver.address] += 1
         return receiver
 
-    def _count(self, calls: list[Receiver], change: int) -> None:
-        if calls:
-            self._holding[len(calls)] += change
+    def _victim(self, newcomer: Receiver) -> Receiver | None:
+        """The call whose place `newcomer` takes, if any (see the module); oldest first."""
+        own_address = self._by_address[newcomer.address]
+        most = max((held for address, held in self._by_address.items() if address != newcomer.address), default=0)
+        if most > own_address:
 
-    def _victim(self, newcomers_own: int) -> Receiver | None:
-        """The call whose place a newcomer takes, if any (see the module); oldest first."""
-        most = max(count for count, connections in self._holding.items() if connections > 0)
-        if most <= newcomers_own:
-            return None
+            def chosen(receiver: Receiver) -> bool:
+                return receiver.address != newcomer.address and self._by_address[receiver.address] == most
+
+        else:
+            own_connection = len(self._by_connection.get(newcomer.connection, ()))
+
+            def chosen(receiver: Receiver) -> bool:
+                return (
+                    receiver.address == newcomer.address
+                    and len(self._by_connection[receiver.connection]) > own_connection
+                )
+
         fallback = None
         for receiver in self._all:
-            held = len(self._by_connection[receiver.connection])
-            if held > newcomers_own and receiver.connection not in self._delivered:
-                return receiver
-            if fallback is None and held == most:
-                fallback = receiver
+            if chosen(receiver):
+                if receiver.connection not in self._delivered:
+                    return receiver
+                fallback = fallback or receiver
         return fallback
 
     def _leave(self, receiver: Receiver) -> None:
         if self._all.pop(receiver, False) is False:
             return  # evicted: it left when it was cut
         calls = self._by_connection[receiver.connection]
-        self._count(calls, -1)
         calls.remove(receiver)
-        self._count(calls, 1)
         if not calls:
             del self._by_connection[receiver.connection]
+        self._by_address[receiver.address] -= 1
+        if not self._by_address[receiver.address]:
+            del self._by_address[receiver.address]
 
     def sweep(self, message_bytes: int) -> int:
         """Cut the longest-waiting calls while bodies on their way hold more than `max_bytes`; how many were cut.

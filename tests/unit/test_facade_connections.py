@@ -5,6 +5,7 @@ calls: an in-process facade with a stand-in gateway, real gRPC clients and raw H
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,8 +21,8 @@ PREDICT = "/inference.InferenceService/Predict"
 CHECK = health_pb2.HealthCheckRequest(service="")
 
 
-async def _raw(port: int, settings: dict[int, int] | None = None) -> RawConnection:
-    return await asyncio.to_thread(RawConnection, "127.0.0.1", port, settings)
+async def _raw(port: int, settings: dict[int, int] | None = None, source: str = "") -> RawConnection:
+    return await asyncio.to_thread(RawConnection, "127.0.0.1", port, settings, source=source)
 
 
 async def _still_served(channel: grpc.aio.Channel) -> None:
@@ -63,6 +64,37 @@ def test_a_connection_that_never_reads_its_answers_is_closed():
             health = health_pb2_grpc.HealthStub(channel)
             assert (await health.Check(CHECK)).status == health_pb2.HealthCheckResponse.SERVING
             attacker.close()
+
+    run(test)
+
+
+def test_a_caller_on_an_address_of_its_own_keeps_its_receive_place_against_another_addresss_connections():
+    async def test() -> None:
+        async with serving(FakeGateway(), max_receiving=4) as (facade, channel):
+            predict = channel.stream_unary(
+                PREDICT,
+                request_serializer=inference_pb2.PredictRequest.SerializeToString,
+                response_deserializer=inference_pb2.PredictResponse.FromString,
+            )
+            body_due = asyncio.Event()
+
+            async def body() -> AsyncIterator[inference_pb2.PredictRequest]:
+                await body_due.wait()
+                yield inference_pb2.PredictRequest(data=[1, 2, 3, 4], shape=[1, 4])
+
+            upload = asyncio.ensure_future(predict(body()))  # from 127.0.0.1: the oldest call waiting for its body
+            await until(lambda: facade.servicer.admission.receiving == 1)
+            # Eight connections from another loopback address, each a call sending headers only: the last five
+            # take the places of that address's own oldest calls, never the upload's.
+            attackers = [await _raw(facade.grpc_port, source="127.0.0.2") for _ in range(8)]
+            for attacker in attackers:
+                attacker.send(attacker.headers(PREDICT))
+            await until(lambda: facade.servicer.admission.places.evicted == 5)
+            assert facade.servicer.admission.receiving == 4 and not upload.done()
+            body_due.set()
+            assert list((await upload).predictions) == [2, 4, 6, 8]
+            for attacker in attackers:
+                attacker.close()
 
     run(test)
 

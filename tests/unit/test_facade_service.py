@@ -151,6 +151,38 @@ def test_a_connection_whose_bodies_arrive_keeps_its_place_while_silent_ones_lose
     asyncio.run(test())
 
 
+def test_a_caller_on_an_address_of_its_own_keeps_its_place_against_many_connections_of_another():
+    async def test() -> None:
+        admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=3)
+        stalled, release = asyncio.Event(), asyncio.Event()
+        uploader = asyncio.ensure_future(_hold(admission, "ipv4:10.0.0.1:7", release))  # the oldest call waiting
+        await _settle()
+        attacker = [asyncio.ensure_future(_hold(admission, f"ipv4:10.0.0.9:{i}", stalled)) for i in range(2)]
+        await _settle()
+        newcomers = [asyncio.ensure_future(_hold(admission, f"ipv4:10.0.0.9:{i}", stalled)) for i in range(2, 5)]
+        await _settle()
+        # Every connection holds one place; the attacker's address holds the most, so its newcomers take the
+        # places of its own oldest calls, never the uploader's.
+        assert not uploader.done() and all(call.done() for call in (*attacker, newcomers[0]))
+        for evicted in (*attacker, newcomers[0]):
+            with pytest.raises(errors.Overloaded, match="its address or connection held more calls"):
+                evicted.result()
+        assert admission.places.evicted == 3
+        # A newcomer from a third address takes a place of the address holding the most.
+        third = asyncio.ensure_future(_hold(admission, "ipv6:[::1]:7", release))
+        await _settle()
+        assert newcomers[1].done() and not uploader.done() and not third.done()
+        with pytest.raises(errors.Overloaded):
+            newcomers[1].result()
+        release.set()
+        assert await uploader == "body" and await third == "body"
+        stalled.set()
+        await newcomers[2]
+        assert admission.receiving == 0
+
+    asyncio.run(test())
+
+
 def test_a_burst_on_one_connection_is_refused_at_the_door():
     async def test() -> None:
         admission = Admission(limit=8, retry_after_ms=100, metrics=FacadeMetrics(), max_receiving=2,
