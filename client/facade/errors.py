@@ -168,7 +168,7 @@ def means_reloading(code: grpc.StatusCode, served_moments_ago: bool) -> bool:
 def replica_may_be_gone(code: grpc.StatusCode) -> bool:
     """Whether the answer may come from a replica that went away (its connection, or it is stopping and unloading).
 
-    Worth one more try elsewhere, once the replica confirms it is not ready. Any other answer stands.
+    Worth one more try elsewhere, once the replica confirms it is not live. Any other answer stands.
     """
     return code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.NOT_FOUND)
 

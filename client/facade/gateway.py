@@ -348,7 +348,7 @@ class TritonGateway:
         try:
             return await call(replica, timeout)
         except grpc.aio.AioRpcError as error:
-            if len(self._replicas) < 2 or not replica_may_be_gone(error.code()) or await replica.ready():
+            if len(self._replicas) < 2 or not replica_may_be_gone(error.code()) or await replica.live():
                 raise  # one server, or a replica that answered (a full queue): its answer stands
             left = None if timeout is None else timeout - (time.monotonic() - started)
             if left is not None and left <= 0:

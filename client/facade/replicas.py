@@ -25,7 +25,7 @@ log = logging.getLogger("tritonnx.facade")
 RESOLVE_SECONDS = 10.0
 # A replica found gone is left out this long, then tried again (a restart takes a few seconds).
 REST_SECONDS = 1.0
-_READY_SECONDS = 1.0
+_LIVE_SECONDS = 1.0
 
 
 def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -71,16 +71,19 @@ class Replica:
         )
 
     def rest(self) -> None:
-        """Leave it out of the turns for `REST_SECONDS`: it did not answer ready (stopping, or gone)."""
+        """Leave it out of the turns for `REST_SECONDS`: it did not answer live (stopping, or gone)."""
         self.resting_until = time.monotonic() + REST_SECONDS
 
-    async def ready(self) -> bool:
-        """Whether the server answers ready now (a server stopping or gone does not)."""
+    async def live(self) -> bool:
+        """Whether the server answers live now (a server stopping or gone does not).
+
+        Not ServerReady: with strict readiness it is false while any version loads or unloads (a publish).
+        """
         try:
-            reply = await self.stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=_READY_SECONDS)
+            reply = await self.stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=_LIVE_SECONDS)
         except grpc.aio.AioRpcError:
             return False
-        return bool(reply.ready)
+        return bool(reply.live)
 
 
 def _split(entry: str) -> tuple[str, int]:

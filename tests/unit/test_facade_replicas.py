@@ -38,10 +38,10 @@ class FakeStub:
 
 
 class FakeReplica:
-    """A replica that answers with `outcome` (a response or an error) and says whether it is ready."""
+    """A replica that answers with `outcome` (a response or an error) and says whether it is live."""
 
-    def __init__(self, address: str, outcome, ready: bool) -> None:
-        self.address, self.outcome, self._ready, self.calls = address, outcome, ready, 0
+    def __init__(self, address: str, outcome, live: bool) -> None:
+        self.address, self.outcome, self._live, self.calls = address, outcome, live, 0
         self.rested = 0
         self.metadata = []
         self.stub = FakeStub(self)
@@ -60,8 +60,8 @@ class FakeReplica:
             raise self.outcome
         return self.outcome
 
-    async def ready(self) -> bool:
-        return self._ready
+    async def live(self) -> bool:
+        return self._live
 
 
 def gateway_over(*fakes: FakeReplica) -> tuple[TritonGateway, list]:
@@ -73,8 +73,8 @@ def gateway_over(*fakes: FakeReplica) -> tuple[TritonGateway, list]:
 
 def test_a_call_whose_replica_went_away_goes_once_to_another():
     async def scenario():
-        gone = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Socket closed"), ready=False)
-        healthy = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        gone = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Socket closed"), live=False)
+        healthy = FakeReplica("127.0.0.1:2", "answer", live=True)
         gateway, retried = gateway_over(gone, healthy)
         traceparent = (("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),)
         answers = [await gateway._infer_on_replicas(b"", 5.0, traceparent) for _ in range(4)]
@@ -89,10 +89,10 @@ def test_a_call_whose_replica_went_away_goes_once_to_another():
 
 
 def test_a_replica_that_answers_has_the_last_word():
-    # A full queue is UNAVAILABLE too, but the replica still answers ready: never sent elsewhere.
+    # A full queue is UNAVAILABLE too, but the replica still answers live: never sent elsewhere.
     async def scenario():
         full = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE, "Exceeds maximum queue size"), True)
-        other = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        other = FakeReplica("127.0.0.1:2", "answer", live=True)
         gateway, retried = gateway_over(full, other)
         with pytest.raises(grpc.aio.AioRpcError):
             await gateway._infer_on_replicas(b"", 5.0)
@@ -104,12 +104,12 @@ def test_a_replica_that_answers_has_the_last_word():
 
 def test_an_invalid_request_is_never_retried_and_one_server_has_no_retry():
     async def scenario():
-        wrong = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.INVALID_ARGUMENT), ready=False)
-        other = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        wrong = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.INVALID_ARGUMENT), live=False)
+        other = FakeReplica("127.0.0.1:2", "answer", live=True)
         gateway, retried = gateway_over(wrong, other)
         with pytest.raises(grpc.aio.AioRpcError):
             await gateway._infer_on_replicas(b"", 5.0)
-        alone = FakeReplica("127.0.0.1:3", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
+        alone = FakeReplica("127.0.0.1:3", rpc_error(grpc.StatusCode.UNAVAILABLE), live=False)
         single, single_retried = gateway_over(alone)
         with pytest.raises(grpc.aio.AioRpcError):
             await single._infer_on_replicas(b"", 5.0)
@@ -119,10 +119,10 @@ def test_an_invalid_request_is_never_retried_and_one_server_has_no_retry():
 
 
 def test_metadata_asked_of_a_replica_stopping_for_a_restart_comes_from_another():
-    # A replica stopping (SIGTERM) unloads its models first and says NOT_FOUND, while it no longer answers ready.
+    # A replica stopping (SIGTERM) unloads its models first and says NOT_FOUND, while it no longer answers live.
     async def scenario():
-        stopping = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.NOT_FOUND, "unknown model"), ready=False)
-        serving = FakeReplica("127.0.0.1:2", "answer", ready=True)
+        stopping = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.NOT_FOUND, "unknown model"), live=False)
+        serving = FakeReplica("127.0.0.1:2", "answer", live=True)
         gateway, retried = gateway_over(stopping, serving)
         info = await gateway.model_info("m", "", 5.0)
         return info, retried, stopping.calls, serving.calls
@@ -134,7 +134,7 @@ def test_metadata_asked_of_a_replica_stopping_for_a_restart_comes_from_another()
 
 def test_a_model_no_replica_serves_is_not_found_after_one_retry():
     async def scenario():
-        replicas = [FakeReplica(f"127.0.0.1:{p}", rpc_error(grpc.StatusCode.NOT_FOUND), ready=True) for p in (1, 2)]
+        replicas = [FakeReplica(f"127.0.0.1:{p}", rpc_error(grpc.StatusCode.NOT_FOUND), live=True) for p in (1, 2)]
         gateway, retried = gateway_over(*replicas)
         with pytest.raises(NotFound) as raised:
             await gateway.model_info("nonexistent", "", 5.0)
@@ -142,13 +142,13 @@ def test_a_model_no_replica_serves_is_not_found_after_one_retry():
 
     message, retried, calls = asyncio.run(scenario())
     assert "'nonexistent'" in message and "ready models: m" in message
-    assert retried == [] and calls == [1, 0]  # a ready replica's NOT_FOUND is the answer: not sent elsewhere
+    assert retried == [] and calls == [1, 0]  # a live replica's NOT_FOUND is the answer: not sent elsewhere
 
 
 def test_the_facade_maps_a_retry_that_fails_too_like_any_failure():
     async def scenario():
-        first = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
-        second = FakeReplica("127.0.0.1:2", rpc_error(grpc.StatusCode.UNAVAILABLE), ready=False)
+        first = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.UNAVAILABLE), live=False)
+        second = FakeReplica("127.0.0.1:2", rpc_error(grpc.StatusCode.UNAVAILABLE), live=False)
         gateway, retried = gateway_over(first, second)
         from tritonnx.client.facade.translate import InferCall
 
