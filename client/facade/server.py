@@ -43,11 +43,15 @@ log = logging.getLogger("tritonnx.facade")
 _TRIM_SECONDS = 5.0
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
 # glibc's mallopt parameters.
-_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 # Messages are up to megabytes: allocations from this size on get pages of their own, which go back to the OS when
 # freed. (glibc raises its threshold to the largest block freed, up to 32 MiB, and then serves such blocks from heaps
 # that keep the peak.)
 _MMAP_THRESHOLD_BYTES = 1 << 20
+# Setting the threshold above fixes glibc's trim threshold at 128 KiB: each call that freed its buffers at the top of
+# the heap gave their pages back, and the next call faulted them in again. Free pages are kept up to this while calls
+# come; the idle trim (_TRIM_SECONDS) returns them.
+_TRIM_THRESHOLD_BYTES = 32 << 20
 # gRPC's threads would each get a heap of their own, each keeping its own peak.
 _ARENAS = 2
 
@@ -56,6 +60,7 @@ def tune_allocator() -> None:
     """Make freed message buffers go back to the OS; before the first threads start (see the constants)."""
     if hasattr(_LIBC, "mallopt"):
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
         _LIBC.mallopt(_M_ARENA_MAX, _ARENAS)
 
 
