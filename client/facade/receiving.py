@@ -6,11 +6,11 @@ A call waits for its body in a place, for at most the body deadline. Places are 
   of the oldest call of the address holding the most places, if that is another address holding more than the
   newcomer's; otherwise of a connection of its own address holding more than its own connection (one that has not
   delivered a body lately first). Failing both, the new call is refused (a burst on one connection is refused at
-  the door). So a caller on an address of its own keeps its place against any number of another's connections; a
-  few connections that open calls and send nothing cannot keep out a caller on a connection of its own; 1,000
-  connections with one silent call each lose their places, oldest first, to newcomers, never to the calls of a
-  connection whose bodies keep arriving (its next body may be waiting for the event loop, not for the caller).
-  Behind a proxy every caller shares its address, and connections are the peers;
+  the door). So calls from one address, on any number of connections, never take a place from an address
+  holding fewer; a few connections that open calls and send nothing cannot keep out a caller on a connection of
+  its own; 1,000 connections with one silent call each lose their places, oldest first, to newcomers, never to the
+  calls of a connection whose bodies keep arriving (its next body may be waiting for the event loop, not for the
+  caller). Behind a proxy every caller shares its address, and connections are the peers;
 * in bytes (`max_bytes`): gRPC holds a body on its way until it is whole, before the facade can see it, so its size
   is read where it is held: the process's resident memory above its level when nothing was being received. Beyond
   it, the calls that have waited longest are cut until it is back (`sweep`, a few times a second).
