@@ -23,8 +23,8 @@ class FailingReplica(FakeReplica):
     """A replica whose every call fails with a new error of `code`, as a real channel's do (a shared error object
     would keep each traceback it was raised through, and the frames in it)."""
 
-    def __init__(self, code: grpc.StatusCode, ready: bool) -> None:
-        super().__init__("127.0.0.1:1", code, ready)
+    def __init__(self, code: grpc.StatusCode, live: bool) -> None:
+        super().__init__("127.0.0.1:1", code, live)
 
     @property  # type: ignore[override]
     def outcome(self) -> grpc.aio.AioRpcError:
@@ -48,7 +48,7 @@ def no_cycle_collector() -> Iterator[None]:
 
 def test_a_failed_inference_frees_its_request_without_the_cycle_collector(no_cycle_collector):
     async def scenario() -> weakref.ref:
-        gateway, _ = gateway_over(FailingReplica(grpc.StatusCode.UNAVAILABLE, ready=False))
+        gateway, _ = gateway_over(FailingReplica(grpc.StatusCode.UNAVAILABLE, live=False))
         payload = np.ones(1 << 20, np.float32)  # a 4 MiB input, as a client's tensor
         freed = weakref.ref(payload)
         call = InferCall(service_pb2.ModelInferRequest(model_name="m"), [memoryview(payload).cast("B")])
@@ -63,7 +63,7 @@ def test_a_failed_inference_frees_its_request_without_the_cycle_collector(no_cyc
 
 def test_a_failed_metadata_lookup_leaves_no_cycle(no_cycle_collector):
     async def scenario() -> None:
-        gateway, _ = gateway_over(FailingReplica(grpc.StatusCode.UNAVAILABLE, ready=True))
+        gateway, _ = gateway_over(FailingReplica(grpc.StatusCode.UNAVAILABLE, live=True))
         with pytest.raises(Unavailable):
             await gateway.model_info("m", "", 5.0)
 
@@ -81,7 +81,7 @@ def test_a_failed_metadata_lookup_leaves_no_cycle(no_cycle_collector):
 
 def test_the_metadata_cache_holds_at_most_its_bound_whatever_is_asked():
     async def scenario() -> list[int]:
-        replica = FakeReplica("127.0.0.1:1", "answer", ready=True)
+        replica = FakeReplica("127.0.0.1:1", "answer", live=True)
         gateway, _ = gateway_over(replica)
         gateway._max_models = 3
         sizes = []
@@ -99,7 +99,7 @@ def test_names_triton_does_not_serve_are_answered_from_its_list_for_a_moment(mon
     monkeypatch.setattr(gateway_module.time, "monotonic", lambda: clock[0])
 
     async def scenario() -> None:
-        replica = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.NOT_FOUND), ready=True)
+        replica = FakeReplica("127.0.0.1:1", rpc_error(grpc.StatusCode.NOT_FOUND), live=True)
         gateway, _ = gateway_over(replica)
         with pytest.raises(NotFound, match="ready models: m"):
             await gateway.model_info("nonexistent", "", 5.0)
