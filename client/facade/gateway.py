@@ -224,13 +224,14 @@ class TritonGateway:
         """Whether Triton's answer means the version asked for is not loaded (see `may_be_unloaded_version`)."""
         if not may_be_unloaded_version(error.code(), version):
             return False
+        # A Triton shutting down is not live (its models are unloading for a restart, not retired).
+        if not await self._replicas.pick().live():
+            return False
         try:
-            # A Triton shutting down is not live (its models are unloading for a restart, not retired).
-            live = await self._replicas.pick().stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=2.0)
             index = await self._index(ready_only=False, timeout=2.0)
         except grpc.aio.AioRpcError:
             return False
-        return live.live and version_not_served(index.models, name, version)
+        return version_not_served(index.models, name, version)
 
     async def _shared_pool(self) -> SharedInputPool | None:
         """The pool when Triton knows its region; registers it when needed (at most every few seconds)."""

@@ -57,7 +57,7 @@ _ARENAS = 2
 
 
 def tune_allocator() -> None:
-    """Make freed message buffers go back to the OS; before the first threads start (see the constants)."""
+    """Make freed message buffers go back to the OS (the heap's when idle); before the first threads start."""
     if hasattr(_LIBC, "mallopt"):
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
         _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES)
