@@ -30,7 +30,11 @@ OBJECTIVE_WHY = (
 
 
 def make_servers(
-    names: list[str], model: str, workdir: Path, bound: servers.LatencyBound | None = None
+    names: list[str],
+    model: str,
+    workdir: Path,
+    bound: servers.LatencyBound | None = None,
+    facade_layout: servers.Layout | None = None,
 ) -> list[servers.Server]:
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
     made: list[servers.Server] = []
@@ -39,8 +43,10 @@ def make_servers(
             if bound is None:
                 raise ValueError(f"{BOUNDED} needs an objective: the open loop's (--open-loop)")
             made.append(servers.Tritonnx(REPOSITORY, model, workdir, bound=bound))
+        elif name == "facade":
+            made.append(servers.Tritonnx(REPOSITORY, model, workdir, facade=True, layout=facade_layout))
         elif name in TRITONNX:
-            made.append(servers.Tritonnx(REPOSITORY, model, workdir, facade=name == "facade"))
+            made.append(servers.Tritonnx(REPOSITORY, model, workdir))
         elif name == "fastapi":
             made += [servers.FastApi(onnx_file, setup, workdir) for setup in setups(CORES)]
         else:
@@ -52,7 +58,7 @@ def make_servers(
 
 def bench_model(model: str, args: argparse.Namespace, workdir: Path) -> dict:
     onnx_file = REPOSITORY / model / "1" / "model.onnx"
-    made = make_servers(args.servers, model, workdir / model)
+    made = make_servers(args.servers, model, workdir / model, facade_layout=args.facade_layout)
     (workdir / model).mkdir(parents=True, exist_ok=True)
     data: dict = {"limits": [], "servers": {s.name: {"setup": s.description, "rounds": []} for s in made}}
     for round_index in range(args.rounds):
@@ -94,6 +100,7 @@ def open_loop(args: argparse.Namespace) -> int:
     """Goodput per model and server at the objective; the report, its plots and gates; 1 when a gate failed."""
     started, out = run_folder(args.out, "peers-open")
     results: dict[str, Any] = {"started": started, "machine": machine(), "settings": settings(args), "models": {}}
+    results["settings"]["facade_layout"] = args.facade_layout and args.facade_layout.describe()
     results["objective"] = {"factor": args.objective_factor, "floor_ms": args.objective_floor_ms, "why": OBJECTIVE_WHY}
     for model in args.models:
         onnx_file, workdir = REPOSITORY / model / "1" / "model.onnx", out / "logs" / model
@@ -111,7 +118,7 @@ def open_loop(args: argparse.Namespace) -> int:
             data["in_process_rps"] = limit.best[1]
         max_batch = servers.Policy.of(REPOSITORY / model, CORES).max_batch_size
         bound = servers.LatencyBound.for_objective(objective, single_p50, max_batch)
-        made = make_servers(args.servers, model, workdir, bound)
+        made = make_servers(args.servers, model, workdir, bound, args.facade_layout)
         for index in range(args.rounds):
             data["rounds"].append({})
             for server in made[index % len(made) :] + made[: index % len(made)]:  # the order rotates
@@ -155,6 +162,13 @@ def main(argv: list[str] | None = None) -> int:
     add("--objective-floor-ms", type=float, default=goodput.OBJECTIVE_FLOOR_MS)
     add(
         "--generator", choices=GENERATORS, default="loadgen", help="open loop: the load generator; default: %(default)s"
+    )
+    add(
+        "--facade-layout",
+        type=servers.Layout.parse,
+        metavar="INSTANCESxTHREADS",
+        help="the facade's Triton runs the models with this many instances of this many intra-op threads instead of "
+        "their config's, e.g. 1x1 (what `make tune --path facade` chose); default: the config's",
     )
     args = parser.parse_args(argv)
     open_models = ["resnet50", "mobilenet_v3_small", "text_classifier"]

@@ -19,6 +19,7 @@ from bench.peers.goodput_report import DIRECT, FACADE, ratios
 SUMMARY = "summary.json"
 REPORTS = Path(__file__).resolve().parents[1] / "reports"
 ORDER = ("mobilenet_v3_small", "text_classifier", "resnet50")  # the sentence names the models in this order
+FACADE_LAYOUT = "facade_layout"  # a model's key when its run gave the facade's Triton a layout of its own
 
 
 def write_summary(out: Path, results: dict) -> Path:
@@ -39,7 +40,9 @@ def read_summaries(report: Path) -> dict[str, dict]:
     files = [report / SUMMARY] if (report / SUMMARY).exists() else sorted(report.glob(f"*/{SUMMARY}"))
     models: dict[str, dict] = {}
     for file in files:
-        models |= json.loads(file.read_text())["models"]
+        summary = json.loads(file.read_text())
+        layout = summary.get("settings", {}).get("facade_layout")  # the run's --facade-layout, if it had one
+        models |= {name: data | ({FACADE_LAYOUT: layout} if layout else {}) for name, data in summary["models"].items()}
     return models
 
 
@@ -66,6 +69,10 @@ def speed_sentence(models: Mapping[str, dict]) -> str:
     )
     if with_facade:
         text += f", the facade {_join([f'{facade[m]:.2f}x' for m in with_facade])} on {_join(with_facade)}"
+        layouts = {models[m][FACADE_LAYOUT] for m in with_facade if FACADE_LAYOUT in models[m]}
+        for layout in sorted(layouts):
+            laid = [m for m in with_facade if models[m].get(FACADE_LAYOUT) == layout]
+            text += f" ({_join(laid)} with {layout} behind the facade)"
     lone = {m: _median([f[DIRECT]["lone_p50_ms"] for f in models[m]["rounds"] if DIRECT in f]) for m in names}
     with_lone = [m for m in names if lone[m] is not None]
     if with_lone:

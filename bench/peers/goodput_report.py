@@ -162,6 +162,17 @@ def rounds_table(data: dict) -> list[str]:
     return lines
 
 
+def _facade_layout(settings: dict) -> str:
+    """What the facade's Triton ran, when `--facade-layout` set it apart from Triton direct's config."""
+    layout = settings.get("facade_layout")
+    if not layout:
+        return ""
+    return (
+        f" The facade's Triton ran each model with {layout} in place of its config's (`--facade-layout`, the layout "
+        "`make tune --path facade` chose), Triton direct with the config's."
+    )
+
+
 def _ms(value: float | None) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:.1f}"
 
@@ -245,7 +256,8 @@ def open_report(out: Path, results: dict, judged: list[Gate]) -> str:
         f"beside the server's. Last, every server was offered the same rate (COMMON_RPS), so that CPU per request "
         f"compares at equal load. {settings['rounds']} round(s); each measures every server in turn, the order "
         "rotating, each started afresh, first with a lone request (c=1, closed loop, as long as the capacity). "
-        "The ratios' intervals are distribution-free (the rounds' order statistics). The method: docs/benchmarks.md.",
+        "The ratios' intervals are distribution-free (the rounds' order statistics). The method: docs/benchmarks.md."
+        + _facade_layout(settings),
         "",
         "![goodput, the median over the rounds](goodput.png)",
         "",

@@ -142,6 +142,38 @@ class LatencyBound:
         return config
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A model's instances and intra-op threads per instance, written over its config's (`make tune`'s candidates)."""
+
+    instances: int
+    threads: int
+
+    @classmethod
+    def parse(cls, text: str) -> Layout:
+        """`2x1`: two instances of one intra-op thread each."""
+        match = re.fullmatch(r"([1-9]\d*)x([1-9]\d*)", text.strip())
+        if match is None:
+            raise ValueError(f"{text!r} is not INSTANCESxTHREADS, e.g. 1x1")
+        return cls(int(match[1]), int(match[2]))
+
+    def describe(self) -> str:
+        instances, threads = ("s" if n > 1 else "" for n in (self.instances, self.threads))
+        return f"{self.instances} instance{instances} x {self.threads} intra-op thread{threads}"
+
+    def apply(self, config: str) -> str:
+        """The config with this layout's instance count and intra-op threads."""
+        fields = (
+            (r"(instance_group\s*\[\s*\{[^}]*count:\s*)\d+", self.instances),
+            (r'(key:\s*"intra_op_thread_count"\s*value:\s*\{\s*string_value:\s*")\d+', self.threads),
+        )
+        for pattern, value in fields:
+            config, count = re.subn(pattern, rf"\g<1>{value}", config, count=1)
+            if count != 1:
+                raise ValueError(f"config.pbtxt has no field matching {pattern!r}")
+        return config
+
+
 @dataclass(eq=False)
 class Tritonnx(Server):
     """tritonnx: Triton direct (KServe v2 gRPC) or through the facade (`facade=True`)."""
@@ -151,6 +183,7 @@ class Tritonnx(Server):
     workdir: Path
     facade: bool = False
     bound: LatencyBound | None = None  # the model's policy rewritten for a latency objective
+    layout: Layout | None = None  # the model's instances and threads rewritten (a path tuned on its own)
     _stack: ServingStack | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,13 +196,17 @@ class Tritonnx(Server):
         if self.bound is not None:
             self.name += f", {self.bound.describe()}"
             self.description += f"; {self.bound.describe()} (the config's, rewritten for the objective)"
+        if self.layout is not None:
+            self.description += f"; {self.layout.describe()} in place of the config's"
 
     def _served_repository(self) -> Path:
-        """The repository, or a copy of the model with the bound's policy."""
-        if self.bound is None:
+        """The repository, or a copy of the model with the bound's policy and the layout."""
+        if self.bound is None and self.layout is None:
             return self.repository
-        config = self.bound.apply((self.repository / self.model / CONFIG_FILE).read_text())
-        folder = self.workdir / "repository-bounded"
+        config = (self.repository / self.model / CONFIG_FILE).read_text()
+        for rewrite in (self.bound, self.layout):
+            config = config if rewrite is None else rewrite.apply(config)
+        folder = self.workdir / f"repository-{'facade' if self.facade else 'direct'}"
         shutil.rmtree(folder, ignore_errors=True)
         return link_models(folder, {self.model: self.repository / self.model}, {self.model: config})
 

@@ -138,6 +138,10 @@ def test_the_report_has_a_table_per_model_the_plots_and_every_gate(tmp_path):
     assert f"tritonnx, Triton direct: 5 INTERNAL, 2 UNKNOWN in 2 of {steps} steps" in text
     assert text.count("failed with other statuses") == 1
     assert "| Ray Serve | not measured: did not start: no venv |" in text
+    assert "--facade-layout" not in text  # the facade ran the configs' layouts
+    results["settings"]["facade_layout"] = "1 instance x 1 intra-op thread"
+    apart = goodput_report.open_report(tmp_path, results, judged)
+    assert "The facade's Triton ran each model with 1 instance x 1 intra-op thread in place of its" in apart
     assert "## Gates" in text and text.count("**FAILED**") == sum(not gate.passed for gate in judged)
     for png in ("goodput.png", "resnet50_open.png", "text_classifier_open.png"):
         assert (tmp_path / png).stat().st_size > 1000 and f"]({png})" in text

@@ -176,6 +176,24 @@ def test_a_latency_bound_splits_the_objective_between_the_queue_and_one_batch(tm
     assert plain._served_repository() == REPOSITORY and plain.name == "tritonnx, Triton direct"
 
 
+def test_a_layout_rewrites_instances_and_threads_for_one_path(tmp_path):
+    layout = servers.Layout.parse("1x1")
+    assert layout == servers.Layout(1, 1) and servers.Layout.parse(" 3x2 ") == servers.Layout(3, 2)
+    for wrong in ("1", "0x1", "1x", "axb", "1x1x1"):
+        with pytest.raises(ValueError, match="INSTANCESxTHREADS"):
+            servers.Layout.parse(wrong)
+    facade = servers.Tritonnx(REPOSITORY, "mobilenet_v3_small", tmp_path, facade=True, layout=layout)
+    served = facade._served_repository()
+    assert served != REPOSITORY and facade.name == "tritonnx facade"  # the goals still name it
+    config = (served / "mobilenet_v3_small" / "config.pbtxt").read_text()
+    assert re.findall(r"count:\s*(\d+)", config) == ["1"]
+    assert re.findall(r'"intra_op_thread_count" value: \{ string_value: "(\d+)"', config) == ["1"]
+    assert "1 instance x 1 intra-op thread in place of the config's" in facade.description
+    assert servers.Layout(2, 2).describe() == "2 instances x 2 intra-op threads"
+    with pytest.raises(ValueError, match="no field"):
+        servers.Layout(2, 1).apply("max_batch_size: 8\n")
+
+
 def test_named_inputs_decode_as_the_load_side_encodes_them_and_misfits_are_refused():
     sent = {"input_ids": np.array([[3, 1, 4]], np.int64), "attention_mask": np.ones((1, 3), np.int64)}
     body, headers = named_raw(sent)

@@ -64,7 +64,9 @@ def test_the_note_says_what_was_chosen_on_what_and_how():
     said = note((ONE_THREAD, RESULTS[0][1]), OBJECTIVE, candidates=4)
     assert re.match(r"\d{4}-\d\d-\d\d: instances=2 threads=1 delay=0us preferred=none gave goodput 20.0 req/s", said)
     assert "at p99 <= 250.0 ms, capacity 25.0 req/s (c=16), a lone request's p50 83.00 ms." in said
-    assert said.endswith("Open-loop Poisson, answers checked; candidates: 4.")
+    assert said.endswith("Open-loop Poisson to Triton direct, answers checked; candidates: 4.")
+    through = note((ONE_THREAD, RESULTS[0][1]), OBJECTIVE, candidates=4, path="facade")
+    assert through.endswith("Open-loop Poisson through the facade, answers checked; candidates: 4.")
 
 
 def test_apply_sets_instances_threads_delay_and_preferred_sizes():
@@ -103,3 +105,24 @@ def test_a_sweep_writes_its_choice_and_without_a_goodput_exits_1(tmp_path: Path,
     first = config.read_text().splitlines()[0]
     assert "instances=2 threads=2" in first and "goodput 18.0 req/s" in first and first.endswith("candidates: 2.")
     assert "within a lone budget of 60.00 ms" in first
+
+
+def test_a_sweep_through_the_facade_measures_it_and_keeps_no_lone_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    (tmp_path / "m").mkdir()
+    (config := tmp_path / "m" / "config.pbtxt").write_text(CONFIG)
+    recorded, paths = dict(RESULTS), []
+
+    def measure(args, candidate, objective):
+        paths.append(args.path)
+        return recorded[candidate]
+
+    monkeypatch.setattr(tune, "measure", measure)
+    sweep = ["--model", "m", "--repository", str(tmp_path), "--instances", "2", "--threads", "1", "2", "--delays", "0"]
+    assert tune.main([*sweep, "--objective-ms", "250", "--path", "facade"]) == 0
+    assert paths == ["facade", "facade"]
+    first = config.read_text().splitlines()[0]
+    # No budget: one thread's higher goodput wins although its lone request is the slower.
+    assert "instances=2 threads=1" in first and "goodput 20.0 req/s" in first and "lone budget" not in first
+    assert "through the facade" in first

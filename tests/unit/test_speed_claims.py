@@ -64,6 +64,19 @@ def test_the_sentence_is_the_medians_of_the_rounds_in_the_models_order(tmp_path)
     )
 
 
+def test_a_facade_run_with_a_layout_of_its_own_says_so(tmp_path):
+    small = {"single_p50_ms": 1.2, "rounds": [_figures(300, 150, 250, 3.0)]}
+    results = {"started": "t", "settings": {"facade_layout": "1 instance x 1 intra-op thread"}, "models": {}}
+    results["models"] = {"mobilenet_v3_small": small, "text_classifier": small | {"single_p50_ms": 0.3}}
+    (tmp_path / "small").mkdir(), (tmp_path / "resnet50").mkdir()
+    write_summary(tmp_path / "small", results)
+    big = {"started": "t", "settings": {}, "models": {"resnet50": {"single_p50_ms": 24.0, "rounds": small["rounds"]}}}
+    write_summary(tmp_path / "resnet50", big)
+    said = speed_sentence(read_summaries(tmp_path))
+    assert ", the facade 0.60x, 0.60x and 0.60x on mobilenet_v3_small, text_classifier and resnet50 (" in said
+    assert "(mobilenet_v3_small and text_classifier with 1 instance x 1 intra-op thread behind the facade);" in said
+
+
 def test_a_run_cut_short_says_how_many_rounds_each_model_kept():
     models = {
         "text_classifier": {"single_p50_ms": 0.3, "rounds": [_figures(100, 50, 100, 1.0)] * 4},
