@@ -12,6 +12,7 @@ import selectors
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import grpc
 import numpy as np
@@ -20,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from PIL import Image
 
 from bench.attacks import catalog
-from bench.attacks.calls import ATTACKER, FACADE, Call, Calls, Held, channel, one
+from bench.attacks.calls import ATTACKER, BESIDE, FACADE, Call, Calls, Held, channel, one
 from bench.attacks.catalog import HELD_TIMEOUT_S, Attack, Context, Outcome, holding, until
 from bench.attacks.h2raw import INITIAL_WINDOW_SIZE, SETTINGS, RawConnection, frame, read_many
 from bench.attacks.payloads import MODEL, PREDICT, valid_predict
@@ -31,6 +32,7 @@ REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
 CLASSIFY = "/inference.InferenceService/Classify"
 WATCH_HELD_S = 5.0  # held Watch streams are cancelled by the attacker after this
 CLOSE_WAIT_S = 15.0  # the longest wait for the facade to close a raw connection
+OTHER_ADDRESS = "127.0.0.2"  # an attacker's address apart from the probe's (127.0.0.1): loopback is all of 127/8
 
 
 def _address(ctx: Context) -> tuple[str, int]:
@@ -73,6 +75,30 @@ def many_silent_connections(seconds: float):
     return run
 
 
+def one_address_connections(seconds: float):
+    """Sizes' connections from another loopback address, silent after HTTP/2's preface, read for `seconds`.
+
+    Then a priority-1 Predict on a new connection from the probe's address.
+    """
+
+    def run(ctx: Context) -> Outcome:
+        started, count, (host, port) = time.monotonic(), ctx.sizes.address_connections, _address(ctx)
+        with ThreadPoolExecutor(8) as pool:
+            raws = list(pool.map(lambda _: RawConnection(host, port, read=False, source=OTHER_ADDRESS), range(count)))
+        read_many(raws, seconds)
+        newcomer = _priority_predict(ctx)
+        closed = [Call("CLOSED", raw.closed_at - started) for raw in raws if raw.closed_at]
+        for raw in raws:
+            raw.close()
+        notes = [
+            f"{len(closed):,} of the address's {count:,} connections closed by the facade",
+            f"then a Predict at priority 1 on a new connection: {newcomer.code} in {newcomer.seconds * 1000:,.0f} ms",
+        ]
+        return Outcome(count, 0, [newcomer], closed, notes)
+
+    return run
+
+
 def few_connections_many_calls(connections: int, calls: int):
     """`calls` header-only Predicts on each of `connections` channels, then a priority-1 Predict of another."""
 
@@ -96,8 +122,9 @@ def few_connections_many_calls(connections: int, calls: int):
 
 
 def _priority_predict(ctx: Context) -> Call:
+    """A legitimate caller's priority-1 Predict on a connection of its own."""
     with channel(ctx.target.grpc_url) as chan:
-        return one(chan, valid_predict(priority=1), 30, ctx.target.metadata)
+        return replace(one(chan, valid_predict(priority=1), 30, ctx.target.metadata), caller=BESIDE)
 
 
 def watch_streams(count: int):
@@ -288,6 +315,11 @@ def attacks() -> list[Attack]:
             "many_connections",
             "1,000 connections (250 quick) x 1 Predict sending headers only",
             many_silent_connections(5),
+        ),
+        Attack(
+            "one_address",
+            "1,100 connections (300 quick) from one address, silent after the preface",
+            one_address_connections(3),
         ),
         Attack("watch_streams", "500 grpc.health.v1 Watch streams on one connection", watch_streams(500)),
         Attack(

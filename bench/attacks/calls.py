@@ -17,6 +17,7 @@ from bench.attacks.payloads import PREDICT, PREDICT_STREAM
 
 Metadata = tuple[tuple[str, str], ...]
 FACADE, ATTACKER = "facade", "attacker"
+BESIDE = "beside"  # a legitimate caller's call sent during an attack from a connection of its own: must be answered OK
 # A call ended this close to the attacker's own deadline was ended by it, not by the facade.
 _DEADLINE_SLACK_S = 0.5
 
@@ -26,6 +27,7 @@ class Call:
     code: str  # the grpc.StatusCode's name
     seconds: float  # from the call's start to its end
     ended_by: str = FACADE  # ATTACKER: cancelled, or past the attacker's own deadline
+    caller: str = ATTACKER  # or BESIDE
 
 
 def channel(url: str) -> grpc.Channel:

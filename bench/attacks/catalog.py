@@ -12,7 +12,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 
-from bench.attacks.calls import Call, Calls, Held, channel, one, unread_stream
+from bench.attacks.calls import BESIDE, Call, Calls, Held, channel, one, unread_stream
 from bench.attacks.payloads import (
     EMPTY_OUTPUT_NAME,
     PRIORITY_FIELD,
@@ -54,6 +54,7 @@ class Sizes:
     unauthenticated_calls: int = 32
     baseline_seconds: float = 10.0
     silent_connections: int = 1000
+    address_connections: int = 1100  # more than the facade's --max-connections (1,024): all of them, uncapped
     slow_connections: int = 500
     reset_streams: int = 20_000
     flood_seconds: float = 3.0
@@ -74,6 +75,7 @@ QUICK = replace(
     unauthenticated_calls=4,
     baseline_seconds=3.0,
     silent_connections=250,
+    address_connections=300,
     slow_connections=100,
     reset_streams=5_000,
     flood_seconds=1.0,
@@ -191,6 +193,7 @@ def held(limit_body: bool) -> Callable[[Context], Outcome]:
                 ATTACK_TIMEOUT_S,
                 ctx.target.metadata,
             )
+            high.caller = BESIDE
             if ctx.quick or ctx.guard.is_set():
                 calls.cancel()
             ended = calls.wait()

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from bench.attacks.calls import Call
+from bench.attacks.calls import BESIDE, Call
 from bench.attacks.campaign import AttackResult, Campaign, statuses
 from bench.attacks.catalog import Outcome
 from bench.attacks.watch import KINDS, ProbeSummary
@@ -67,6 +67,9 @@ def gates(campaign: Campaign, probe_slack_ms: float = PROBE_SLACK_MS, answer_s: 
     odd = {r.name: undocumented(r) for r in results if undocumented(r)}
     late = {r.name: slowest(r.outcome.calls) for r in results if slowest(r.outcome.calls) > answer_s}
     probe_failed = {r.name: _probe_failures(r) for r in results if _probe_failures(r)}
+    refused = {
+        r.name: codes for r in results if (codes := [c.code for c in r.calls if c.caller == BESIDE and c.code != "OK"])
+    }
     probe_slow = {r.name: over for r in results if (over := _probe_over(r, baseline, probe_slack_ms))}
     grew = {r.name: r.rss_rise_mib for r in results if r.rss_rise_mib >= RISE_MIB}
     before = ", ".join(f"{kind} {baseline[kind].slowest_ms:,.0f} ms" for kind in KINDS)
@@ -84,6 +87,13 @@ def gates(campaign: Campaign, probe_slack_ms: float = PROBE_SLACK_MS, answer_s: 
             late,
             "{:,.2f} s".format,
             f"slowest {max((slowest(r.outcome.calls) for r in results), default=0.0):.3f} s",
+        ),
+        _gate(
+            "every legitimate call sent beside an attack from a connection of its own (a priority-1 Predict) was "
+            "answered OK",
+            refused,
+            ", ".join,
+            f"{sum(c.caller == BESIDE for r in results for c in r.calls)} calls",
         ),
         _gate(
             "the probe never failed during an attack",

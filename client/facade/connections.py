@@ -7,7 +7,9 @@ too_many_pings, a connection count). What they leave is watched here, call by ca
   each stream opened and reset costs the facade a handler, the attacker a frame);
 * one whose caller leaves an answer unread for `send_timeout` (a zero flow-control window: every call would stay
   open, holding its place in gRPC's count of calls, for as long as the connection lives);
-* one whose reflection stream carries more than `REFLECTION_REQUESTS` requests.
+* one whose reflection stream carries more than `REFLECTION_REQUESTS` requests;
+* the newest of an address's connections beyond `max_per_address` (gRPC's own count is of all connections, so one
+  address holding them all would keep every other caller out until they idle out).
 
 gRPC's Python server cannot end one connection (no GOAWAY of the application's own), so the facade shuts its socket
 down: a duplicate of gRPC's descriptor, found by the caller's address and checked, gets `shutdown`, which gRPC sees
@@ -24,7 +26,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import suppress
 from typing import Any
 
@@ -39,6 +41,9 @@ WATCH_METHOD = "/grpc.health.v1.Health/Watch"
 PREDICT_STREAM_METHOD = "/inference.InferenceService/PredictStream"
 REFLECTION_PREFIX = "/grpc.reflection."
 SWEEP_S = 0.25
+# Connections are counted every this many sweeps (a second): a few system calls a socket, and a connection's age is
+# known to the second it was first counted, so that an address's newest are the ones closed.
+CENSUS_SWEEPS = 4
 Behaviour = Callable[..., Any]
 
 
@@ -51,31 +56,49 @@ def peer_address(peer: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def shut_down(peer: str, local_port: int) -> bool:
-    """Shut down this process's socket from `peer` to `local_port`; whether one was found."""
-    address = peer_address(peer)
-    if address is None:
-        return False
+def accepted(local_port: int) -> Iterator[tuple[tuple[str, int], socket.socket]]:
+    """The connected sockets of this process on `local_port`: each caller's (host, port) and its socket's duplicate.
+
+    A duplicate is valid until the next step; closing it never closes gRPC's descriptor.
+    """
     for name in os.listdir("/proc/self/fd"):
-        try:
-            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-                continue
-            duplicate = os.dup(int(name))
-        except OSError:
-            continue  # closed meanwhile
-        sock = socket.socket(fileno=duplicate)  # closes the duplicate only, never gRPC's descriptor
-        try:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.getsockname()[1] != local_port:
-                continue
-            remote = sock.getpeername()
-            if (remote[0].removeprefix("::ffff:"), remote[1]) == address:  # gRPC's sockets may be dual-stack
-                sock.shutdown(socket.SHUT_RDWR)
-                return True
-        except OSError:
+        sock = _duplicate(name)
+        if sock is None:
             continue
-        finally:
-            sock.close()
-    return False
+        with sock:
+            caller = _caller(sock, local_port)
+            if caller is not None:
+                yield caller, sock
+
+
+def _duplicate(name: str) -> socket.socket | None:
+    try:
+        if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+            return None
+        return socket.socket(fileno=os.dup(int(name)))
+    except OSError:
+        return None  # closed meanwhile
+
+
+def _caller(sock: socket.socket, local_port: int) -> tuple[str, int] | None:
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.getsockname()[1] != local_port:
+            return None
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return None  # the listening socket has no peer
+    return host.removeprefix("::ffff:"), port  # gRPC's sockets may be dual-stack
+
+
+def shut_down(peers: set[tuple[str, int]], local_port: int) -> int:
+    """Shut down this process's sockets from `peers` ((host, port)s) to `local_port`; how many were found."""
+    done = 0
+    for remote, sock in accepted(local_port):
+        if remote in peers:
+            with suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+    return done
 
 
 class Pool:
@@ -119,8 +142,10 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         watch_seconds: float,
         max_predict_streams: int,
         retry_after_ms: int,
+        max_per_address: int = 0,
     ) -> None:
         self.metrics = metrics
+        self.max_per_address = max_per_address
         self.send_timeout = send_timeout
         self.max_resets = max_resets
         self.watch_seconds = watch_seconds
@@ -133,6 +158,8 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self._unread: dict[object, tuple[str, float]] = {}  # a call (its context) answered, unread -> (peer, since)
         self._resets: dict[str, tuple[float, int]] = {}  # peer -> (second, calls cancelled in it)
+        self._sweeps = 0
+        self._first_seen: dict[tuple[str, int], int] = {}  # a caller's (host, port) -> the sweep that first saw it
         # method -> (gRPC's handler, its wrap); the methods are the server's own few, unknown ones get no handler
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -244,9 +271,34 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._unread = {context: entry for context, entry in self._unread.items() if entry[0] not in late}
         second = int(now)
         self._resets = {p: v for p, v in self._resets.items() if v[0] >= second - 1}
+        self._sweeps += 1
+        if self.max_per_address and self._sweeps % CENSUS_SWEEPS == 0:
+            self.cap_addresses()
+
+    def cap_addresses(self) -> None:
+        """Close the newest connections of each address holding more than `max_per_address`."""
+        by_host: dict[str, list[tuple[str, int]]] = {}
+        for caller, _ in accepted(self.port):
+            by_host.setdefault(caller[0], []).append(caller)
+        self._first_seen = {c: self._first_seen.get(c, self._sweeps) for held in by_host.values() for c in held}
+        beyond: set[tuple[str, int]] = set()
+        for host, held in by_host.items():
+            if len(held) > self.max_per_address:
+                held.sort(key=lambda caller: (self._first_seen[caller], caller[1]))
+                beyond.update(held[self.max_per_address :])
+                log.warning(
+                    "closing %d of the %d connections from %s (--max-connections-per-address %d)",
+                    len(held) - self.max_per_address,
+                    len(held),
+                    host,
+                    self.max_per_address,
+                )
+        if beyond:
+            self.metrics.connections_closed.labels("per_address").inc(shut_down(beyond, self.port))
 
     def close(self, peer: str, reason: str) -> None:
-        if shut_down(peer, self.port):
+        address = peer_address(peer)
+        if address is not None and shut_down({address}, self.port):
             self.metrics.connections_closed.labels(reason).inc()
             log.warning("closed the connection from %s (%s)", peer, reason)
 

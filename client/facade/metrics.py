@@ -88,7 +88,7 @@ class FacadeMetrics:
         )
         self.connections_closed = Counter(
             "tritonnx_facade_connections_closed",
-            "gRPC connections the facade closed, by reason (resets, unread, reflection_flood)",
+            "gRPC connections the facade closed, by reason (resets, unread, reflection_flood, per_address)",
             ["reason"],
             registry=self.registry,
         )

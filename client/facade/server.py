@@ -148,6 +148,7 @@ class Facade:
             watch_seconds=settings.health_watch_seconds,
             max_predict_streams=settings.max_predict_streams,
             retry_after_ms=settings.retry_after_ms,
+            max_per_address=settings.max_connections_per_address,
         )
         try:
             self.tracing = Tracing(settings.otlp_endpoint, settings.trace_ratio, settings.trace_caller_rate)

@@ -172,6 +172,24 @@ def test_an_idle_connection_gets_goaway_and_connections_past_the_cap_are_closed(
     run(test)
 
 
+def test_an_address_past_its_connections_loses_its_newest_and_other_addresses_keep_theirs():
+    async def test() -> None:
+        async with serving(FakeGateway(), max_connections_per_address=3) as (facade, channel):
+            await _still_served(channel)  # from 127.0.0.1: one connection
+            first = [await _raw(facade.grpc_port, source="127.0.0.2") for _ in range(3)]
+            # Its three are within the cap: wait until a census has seen them, so that the next two are the newest.
+            await until(lambda: sum(c[0] == "127.0.0.2" for c in facade.guard._first_seen) == 3)
+            newest = [await _raw(facade.grpc_port, source="127.0.0.2") for _ in range(2)]
+            await until(lambda: all(raw.closed.is_set() for raw in newest))
+            assert count(facade, "tritonnx_facade_connections_closed_total", reason="per_address") == 2
+            assert not any(raw.closed.is_set() for raw in first)
+            await _still_served(channel)
+            for raw in (*first, *newest):
+                raw.close()
+
+    run(test)
+
+
 def test_the_http_port_closes_a_connection_whose_request_never_completes_and_serves_whole_ones():
     async def test() -> None:
         async with serving(FakeGateway(), http_request_timeout=0.3) as (facade, _):
