@@ -189,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     objective, budget = args.objective_ms, args.lone_p50_budget_ms
-    if objective is None or (budget is None and args.path == "triton"):
+    default_budget = budget is None and args.path == "triton"  # through the facade: none unless given
+    if objective is None or default_budget:
         onnx_file = args.repository / args.model / "1" / "model.onnx"
         single_p50, _ = goodput.single_request_ms(args.model, onnx_file, args.capacity_seconds)
         say(f"{args.model}: in-process single request p50 {single_p50:.2f} ms")
         objective = objective or goodput.objective_ms(single_p50)
-        if args.path == "triton":
-            budget = budget or single_p50 + goodput_report.LONE_ALLOWANCE_MS.get(args.model, DEFAULT_ALLOWANCE_MS)
+        if default_budget:
+            budget = single_p50 + goodput_report.LONE_ALLOWANCE_MS.get(args.model, DEFAULT_ALLOWANCE_MS)
     lone = "no lone budget" if budget is None else f"a lone request's p50 within {budget:.2f} ms"
     say(f"objective: answered p99 <= {objective:.1f} ms{PATHS[args.path]}; {lone}")
     preferred = [() if p == "none" else tuple(int(v) for v in p.split(",")) for p in args.preferred]
