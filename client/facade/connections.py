@@ -9,11 +9,10 @@ too_many_pings, a connection count). What they leave is watched here, call by ca
   open, holding its place in gRPC's count of calls, for as long as the connection lives);
 * one whose reflection stream carries more than `REFLECTION_REQUESTS` requests;
 * the newest of an address's connections beyond `max_per_address` (gRPC's own count is of all connections, so one
-  address holding them all would keep every other caller out until they idle out).
+  address holding them all would keep every other caller out until they idle out), counted once a second and at
+  once when the receive places are short.
 
-gRPC's Python server cannot end one connection (no GOAWAY of the application's own), so the facade shuts its socket
-down: a duplicate of gRPC's descriptor, found by the caller's address and checked, gets `shutdown`, which gRPC sees
-as the peer hanging up. That connection's calls end; nothing else does.
+The connection is shut down (sockets.py): its calls end; nothing else does.
 
 Long-lived calls have pools of their own, refused beyond (RESOURCE_EXHAUSTED): health Watch streams (with a server
 deadline: the watcher watches again), PredictStreams (a quarter per connection), reflection streams.
@@ -23,16 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from typing import Any
 
 import grpc
 
 from tritonnx.client.facade.metrics import FacadeMetrics
+from tritonnx.client.facade.sockets import Caller, census, shut_down
 
 log = logging.getLogger("tritonnx.facade")
 REFLECTION_REQUESTS = 100  # a client asks a handful (services, then a file or two) per stream
@@ -41,7 +39,7 @@ WATCH_METHOD = "/grpc.health.v1.Health/Watch"
 PREDICT_STREAM_METHOD = "/inference.InferenceService/PredictStream"
 REFLECTION_PREFIX = "/grpc.reflection."
 SWEEP_S = 0.25
-# Connections are counted every this many sweeps (a second): a few system calls a socket, and a connection's age is
+# Connections are counted every this many sweeps (a second): a census of them all, and a connection's age is
 # known to the second it was first counted, so that an address's newest are the ones closed.
 CENSUS_SWEEPS = 4
 Behaviour = Callable[..., Any]
@@ -54,53 +52,6 @@ def peer_address(peer: str) -> tuple[str, int] | None:
         return None
     host, _, port = rest.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def accepted(local_port: int) -> Iterator[tuple[tuple[str, int], socket.socket]]:
-    """The connected sockets of this process on `local_port`: each caller's (host, port) and its socket's duplicate.
-
-    A duplicate is valid until the next step; closing it never closes gRPC's descriptor.
-    """
-    for name in os.listdir("/proc/self/fd"):
-        sock = _duplicate(name)
-        if sock is None:
-            continue
-        with sock:
-            caller = _caller(sock, local_port)
-            if caller is not None:
-                yield caller, sock
-
-
-def _duplicate(name: str) -> socket.socket | None:
-    try:
-        if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
-            return None
-        return socket.socket(fileno=os.dup(int(name)))
-    except OSError:
-        return None  # closed meanwhile
-
-
-def _caller(sock: socket.socket, local_port: int) -> tuple[str, int] | None:
-    try:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.getsockname()[1] != local_port:
-            return None
-        host, port = sock.getpeername()[:2]
-    except OSError:
-        return None  # the listening socket has no peer
-    return host.removeprefix("::ffff:"), port  # gRPC's sockets may be dual-stack
-
-
-def shut_down(peers: set[tuple[str, int]], local_port: int) -> int:
-    """Shut down this process's sockets from `peers` ((host, port)s) to `local_port`; how many were found."""
-    done = 0
-    for remote, sock in accepted(local_port):
-        if remote in peers:
-            with suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-                done += 1
-            if done == len(peers):
-                break  # the rest of the descriptors need no system calls
-    return done
 
 
 class Pool:
@@ -161,7 +112,9 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._unread: dict[object, tuple[str, float]] = {}  # a call (its context) answered, unread -> (peer, since)
         self._resets: dict[str, tuple[float, int]] = {}  # peer -> (second, calls cancelled in it)
         self._sweeps = 0
-        self._first_seen: dict[tuple[str, int], int] = {}  # a caller's (host, port) -> the sweep that first saw it
+        self._first_seen: dict[Caller, int] = {}  # a caller's (host, port) -> the sweep that first saw it
+        self._census_failed = False
+        self._census_at = 0.0  # when connections were last counted
         # method -> (gRPC's handler, its wrap); the methods are the server's own few, unknown ones get no handler
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -277,13 +230,30 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         if self.max_per_address and self._sweeps % CENSUS_SWEEPS == 0:
             self.cap_addresses()
 
+    def short(self) -> None:
+        """Every receive place is taken: count connections by address now, not at the next census (at most a sweep).
+
+        A burst of one address's connections is then cut to its share before most of their calls reach the event
+        loop: gRPC drops the calls of a connection that ends before they were handed to the facade.
+        """
+        if self.max_per_address and time.monotonic() - self._census_at >= SWEEP_S:
+            self.cap_addresses()
+
     def cap_addresses(self) -> None:
         """Close the newest connections of each address holding more than `max_per_address`."""
-        by_host: dict[str, list[tuple[str, int]]] = {}
-        for caller, _ in accepted(self.port):
+        self._census_at = time.monotonic()
+        try:
+            callers = census(self.port)
+        except OSError as error:
+            if not self._census_failed:
+                log.warning("connections are not counted by address (--max-connections-per-address): %s", error)
+            self._census_failed = True
+            return
+        by_host: dict[str, list[Caller]] = {}
+        for caller in callers:
             by_host.setdefault(caller[0], []).append(caller)
         self._first_seen = {c: self._first_seen.get(c, self._sweeps) for held in by_host.values() for c in held}
-        beyond: set[tuple[str, int]] = set()
+        beyond: set[Caller] = set()
         for host, held in by_host.items():
             if len(held) > self.max_per_address:
                 held.sort(key=lambda caller: (self._first_seen[caller], caller[1]))

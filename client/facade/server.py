@@ -67,8 +67,9 @@ def tune_allocator() -> None:
 async def release_free_memory(admission: Admission) -> None:
     while True:
         await asyncio.sleep(_TRIM_SECONDS)
-        if admission.in_flight == 0 and hasattr(_LIBC, "malloc_trim"):
-            _LIBC.malloc_trim(0)
+        if admission.in_flight == 0 and admission.receiving == 0 and hasattr(_LIBC, "malloc_trim"):
+            # A trim walks the heap (a tenth of a second after a burst): in a thread, as ctypes lets go of the GIL.
+            await asyncio.to_thread(_LIBC.malloc_trim, 0)
 
 
 async def bound_receive_memory(admission: Admission, message_bytes: int) -> None:
@@ -83,8 +84,8 @@ async def bound_receive_memory(admission: Admission, message_bytes: int) -> None
             and hasattr(_LIBC, "malloc_trim")
         ):
             # The cut bodies' pages back to the OS, where the next check reads them; a trim walks the heap, so at
-            # most once a second.
-            _LIBC.malloc_trim(0)
+            # most once a second, and in a thread.
+            await asyncio.to_thread(_LIBC.malloc_trim, 0)
             trimmed = now
 
 
@@ -211,6 +212,7 @@ class Facade:
                 max_receiving_per_connection=settings.max_receiving_per_connection,
                 max_receiving_bytes=settings.max_receiving_bytes,
                 on_reset=self.guard.reset,
+                on_short=self.guard.short,
             ),
             self.metrics,
             body_timeout=settings.body_timeout,
