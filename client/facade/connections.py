@@ -10,7 +10,7 @@ too_many_pings, a connection count). What they leave is watched here, call by ca
 * one whose reflection stream carries more than `REFLECTION_REQUESTS` requests;
 * the newest of an address's connections beyond `max_per_address` (gRPC's own count is of all connections, so one
   address holding them all would keep every other caller out until they idle out), counted once a second and at
-  once when the receive places are short.
+  once when the receive places are short; a connection answered lately is kept before an unanswered one.
 
 The connection is shut down (sockets.py): its calls end; nothing else does.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from typing import Any
@@ -42,6 +43,7 @@ SWEEP_S = 0.25
 # Connections are counted every this many sweeps (a second): a census of them all, and a connection's age is
 # known to the second it was first counted, so that an address's newest are the ones closed.
 CENSUS_SWEEPS = 4
+REMEMBERED_CONNECTIONS = 4096  # connections answered lately, spared by the count by address
 Behaviour = Callable[..., Any]
 
 
@@ -115,6 +117,7 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._first_seen: dict[Caller, int] = {}  # a caller's (host, port) -> the sweep that first saw it
         self._census_failed = False
         self._census_at = 0.0  # when connections were last counted
+        self._served: OrderedDict[Caller, None] = OrderedDict()  # connections answered lately, the latest last
         # method -> (gRPC's handler, its wrap); the methods are the server's own few, unknown ones get no handler
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -177,6 +180,7 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
                     await produced  # writes with context.write
                     return
                 async for message in produced:
+                    self._answered(peer)
                     self._unread[context] = (peer, time.monotonic())
                     yield message  # resumed once gRPC sent it
                     self._unread.pop(context, None)
@@ -198,8 +202,19 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
 
     def _answer(self, context: grpc.aio.ServicerContext) -> None:
         """An answer handed to gRPC: unread until the call is done."""
-        self._unread[context] = (context.peer(), time.monotonic())
+        peer = context.peer()
+        self._unread[context] = (peer, time.monotonic())
         context.add_done_callback(self._done)  # type: ignore[arg-type]  # (grpc's stubs have another signature)
+        self._answered(peer)
+
+    def _answered(self, peer: str) -> None:
+        """`peer` got an answer: its connection is among the last to be closed for its address's share."""
+        caller = peer_address(peer)
+        if caller is not None:
+            self._served[caller] = None
+            self._served.move_to_end(caller)
+            if len(self._served) > REMEMBERED_CONNECTIONS:
+                self._served.popitem(last=False)
 
     def _done(self, context: grpc.aio.ServicerContext) -> None:
         self._unread.pop(context, None)
@@ -256,7 +271,8 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         beyond: set[Caller] = set()
         for host, held in by_host.items():
             if len(held) > self.max_per_address:
-                held.sort(key=lambda caller: (self._first_seen[caller], caller[1]))
+                # Kept first: connections that were answered lately, then the oldest.
+                held.sort(key=lambda caller: (caller not in self._served, self._first_seen[caller], caller[1]))
                 beyond.update(held[self.max_per_address :])
                 log.warning(
                     "closing %d of the %d connections from %s (--max-connections-per-address %d)",

@@ -190,6 +190,26 @@ def test_an_address_past_its_connections_loses_its_newest_and_other_addresses_ke
     run(test)
 
 
+def test_a_connection_answered_lately_outlasts_its_addresses_silent_ones():
+    async def test() -> None:
+        async with serving(FakeGateway(), max_connections_per_address=2) as (facade, _):
+            silent = [await _raw(facade.grpc_port, source="127.0.0.2") for _ in range(2)]
+            await until(lambda: sum(c[0] == "127.0.0.2" for c in facade.guard._first_seen) == 2)
+            facade.guard.max_per_address = 0  # no count while the newest connection gets its answer
+            served = await _raw(facade.grpc_port, source="127.0.0.2")
+            body = inference_pb2.PredictRequest(data=[1, 2, 3, 4], shape=[1, 4]).SerializeToString()
+            stream = served.call(PREDICT, body)
+            await until(lambda: stream in served.ended)
+            facade.guard.max_per_address = 2
+            await until(lambda: any(raw.closed.is_set() for raw in silent))
+            assert sum(raw.closed.is_set() for raw in silent) == 1  # counted in one census: either is the newest
+            assert not served.closed.is_set()
+            for raw in (*silent, served):
+                raw.close()
+
+    run(test)
+
+
 def test_the_http_port_closes_a_connection_whose_request_never_completes_and_serves_whole_ones():
     async def test() -> None:
         async with serving(FakeGateway(), http_request_timeout=0.3) as (facade, _):
