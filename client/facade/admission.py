@@ -47,13 +47,12 @@ class Admission:
         max_receiving_per_connection: int = 0,
         max_receiving_bytes: int = 0,
         on_reset: Callable[[str], None] = lambda _: None,
-        on_short: Callable[[], None] = lambda: None,
     ) -> None:
         """Zeros mean no bound of their own.
 
         `max_bytes` 0: no byte budget; `max_receiving` 0: as many receive places as in-flight slots;
         `max_receiving_per_connection` 0: a connection may hold every place; `max_receiving_bytes` 0: places are
-        not bounded in bytes. `on_reset`, `on_short`: see ReceivePlaces.
+        not bounded in bytes. `on_reset`: see ReceivePlaces.
         """
         self.limit = limit
         self.high_priority_reserve = limit // 4
@@ -62,12 +61,7 @@ class Admission:
         self.in_flight_bytes = 0
         self._retry_hint = (("grpc-retry-pushback-ms", str(retry_after_ms)),)
         self.places = ReceivePlaces(
-            max_receiving or limit,
-            max_receiving_per_connection,
-            max_receiving_bytes,
-            self._retry_hint,
-            on_reset,
-            on_short,
+            max_receiving or limit, max_receiving_per_connection, max_receiving_bytes, self._retry_hint, on_reset
         )
         # Read when scraped: setting a gauge takes its lock, three times a call's start and again at its end.
         metrics.in_flight.set_function(lambda: self.in_flight)

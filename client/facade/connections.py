@@ -9,8 +9,8 @@ too_many_pings, a connection count). What they leave is watched here, call by ca
   open, holding its place in gRPC's count of calls, for as long as the connection lives);
 * one whose reflection stream carries more than `REFLECTION_REQUESTS` requests;
 * the newest of an address's connections beyond `max_per_address` (gRPC's own count is of all connections, so one
-  address holding them all would keep every other caller out until they idle out), counted once a second and at
-  once when the receive places are short; a connection answered lately is kept before an unanswered one.
+  address holding them all would keep every other caller out until they idle out), counted once a second; a
+  connection answered lately is kept before an unanswered one.
 
 The connection is shut down (sockets.py): its calls end; nothing else does.
 
@@ -116,7 +116,6 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         self._sweeps = 0
         self._first_seen: dict[Caller, int] = {}  # a caller's (host, port) -> the sweep that first saw it
         self._census_failed = False
-        self._census_at = 0.0  # when connections were last counted
         self._served: OrderedDict[Caller, None] = OrderedDict()  # connections answered lately, the latest last
         # method -> (gRPC's handler, its wrap); the methods are the server's own few, unknown ones get no handler
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
@@ -245,18 +244,8 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
         if self.max_per_address and self._sweeps % CENSUS_SWEEPS == 0:
             self.cap_addresses()
 
-    def short(self) -> None:
-        """Every receive place is taken: count connections by address now, not at the next census (at most a sweep).
-
-        A burst of one address's connections is then cut to its share before most of their calls reach the event
-        loop: gRPC drops the calls of a connection that ends before they were handed to the facade.
-        """
-        if self.max_per_address and time.monotonic() - self._census_at >= SWEEP_S:
-            self.cap_addresses()
-
     def cap_addresses(self) -> None:
         """Close the newest connections of each address holding more than `max_per_address`."""
-        self._census_at = time.monotonic()
         try:
             callers = census(self.port)
         except OSError as error:

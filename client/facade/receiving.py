@@ -87,15 +87,12 @@ class ReceivePlaces:
         max_bytes: int,
         retry_hint: tuple[tuple[str, str], ...],
         on_reset: Callable[[str], None] = lambda _: None,
-        on_short: Callable[[], None] = lambda: None,
     ) -> None:
         """`per_connection` 0: a connection may hold every place; `max_bytes` 0: no bound in bytes.
 
-        `on_reset` is told the connection of each call its caller cancelled before sending the body; `on_short` is
-        called when a new call finds every place taken.
+        `on_reset` is told the connection of each call its caller cancelled before sending the body.
         """
         self.on_reset = on_reset
-        self.on_short = on_short
         self.limit = limit
         self.per_connection = per_connection or limit
         self.max_bytes = max_bytes
@@ -136,7 +133,6 @@ class ReceivePlaces:
         now = asyncio.get_running_loop().time()
         receiver = Receiver(connection, now)
         if len(self._all) >= self.limit:
-            self.on_short()
             victim = self._victim(receiver)
             if victim is None:
                 raise self._overloaded(f"the server is waiting for the bodies of its limit of {self.limit} calls")

@@ -212,7 +212,6 @@ class Facade:
                 max_receiving_per_connection=settings.max_receiving_per_connection,
                 max_receiving_bytes=settings.max_receiving_bytes,
                 on_reset=self.guard.reset,
-                on_short=self.guard.short,
             ),
             self.metrics,
             body_timeout=settings.body_timeout,
