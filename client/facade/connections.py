@@ -178,8 +178,11 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
                 if not hasattr(produced, "__aiter__"):
                     await produced  # writes with context.write
                     return
+                answered = False
                 async for message in produced:
-                    self._answered(peer)
+                    if not answered:
+                        self._answered(peer)
+                        answered = True
                     self._unread[context] = (peer, time.monotonic())
                     yield message  # resumed once gRPC sent it
                     self._unread.pop(context, None)
@@ -271,7 +274,7 @@ class ConnectionGuard(grpc.aio.ServerInterceptor):
                     self.max_per_address,
                 )
         if beyond:
-            self.metrics.connections_closed.labels("per_address").inc(shut_down(beyond, self.port))
+            self.metrics.connections_closed.labels("per_address").inc(shut_down(beyond, self.port, callers))
 
     def close(self, peer: str, reason: str) -> None:
         address = peer_address(peer)

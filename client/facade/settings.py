@@ -95,9 +95,8 @@ class FacadeSettings:
     max_connections_per_address: int = setting(
         256,
         "gRPC connections from one address open at once (0: no limit); beyond it the address's newest are closed "
-        "within a second, those answered lately last, so that one "
-        "address cannot hold all of --max-connections (behind a proxy every caller has the proxy's address: raise it "
-        "to the proxy's connections, or 0)",
+        "within a second, those answered lately last, so that one address cannot hold all of --max-connections "
+        "(behind a proxy every caller has the proxy's address: raise it to the proxy's connections, or 0)",
     )
     max_connection_idle: float = setting(
         300.0, "seconds a gRPC connection may carry no call before it is closed with GOAWAY (0: never)"

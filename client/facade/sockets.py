@@ -88,10 +88,14 @@ def _read(chunk: bytes, found: dict[Caller, int]) -> bool:
     return True
 
 
-def shut_down(peers: set[Caller], local_port: int) -> int:
-    """Shut down this process's connections from `peers` to `local_port`; how many were found."""
+def shut_down(peers: set[Caller], local_port: int, counted: dict[Caller, int] | None = None) -> int:
+    """Shut down this process's connections from `peers` to `local_port`; how many were found.
+
+    `counted`: a census just taken, else one is taken here.
+    """
     try:
-        inodes: set[int] | None = {inode for caller, inode in census(local_port).items() if caller in peers}
+        found = census(local_port) if counted is None else counted
+        inodes: set[int] | None = {inode for caller, inode in found.items() if caller in peers}
     except OSError:
         inodes = None  # no census: every socket's addresses are read
     done = 0
