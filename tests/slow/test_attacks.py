@@ -1,11 +1,14 @@
-"""The attack campaign of `make chaos` (bench/attacks), quick, against a stack of its own: every attack is sent and
-every call ends with a documented status while the probe is answered, and the report and results.json hold every
-attack. How fast the calls were answered, the probe's latency and the facade's memory are gates: printed here,
-enforced under --gates (`make chaos` runs the full campaign, which judges them itself)."""
+"""The attack campaign of `make chaos` (bench/attacks), quick, against a stack of its own, without a token and with
+one the attackers hold: every attack is sent and every call ends with a documented status while the probe is
+answered, and the report and results.json hold every attack. How fast the calls were answered, the probe's latency
+and the facade's memory are gates: printed here, enforced under --gates (at --probe-slack-ms if given: CI's step),
+and `make chaos` runs the full campaign, which judges them itself."""
 
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from bench.attacks.__main__ import main
 from bench.attacks.abuse import NAMES
@@ -14,8 +17,18 @@ from bench.attacks.watch import KINDS
 from tests.helpers import judged
 
 
-def test_the_quick_campaign_sends_every_attack_and_every_call_gets_a_documented_status(tmp_path, gate):
-    code = main(["--quick", "--out", str(tmp_path)])
+@pytest.mark.parametrize("token", [False, True], ids=["no-token", "token"])
+def test_the_quick_campaign_sends_every_attack_and_every_call_gets_a_documented_status(tmp_path, gate, token, request):
+    slack = request.config.getoption("--probe-slack-ms")
+    code = main(
+        [
+            "--quick",
+            "--out",
+            str(tmp_path),
+            *(["--token"] if token else []),
+            *(["--probe-slack-ms", str(slack)] if slack else []),
+        ]
+    )
 
     judged(tmp_path, code, ["| attack | sent | statuses |"])
     results = json.loads((tmp_path / "results.json").read_text())
