@@ -33,8 +33,10 @@ _REQ_BYTECODE = 1
 # jump to the end (its length + 4) rejects.
 _BC_S_GE, _BC_S_LE = 2, 3
 _OP = struct.Struct("=BBH")
-# Every state a connection gRPC has accepted (or will) may be in, not LISTEN or TIME_WAIT: established, closing.
-_STATES = sum(1 << state for state in (1, 2, 3, 4, 5, 7, 8, 9, 11, 12))
+# The states of a connection gRPC holds open: ESTABLISHED, and CLOSE_WAIT (the caller has closed its end). Once the
+# facade's end has closed or been shut down (FIN_WAIT, CLOSING, LAST_ACK) the connection is on its way out, and the
+# kernel may keep it for a minute after gRPC let go of it; counting it would hold its address's place.
+_STATES = (1 << 1) | (1 << 8)
 # inet_diag_msg: family, (state, timer, retransmits, source port), the peer's port (big-endian), (source address), the
 # peer's address, (interface, cookie, expiry, queues, uid), the inode.
 _MESSAGE = struct.Struct("=B3x2x2s16x16s4x8x16xI")
@@ -62,7 +64,7 @@ def _host(family: int, raw: bytes) -> str:
 
 
 def census(local_port: int) -> dict[Caller, int]:
-    """The connections to `local_port`: each caller's (host, port) -> its socket's inode. OSError if unreadable."""
+    """The open connections to `local_port` a process holds: each caller's (host, port) -> its inode; OSError if unreadable."""
     found: dict[Caller, int] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as diag:
         for family in (socket.AF_INET, socket.AF_INET6):
@@ -83,7 +85,8 @@ def _read(chunk: bytes, found: dict[Caller, int]) -> bool:
             (code,) = struct.unpack_from("=i", chunk, offset + _NLMSG_HEADER.size)
             raise OSError(-code, f"socket diagnostics refused the request: {os.strerror(-code)}")
         family, remote_port, remote, inode = _MESSAGE.unpack_from(chunk, offset + _NLMSG_HEADER.size)
-        found[(_host(family, remote), int.from_bytes(remote_port, "big"))] = inode
+        if inode:  # 0: no process holds it (not accepted yet, or let go of)
+            found[(_host(family, remote), int.from_bytes(remote_port, "big"))] = inode
         offset += (length + 3) & ~3
     return True
 

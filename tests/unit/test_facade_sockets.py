@@ -45,6 +45,21 @@ def test_the_census_names_each_connection_to_the_port_by_its_caller_and_nothing_
         assert sorted(found.values()) == sorted(os.fstat(sock.fileno()).st_ino for sock in accepted)
 
 
+def test_the_census_leaves_out_connections_no_process_holds():
+    """A connection the server closed lingers in the kernel while its caller keeps its end (FIN_WAIT): not counted,
+    nor one the server has not accepted yet; one whose caller closed first is, until the server closes it."""
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        connected(listener, ["127.0.0.1", "127.0.0.2", "127.0.0.3"]) as (callers, accepted),
+    ):
+        port, held = listener.getsockname()[1], {_caller(callers[1]), _caller(callers[2])}
+        accepted[0].close()  # the server let go of it; its caller has not closed
+        callers[1].close()  # its caller closed; the server still holds its end (CLOSE_WAIT)
+        waiting = socket.create_connection(("127.0.0.1", port), source_address=("127.0.0.4", 0))  # not accepted
+        with waiting:
+            assert set(sockets.census(port)) == held
+
+
 def test_a_dual_stack_listener_names_ipv4_callers_as_ipv4():
     with (
         socket.create_server(("::", 0), family=socket.AF_INET6, dualstack_ipv6=True) as listener,
