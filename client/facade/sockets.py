@@ -64,7 +64,10 @@ def _host(family: int, raw: bytes) -> str:
 
 
 def census(local_port: int) -> dict[Caller, int]:
-    """The open connections to `local_port` a process holds: each caller's (host, port) -> its inode; OSError if unreadable."""
+    """The open connections to `local_port` a process holds: caller (host, port) -> socket inode.
+
+    OSError if the kernel refuses the request.
+    """
     found: dict[Caller, int] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, _NETLINK_SOCK_DIAG) as diag:
         for family in (socket.AF_INET, socket.AF_INET6):

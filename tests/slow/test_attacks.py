@@ -26,7 +26,7 @@ def test_the_quick_campaign_sends_every_attack_and_every_call_gets_a_documented_
             "--out",
             str(tmp_path),
             *(["--token"] if token else []),
-            *(["--probe-slack-ms", str(slack)] if slack else []),
+            *(["--probe-slack-ms", str(slack)] if slack is not None else []),
         ]
     )
 
